@@ -1,0 +1,1 @@
+//! Open-loop goodput benchmark for any CQL endpoint.

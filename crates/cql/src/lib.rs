@@ -1,0 +1,3 @@
+//! The CQL language: lexer, recursive-descent parser and statement AST.
+
+pub mod ast;

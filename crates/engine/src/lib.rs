@@ -1,0 +1,1 @@
+//! The query engine: schema catalog, system tables, statement analysis and execution.

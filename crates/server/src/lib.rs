@@ -1,0 +1,1 @@
+//! The Sluice node: shards, connections, the request path and the query engine.

@@ -1,0 +1,88 @@
+//! Storage: rows of cells on an embedded LSM engine (fjall), last-write-wins by write
+//! timestamp, tombstones and TTL, with group commit so that concurrent writes share an fsync.
+
+pub mod model;
+
+pub use model::*;
+
+use bytes::Bytes;
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledge after fsync; concurrent writes share one fsync (group commit).
+    Batch,
+    /// Acknowledge at once; fsync every `interval` (Cassandra's default mode, 10 s there).
+    Periodic {
+        /// Time between fsyncs.
+        interval: Duration,
+    },
+}
+
+/// How to open storage.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// Data directory.
+    pub path: PathBuf,
+    /// Durability mode.
+    pub durability: Durability,
+    /// Block cache size in bytes.
+    pub cache_bytes: u64,
+}
+
+/// A storage failure. Small and `Copy`: the detail goes to the log where it happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageError {
+    /// The engine reported an I/O error.
+    Io(&'static str),
+    /// Stored bytes did not decode (corruption or a bug).
+    Corrupt(&'static str),
+    /// A value or key is larger than storage accepts.
+    TooLarge(&'static str),
+    /// Storage is shutting down.
+    Closed,
+}
+
+/// Where a token-range scan resumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanStart {
+    /// From the first partition whose token satisfies this bound.
+    Token(Bound<i64>),
+    /// Within a partition, after this clustering key (None = after the static row / the
+    /// start of that partition's rows, i.e. `after_rows = false` means from its first row).
+    Resume {
+        /// Token of the partition.
+        token: i64,
+        /// Partition key.
+        partition_key: Bytes,
+        /// Last clustering key already returned; None = start of the partition.
+        after: Option<Vec<Bytes>>,
+    },
+}
+
+/// One partition of a scan result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScannedPartition {
+    /// Token.
+    pub token: i64,
+    /// Partition key.
+    pub partition_key: Bytes,
+    /// Its rows.
+    pub read: PartitionRead,
+}
+
+/// A scan page.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScanPage {
+    /// Partitions in token order (then key bytes), each with at most the remaining rows.
+    pub partitions: Vec<ScannedPartition>,
+    /// Where to resume, or None when the range is exhausted.
+    pub next: Option<ScanStart>,
+}
+
+/// Proof that a write was applied; wait on it for durability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CommitTicket(pub u64);
