@@ -219,12 +219,18 @@ impl CqlType {
 
     /// True for `frozen<...>`, tuples and native types: the value is one cell.
     pub fn is_frozen_or_native(&self) -> bool {
-        matches!(self, CqlType::Native(_) | CqlType::Frozen(_) | CqlType::Tuple(_))
+        matches!(
+            self,
+            CqlType::Native(_) | CqlType::Frozen(_) | CqlType::Tuple(_)
+        )
     }
 
     /// True for a non-frozen list, set or map (stored one cell per element).
     pub fn is_multi_cell_collection(&self) -> bool {
-        matches!(self, CqlType::List(_) | CqlType::Set(_) | CqlType::Map(_, _))
+        matches!(
+            self,
+            CqlType::List(_) | CqlType::Set(_) | CqlType::Map(_, _)
+        )
     }
 
     /// True for `counter`.

@@ -2,5 +2,11 @@
 //! comparison and formatting, and the Murmur3 token and shard of a partition key.
 
 pub mod cql_type;
+pub mod datetime;
+pub mod token;
+pub mod value;
 
 pub use cql_type::{CqlType, NativeType, TypeParseError};
+pub use num_bigint;
+pub use token::{murmur3_token, routing_key, routing_key_into, shard_of};
+pub use value::{compare, format_cql, validate, Value, ValueError};
