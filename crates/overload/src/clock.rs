@@ -1,0 +1,208 @@
+//! Injectable time sources: a monotonic nanosecond clock for deadlines and queue delays,
+//! and wall-clock time for the rate limiter's per-second windows.
+//!
+//! Everything in this crate takes time as an argument instead of reading it, so that the
+//! simulations can drive the same code with a [`FakeClock`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A point in time as nanoseconds since an arbitrary origin (monotonic or Unix epoch).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
+
+impl Nanos {
+    /// The origin.
+    pub const ZERO: Nanos = Nanos(0);
+    /// The latest representable instant; used as "no deadline".
+    pub const MAX: Nanos = Nanos(u64::MAX);
+
+    /// `secs` seconds after the origin.
+    pub const fn from_secs(secs: u64) -> Nanos {
+        Nanos(secs.saturating_mul(1_000_000_000))
+    }
+
+    /// `ms` milliseconds after the origin.
+    pub const fn from_millis(ms: u64) -> Nanos {
+        Nanos(ms.saturating_mul(1_000_000))
+    }
+
+    /// `us` microseconds after the origin.
+    pub const fn from_micros(us: u64) -> Nanos {
+        Nanos(us.saturating_mul(1_000))
+    }
+
+    /// Raw nanoseconds since the origin.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// Whole seconds since the origin (the rate limiter's window id when the origin is the epoch).
+    pub const fn as_secs(self) -> u64 {
+        self.0 / 1_000_000_000
+    }
+
+    /// This instant plus `d`, saturating at [`Nanos::MAX`].
+    pub fn saturating_add(self, d: Duration) -> Nanos {
+        Nanos(self.0.saturating_add(duration_nanos(d)))
+    }
+
+    /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
+    pub fn saturating_duration_since(self, earlier: Nanos) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// Converts a duration to nanoseconds, saturating at `u64::MAX` (about 584 years).
+pub fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A source of time. Implementations must be cheap: this is read on the request path.
+pub trait Clock {
+    /// Monotonic time; never goes backwards.
+    fn now(&self) -> Nanos;
+    /// Wall-clock time as nanoseconds since the Unix epoch (may jump; used for limiter windows,
+    /// which are aligned to wall-clock seconds so that replicas halve their counters together).
+    fn wall(&self) -> Nanos;
+}
+
+/// The real clocks: `Instant` for monotonic time and `SystemTime` for wall time.
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A clock whose monotonic origin is the moment of creation.
+    pub fn new() -> SystemClock {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Nanos {
+        Nanos(duration_nanos(self.origin.elapsed()))
+    }
+
+    fn wall(&self) -> Nanos {
+        // A clock set before 1970 is treated as the epoch rather than failing.
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Nanos(duration_nanos(since))
+    }
+}
+
+/// A manually advanced clock for tests and simulations. Clones share the same time.
+///
+/// Wall time is `wall_origin + monotonic`, so both advance together; [`FakeClock::set_wall`]
+/// can move the wall clock independently (e.g. to jump close to a window-id wrap).
+#[derive(Clone, Debug, Default)]
+pub struct FakeClock {
+    inner: Arc<FakeInner>,
+}
+
+#[derive(Debug, Default)]
+struct FakeInner {
+    mono: AtomicU64,
+    wall_offset: AtomicU64,
+}
+
+impl FakeClock {
+    /// A clock at monotonic time zero whose wall clock reads `wall_origin`.
+    pub fn new(wall_origin: Nanos) -> FakeClock {
+        let c = FakeClock::default();
+        c.inner.wall_offset.store(wall_origin.0, Ordering::Relaxed);
+        c
+    }
+
+    /// Moves time forward by `d` (both clocks).
+    pub fn advance(&self, d: Duration) {
+        self.inner
+            .mono
+            .fetch_add(duration_nanos(d), Ordering::Relaxed);
+    }
+
+    /// Moves monotonic time to `t` if it is later than now (monotonic time never goes back).
+    pub fn advance_to(&self, t: Nanos) {
+        self.inner.mono.fetch_max(t.0, Ordering::Relaxed);
+    }
+
+    /// Sets the wall clock to `wall` without moving monotonic time.
+    pub fn set_wall(&self, wall: Nanos) {
+        let mono = self.inner.mono.load(Ordering::Relaxed);
+        self.inner
+            .wall_offset
+            .store(wall.0.wrapping_sub(mono), Ordering::Relaxed);
+    }
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> Nanos {
+        Nanos(self.inner.mono.load(Ordering::Relaxed))
+    }
+
+    fn wall(&self) -> Nanos {
+        let mono = self.inner.mono.load(Ordering::Relaxed);
+        Nanos(
+            self.inner
+                .wall_offset
+                .load(Ordering::Relaxed)
+                .wrapping_add(mono),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_clock_is_shared_and_monotonic() {
+        let c = FakeClock::new(Nanos::from_secs(1_000));
+        let d = c.clone();
+        c.advance(Duration::from_millis(1500));
+        assert_eq!(d.now(), Nanos::from_millis(1500));
+        assert_eq!(d.wall(), Nanos::from_millis(1_001_500));
+        c.advance_to(Nanos::from_millis(10));
+        assert_eq!(
+            c.now(),
+            Nanos::from_millis(1500),
+            "advance_to never goes back"
+        );
+        c.set_wall(Nanos::from_secs(5));
+        assert_eq!(c.wall(), Nanos::from_secs(5));
+        assert_eq!(c.now(), Nanos::from_millis(1500));
+        c.advance(Duration::from_secs(1));
+        assert_eq!(c.wall(), Nanos::from_secs(6));
+    }
+
+    #[test]
+    fn system_clock_moves_forward() {
+        let c = SystemClock::new();
+        let a = c.now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(c.now().saturating_duration_since(a) >= Duration::from_millis(2));
+        assert!(c.wall().as_secs() > 1_600_000_000);
+    }
+
+    #[test]
+    fn nanos_arithmetic_saturates() {
+        assert_eq!(
+            Nanos::MAX.saturating_add(Duration::from_secs(1)),
+            Nanos::MAX
+        );
+        assert_eq!(Nanos(5).saturating_duration_since(Nanos(9)), Duration::ZERO);
+        assert_eq!(Nanos::from_secs(3).as_secs(), 3);
+    }
+}
