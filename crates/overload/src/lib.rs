@@ -4,10 +4,16 @@
 //! so the server wires them into its request path and the simulations in [`sim`] drive the
 //! very same code with a fake clock.
 
+pub mod admission;
 pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
 
+pub use admission::{
+    AdmissionConfig, AdmissionController, AdmissionStats, Backpressure, Codel, CodelConfig,
+    ConcurrencyLimit, ConcurrencyLimitConfig, ConnBudget, InflightBudget, InflightCaps, Queued,
+    Verdict,
+};
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{deadline_for, Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{

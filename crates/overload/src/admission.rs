@@ -1,0 +1,783 @@
+//! Per-shard admission control: backpressure budgets, CoDel-style delay-based shedding with
+//! adaptive LIFO, and an adaptive concurrency limit on requests in execution.
+//!
+//! The request path this is built for (see `DESIGN.md`, point [A]):
+//!
+//! ```text
+//! socket ─► InflightBudget (stop reading when over its caps)
+//!        ─► AdmissionQueue (bounded; Codel decides from the queue delay alone)
+//!        ─► ConcurrencyLimit (dispatch only while in execution < adaptive limit)
+//!        ─► execute ─► on_complete (latency sample feeds the limit)
+//! ```
+//!
+//! Shedding prefers the requests that waited longest: while the queue has a standing delay
+//! above `target` for a whole `interval`, the queue serves the newest request first (adaptive
+//! LIFO, as Facebook does) and drops requests from the old end once they waited more than
+//! `slough = 2 × target`. Fresh requests, whose clients are still waiting, are served at once;
+//! old ones, which would likely miss their deadline anyway, are answered `Overloaded`
+//! without being decoded. In normal operation the queue is FIFO and nothing waits longer
+//! than `max_queue_delay` (Facebook's "N ms when the queue was recently empty").
+
+use crate::clock::{duration_nanos, Nanos};
+use crate::deadline::Deadline;
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// What to do with a request.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Serve it.
+    Serve,
+    /// Turn it away with the pre-encoded `Overloaded` error.
+    Shed,
+    /// Its deadline passed: answer with a timeout, never execute.
+    Expired,
+}
+
+/// CoDel constants (Facebook's and folly's defaults).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CodelConfig {
+    /// Acceptable standing queue delay (5 ms).
+    pub target: Duration,
+    /// Window over which the minimum queue delay must exceed `target` (100 ms).
+    pub interval: Duration,
+    /// While overloaded, requests that waited longer than this are shed (10 ms = 2 × target).
+    pub slough: Duration,
+    /// Requests that waited longer than this are always shed (100 ms = interval).
+    pub max_queue_delay: Duration,
+}
+
+impl Default for CodelConfig {
+    fn default() -> Self {
+        CodelConfig {
+            target: Duration::from_millis(5),
+            interval: Duration::from_millis(100),
+            slough: Duration::from_millis(10),
+            max_queue_delay: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The delay-based overload detector: overloaded when the minimum queue delay observed over
+/// the last interval stayed above target, i.e. the queue never drained in that interval.
+#[derive(Clone, Debug)]
+pub struct Codel {
+    target: u64,
+    interval: u64,
+    slough: u64,
+    max_delay: u64,
+    interval_end: Nanos,
+    /// Minimum delay seen in the current interval; `u64::MAX` when nothing was seen.
+    min_delay: u64,
+    overloaded: bool,
+}
+
+impl Codel {
+    /// A detector that starts not overloaded.
+    pub fn new(cfg: CodelConfig) -> Codel {
+        Codel {
+            target: duration_nanos(cfg.target),
+            interval: duration_nanos(cfg.interval).max(1),
+            slough: duration_nanos(cfg.slough),
+            max_delay: duration_nanos(cfg.max_queue_delay),
+            interval_end: Nanos::ZERO,
+            min_delay: u64::MAX,
+            overloaded: false,
+        }
+    }
+
+    /// Records a queue delay sample: the age of the oldest queued request when one is
+    /// dequeued, or zero when the queue is found empty.
+    #[inline]
+    pub fn on_dequeue(&mut self, queue_delay: Duration, now: Nanos) {
+        self.roll(now);
+        self.min_delay = self.min_delay.min(duration_nanos(queue_delay));
+    }
+
+    /// True if a request that has waited `queued_for` must be shed now.
+    #[inline]
+    pub fn should_shed(&mut self, now: Nanos, queued_for: Duration) -> bool {
+        self.roll(now);
+        let q = duration_nanos(queued_for);
+        q > self.max_delay || (self.overloaded && q > self.slough)
+    }
+
+    /// True while the queue has had a standing delay above target for a full interval.
+    #[inline]
+    pub fn is_overloaded(&mut self, now: Nanos) -> bool {
+        self.roll(now);
+        self.overloaded
+    }
+
+    #[inline]
+    fn roll(&mut self, now: Nanos) {
+        if now < self.interval_end {
+            return;
+        }
+        // An interval without samples means no dequeues at all: either idle (queue empty)
+        // or fully stalled; keep the previous state in that case rather than guessing.
+        if self.min_delay != u64::MAX {
+            self.overloaded = self.min_delay > self.target;
+        }
+        self.min_delay = u64::MAX;
+        self.interval_end = Nanos(now.0.saturating_add(self.interval));
+    }
+}
+
+/// Adaptive concurrency limit constants (a Gradient2-style controller with a passive,
+/// slowly relaxing no-load latency baseline instead of Envoy's periodic re-probe).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ConcurrencyLimitConfig {
+    /// Starting limit (32).
+    pub initial: u32,
+    /// Lower bound (4).
+    pub min: u32,
+    /// Upper bound (1024).
+    pub max: u32,
+    /// Latency above `tolerance × baseline` shrinks the limit (2.0).
+    pub tolerance: f64,
+    /// Weight of a new estimate (0.2, Netflix's smoothing).
+    pub smoothing: f64,
+    /// Samples are aggregated over windows of this length (10 ms) ...
+    pub window: Duration,
+    /// ... holding at least this many samples (10).
+    pub min_samples: u32,
+    /// Per-second relative upward drift of the baseline, so it follows a workload that
+    /// really became slower without pinning concurrency to re-probe (0.05 = 5%/s).
+    pub baseline_relax_per_sec: f64,
+}
+
+impl Default for ConcurrencyLimitConfig {
+    fn default() -> Self {
+        ConcurrencyLimitConfig {
+            initial: 32,
+            min: 4,
+            max: 1024,
+            tolerance: 2.0,
+            smoothing: 0.2,
+            window: Duration::from_millis(10),
+            min_samples: 10,
+            baseline_relax_per_sec: 0.05,
+        }
+    }
+}
+
+/// An adaptive limit on requests in execution: it grows by `√limit` while the measured
+/// latency stays within `tolerance × baseline` and the limit is actually used, and shrinks
+/// in proportion to `baseline × tolerance / latency` when a hidden queue forms behind it.
+#[derive(Clone, Debug)]
+pub struct ConcurrencyLimit {
+    cfg: ConcurrencyLimitConfig,
+    limit: f64,
+    baseline: f64,
+    window_end: Nanos,
+    window_start: Nanos,
+    sum: f64,
+    n: u32,
+    min_rtt: f64,
+    max_inflight: u32,
+}
+
+impl ConcurrencyLimit {
+    /// A limit at `cfg.initial`, clamped to `[min, max]`.
+    pub fn new(cfg: ConcurrencyLimitConfig) -> ConcurrencyLimit {
+        let min = cfg.min.max(1);
+        let max = cfg.max.max(min);
+        let cfg = ConcurrencyLimitConfig { min, max, ..cfg };
+        ConcurrencyLimit {
+            limit: f64::from(cfg.initial.clamp(min, max)),
+            cfg,
+            baseline: f64::INFINITY,
+            window_end: Nanos::ZERO,
+            window_start: Nanos::ZERO,
+            sum: 0.0,
+            n: 0,
+            min_rtt: f64::INFINITY,
+            max_inflight: 0,
+        }
+    }
+
+    /// The current limit.
+    #[inline]
+    pub fn limit(&self) -> u32 {
+        self.limit as u32
+    }
+
+    /// The current no-load latency baseline, if any sample was taken.
+    pub fn baseline(&self) -> Option<Duration> {
+        self.baseline
+            .is_finite()
+            .then(|| Duration::from_nanos(self.baseline as u64))
+    }
+
+    /// Feeds one completed request: its execution latency and the number in execution
+    /// when it was dispatched.
+    pub fn on_sample(&mut self, latency: Duration, inflight: u32, now: Nanos) {
+        let rtt = duration_nanos(latency).max(1) as f64;
+        if self.n == 0 {
+            self.window_start = now;
+            self.window_end = now.saturating_add(self.cfg.window);
+        }
+        self.sum += rtt;
+        self.n += 1;
+        self.min_rtt = self.min_rtt.min(rtt);
+        self.max_inflight = self.max_inflight.max(inflight);
+        if now < self.window_end || self.n < self.cfg.min_samples {
+            return;
+        }
+        let short = self.sum / f64::from(self.n);
+        let elapsed = now
+            .saturating_duration_since(self.window_start)
+            .as_secs_f64();
+        let relaxed = self.baseline * (1.0 + self.cfg.baseline_relax_per_sec * elapsed);
+        self.baseline = relaxed.min(self.min_rtt);
+        let used = f64::from(self.max_inflight) >= self.limit / 2.0;
+        let gradient = (self.cfg.tolerance * self.baseline / short).clamp(0.5, 1.0);
+        if gradient < 1.0 || used {
+            let target = self.limit * gradient + self.limit.sqrt();
+            let next = self.limit * (1.0 - self.cfg.smoothing) + target * self.cfg.smoothing;
+            // Without pressure the limit only grows while it is actually used.
+            let next = if gradient >= 1.0 {
+                next.max(self.limit)
+            } else {
+                next
+            };
+            self.limit = next.clamp(f64::from(self.cfg.min), f64::from(self.cfg.max));
+        }
+        self.sum = 0.0;
+        self.n = 0;
+        self.min_rtt = f64::INFINITY;
+        self.max_inflight = 0;
+    }
+}
+
+/// All admission constants of a shard.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct AdmissionConfig {
+    /// Delay-based shedding.
+    pub codel: CodelConfig,
+    /// Adaptive concurrency limit on requests in execution.
+    pub concurrency: ConcurrencyLimitConfig,
+    /// Bound on queued requests (4096); arrivals beyond it are shed at once.
+    pub queue_capacity: usize,
+    /// Serve newest first while overloaded (true).
+    pub adaptive_lifo: bool,
+}
+
+impl Default for AdmissionConfig {
+    /// CoDel 5 ms / 100 ms, limit 32 in [4, 1024], queue 4096, adaptive LIFO.
+    fn default() -> AdmissionConfig {
+        AdmissionConfig {
+            codel: CodelConfig::default(),
+            concurrency: ConcurrencyLimitConfig::default(),
+            queue_capacity: 4096,
+            adaptive_lifo: true,
+        }
+    }
+}
+
+/// Shard admission counters.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// Requests queued.
+    pub enqueued: u64,
+    /// Requests shed because the queue was full.
+    pub shed_full: u64,
+    /// Requests shed for queue delay (CoDel).
+    pub shed_delay: u64,
+    /// Requests dropped because their deadline passed while queued.
+    pub expired: u64,
+    /// Requests dispatched for execution.
+    pub dispatched: u64,
+    /// Requests completed.
+    pub completed: u64,
+}
+
+/// A queued request with its arrival time and deadline.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Queued<T> {
+    /// The caller's request handle (e.g. stream id and buffer index).
+    pub item: T,
+    /// When it was queued (frame header read).
+    pub enqueued: Nanos,
+    /// Its absolute deadline.
+    pub deadline: Deadline,
+}
+
+/// The per-shard admission controller and its bounded queue.
+#[derive(Debug)]
+pub struct AdmissionController<T> {
+    queue: VecDeque<Queued<T>>,
+    capacity: usize,
+    lifo: bool,
+    codel: Codel,
+    limit: ConcurrencyLimit,
+    inflight: u32,
+    stats: AdmissionStats,
+}
+
+impl<T> AdmissionController<T> {
+    /// A controller with an empty queue, allocated once to its capacity.
+    pub fn new(cfg: AdmissionConfig) -> AdmissionController<T> {
+        let capacity = cfg.queue_capacity.max(1);
+        AdmissionController {
+            queue: VecDeque::with_capacity(capacity),
+            capacity,
+            lifo: cfg.adaptive_lifo,
+            codel: Codel::new(cfg.codel),
+            limit: ConcurrencyLimit::new(cfg.concurrency),
+            inflight: 0,
+            stats: AdmissionStats::default(),
+        }
+    }
+
+    /// Queues a request whose header was just read; `Err` gives it back when the queue is
+    /// full, to be answered `Overloaded` from the header alone.
+    #[inline]
+    pub fn enqueue(&mut self, item: T, now: Nanos, deadline: Deadline) -> Result<(), T> {
+        if self.queue.len() >= self.capacity {
+            self.stats.shed_full += 1;
+            return Err(item);
+        }
+        self.stats.enqueued += 1;
+        self.queue.push_back(Queued {
+            item,
+            enqueued: now,
+            deadline,
+        });
+        Ok(())
+    }
+
+    /// True if a request may be dispatched now (under the concurrency limit, queue not empty).
+    #[inline]
+    pub fn can_dispatch(&self) -> bool {
+        self.inflight < self.limit.limit() && !self.queue.is_empty()
+    }
+
+    /// Takes the next request to execute, or `None` when the queue is empty or the
+    /// concurrency limit is reached. Requests found expired or too old on the way are passed
+    /// to `reject` with [`Verdict::Expired`] or [`Verdict::Shed`]; the caller answers them.
+    pub fn dispatch(
+        &mut self,
+        now: Nanos,
+        mut reject: impl FnMut(T, Verdict),
+    ) -> Option<Queued<T>> {
+        if self.inflight >= self.limit.limit() {
+            return None;
+        }
+        // Drop from the old end first: they waited longest.
+        while let Some(head) = self.queue.front() {
+            let waited = now.saturating_duration_since(head.enqueued);
+            let verdict = if head.deadline.expired(now) {
+                Verdict::Expired
+            } else if self.codel.should_shed(now, waited) {
+                Verdict::Shed
+            } else {
+                break;
+            };
+            if let Some(q) = self.queue.pop_front() {
+                self.count_reject(verdict);
+                reject(q.item, verdict);
+            }
+        }
+        let Some(head) = self.queue.front() else {
+            self.codel.on_dequeue(Duration::ZERO, now);
+            return None;
+        };
+        // The standing delay is the age of the oldest request, whichever end is served.
+        self.codel
+            .on_dequeue(now.saturating_duration_since(head.enqueued), now);
+        let newest_first = self.lifo && self.codel.is_overloaded(now);
+        loop {
+            let next = if newest_first {
+                self.queue.pop_back()
+            } else {
+                self.queue.pop_front()
+            };
+            let q = next?;
+            if q.deadline.expired(now) {
+                self.count_reject(Verdict::Expired);
+                reject(q.item, Verdict::Expired);
+                continue;
+            }
+            self.inflight += 1;
+            self.stats.dispatched += 1;
+            return Some(q);
+        }
+    }
+
+    /// Reports the completion of a dispatched request that executed for `latency`.
+    #[inline]
+    pub fn on_complete(&mut self, latency: Duration, now: Nanos) {
+        let inflight = self.inflight;
+        self.inflight = self.inflight.saturating_sub(1);
+        self.stats.completed += 1;
+        self.limit.on_sample(latency, inflight, now);
+    }
+
+    /// Removes every queued request for which `dead` is true (e.g. its client disconnected),
+    /// without answering them.
+    pub fn drop_where(&mut self, mut dead: impl FnMut(&T) -> bool) -> usize {
+        let before = self.queue.len();
+        self.queue.retain(|q| !dead(&q.item));
+        before - self.queue.len()
+    }
+
+    fn count_reject(&mut self, v: Verdict) {
+        match v {
+            Verdict::Expired => self.stats.expired += 1,
+            Verdict::Shed => self.stats.shed_delay += 1,
+            Verdict::Serve => {}
+        }
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Requests in execution.
+    pub fn inflight(&self) -> u32 {
+        self.inflight
+    }
+
+    /// The current adaptive concurrency limit.
+    pub fn concurrency_limit(&self) -> u32 {
+        self.limit.limit()
+    }
+
+    /// True while the shard is in the overloaded (shedding, LIFO) state.
+    pub fn is_overloaded(&mut self, now: Nanos) -> bool {
+        self.codel.is_overloaded(now)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> AdmissionStats {
+        self.stats
+    }
+}
+
+/// Caps on bytes and requests in flight (read from the socket, not yet answered).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct InflightCaps {
+    /// Requests per connection (1024).
+    pub conn_requests: u32,
+    /// Request bytes per connection (8 MiB).
+    pub conn_bytes: u64,
+    /// Requests per shard (16,384).
+    pub shard_requests: u32,
+    /// Request bytes per shard (128 MiB).
+    pub shard_bytes: u64,
+}
+
+impl Default for InflightCaps {
+    fn default() -> Self {
+        InflightCaps {
+            conn_requests: 1024,
+            conn_bytes: 8 << 20,
+            shard_requests: 16_384,
+            shard_bytes: 128 << 20,
+        }
+    }
+}
+
+/// Why a connection must stop reading.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Backpressure {
+    /// The connection is over its own caps.
+    Connection,
+    /// The shard is over its caps.
+    Shard,
+}
+
+/// One connection's in-flight requests and bytes (shard-local, hence `Cell`).
+#[derive(Debug, Default)]
+pub struct ConnBudget {
+    requests: Cell<u32>,
+    bytes: Cell<u64>,
+}
+
+impl ConnBudget {
+    /// Requests of this connection in flight.
+    pub fn requests(&self) -> u32 {
+        self.requests.get()
+    }
+
+    /// Request bytes of this connection in flight.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.get()
+    }
+}
+
+/// A shard's in-flight totals and caps. Shard-local (not `Sync`): the connections of a shard
+/// run on its single thread and share it by reference.
+#[derive(Debug, Default)]
+pub struct InflightBudget {
+    caps: InflightCaps,
+    requests: Cell<u32>,
+    bytes: Cell<u64>,
+}
+
+impl InflightBudget {
+    /// A budget with the given caps.
+    pub fn new(caps: InflightCaps) -> InflightBudget {
+        InflightBudget {
+            caps,
+            requests: Cell::new(0),
+            bytes: Cell::new(0),
+        }
+    }
+
+    /// Takes a request of `bytes` into flight, or says why the connection must stop reading.
+    /// A request is always allowed when nothing of its scope is in flight, so one frame larger
+    /// than a byte cap cannot stall a connection forever (frame size is bounded elsewhere).
+    #[inline]
+    pub fn try_acquire(&self, conn: &ConnBudget, bytes: u64) -> Result<(), Backpressure> {
+        let (cr, cb) = (conn.requests.get(), conn.bytes.get());
+        if cr > 0 && (cr >= self.caps.conn_requests || cb + bytes > self.caps.conn_bytes) {
+            return Err(Backpressure::Connection);
+        }
+        let (sr, sb) = (self.requests.get(), self.bytes.get());
+        if sr > 0 && (sr >= self.caps.shard_requests || sb + bytes > self.caps.shard_bytes) {
+            return Err(Backpressure::Shard);
+        }
+        conn.requests.set(cr + 1);
+        conn.bytes.set(cb + bytes);
+        self.requests.set(sr + 1);
+        self.bytes.set(sb + bytes);
+        Ok(())
+    }
+
+    /// Returns a request of `bytes` taken by [`InflightBudget::try_acquire`] (it was answered).
+    #[inline]
+    pub fn release(&self, conn: &ConnBudget, bytes: u64) {
+        conn.requests.set(conn.requests.get().saturating_sub(1));
+        conn.bytes.set(conn.bytes.get().saturating_sub(bytes));
+        self.requests.set(self.requests.get().saturating_sub(1));
+        self.bytes.set(self.bytes.get().saturating_sub(bytes));
+    }
+
+    /// True while `conn` may read more from its socket (both it and the shard under caps).
+    #[inline]
+    pub fn should_read(&self, conn: &ConnBudget) -> bool {
+        conn.requests.get() < self.caps.conn_requests
+            && conn.bytes.get() < self.caps.conn_bytes
+            && self.requests.get() < self.caps.shard_requests
+            && self.bytes.get() < self.caps.shard_bytes
+    }
+
+    /// Requests in flight on the shard.
+    pub fn requests(&self) -> u32 {
+        self.requests.get()
+    }
+
+    /// Request bytes in flight on the shard.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(x: u64) -> Duration {
+        Duration::from_millis(x)
+    }
+
+    fn at_ms(x: u64) -> Nanos {
+        Nanos::from_millis(x)
+    }
+
+    #[test]
+    fn codel_enters_and_leaves_overload() {
+        let mut c = Codel::new(CodelConfig::default());
+        // Low delay for a second: never overloaded, nothing shed under 100 ms of waiting.
+        for t in 0..1_000 {
+            c.on_dequeue(ms(1), at_ms(t));
+            assert!(!c.is_overloaded(at_ms(t)));
+            assert!(!c.should_shed(at_ms(t), ms(50)));
+        }
+        assert!(
+            c.should_shed(at_ms(1_000), ms(101)),
+            "max queue delay always applies"
+        );
+        // A standing delay of 6 ms for a whole interval: overloaded at the next boundary.
+        for t in 1_000..1_250 {
+            c.on_dequeue(ms(6), at_ms(t));
+        }
+        assert!(c.is_overloaded(at_ms(1_250)));
+        assert!(c.should_shed(at_ms(1_250), ms(11)));
+        assert!(!c.should_shed(at_ms(1_250), ms(9)));
+        // The queue drains once (delay 0): overload ends at the following boundary.
+        c.on_dequeue(Duration::ZERO, at_ms(1_260));
+        for t in 1_261..1_300 {
+            c.on_dequeue(ms(6), at_ms(t));
+        }
+        assert!(!c.is_overloaded(at_ms(1_300)));
+        // ... and resumes after another full interval with a standing queue.
+        for t in 1_300..1_400 {
+            c.on_dequeue(ms(6), at_ms(t));
+        }
+        assert!(c.is_overloaded(at_ms(1_400)));
+    }
+
+    fn controller(lifo: bool) -> AdmissionController<u32> {
+        AdmissionController::new(AdmissionConfig {
+            queue_capacity: 8,
+            adaptive_lifo: lifo,
+            ..AdmissionConfig::default()
+        })
+    }
+
+    #[test]
+    fn fifo_when_calm_and_bounded_queue() {
+        let mut a = controller(true);
+        let d = Deadline(at_ms(1_000));
+        for i in 0..8 {
+            assert!(a.enqueue(i, at_ms(0), d).is_ok());
+        }
+        assert_eq!(a.enqueue(8, at_ms(0), d), Err(8), "queue is bounded");
+        let mut rejected = Vec::new();
+        let order: Vec<u32> = (0..3)
+            .filter_map(|_| a.dispatch(at_ms(1), |i, v| rejected.push((i, v))))
+            .map(|q| q.item)
+            .collect();
+        assert_eq!(order, vec![0, 1, 2]);
+        assert!(rejected.is_empty());
+        assert_eq!(a.inflight(), 3);
+        a.on_complete(ms(1), at_ms(2));
+        assert_eq!(a.inflight(), 2);
+        assert_eq!(a.stats().shed_full, 1);
+    }
+
+    #[test]
+    fn expired_requests_are_never_dispatched() {
+        let mut a = controller(true);
+        a.enqueue(1, at_ms(0), Deadline(at_ms(5))).unwrap();
+        a.enqueue(2, at_ms(0), Deadline(at_ms(50))).unwrap();
+        let mut rejected = Vec::new();
+        let got = a.dispatch(at_ms(10), |i, v| rejected.push((i, v)));
+        assert_eq!(got.map(|q| q.item), Some(2));
+        assert_eq!(rejected, vec![(1, Verdict::Expired)]);
+        assert_eq!(a.stats().expired, 1);
+    }
+
+    #[test]
+    fn overload_serves_newest_first_and_sheds_the_oldest() {
+        let mut a = AdmissionController::new(AdmissionConfig {
+            queue_capacity: 100_000,
+            ..AdmissionConfig::default()
+        });
+        let d = |t: u64| Deadline(at_ms(t + 1_000));
+        let mut id = 0u32;
+        let mut shed = 0;
+        // Arrivals at 2 per ms, service at 1 per ms: a standing queue builds.
+        for t in 0..400u64 {
+            for _ in 0..2 {
+                a.enqueue(id, at_ms(t), d(t)).unwrap();
+                id += 1;
+            }
+            if let Some(q) = a.dispatch(at_ms(t), |_, v| {
+                assert_eq!(v, Verdict::Shed);
+                shed += 1;
+            }) {
+                a.on_complete(ms(1), at_ms(t));
+                if t > 250 {
+                    // Overloaded by now: the request served is the newest one.
+                    assert!(a.is_overloaded(at_ms(t)));
+                    assert!(
+                        t.saturating_sub(u64::from(q.item) / 2) <= 1,
+                        "t={t} item={}",
+                        q.item
+                    );
+                }
+            }
+        }
+        assert!(shed > 100, "old requests were shed: {shed}");
+        // Nothing left in the queue is older than the slough time (plus one step).
+        assert!(a.queued() <= 2 * 11 + 2, "{}", a.queued());
+    }
+
+    #[test]
+    fn dropping_disconnected_requests() {
+        let mut a = controller(false);
+        for i in 0..6 {
+            a.enqueue(i, at_ms(0), Deadline::NEVER).unwrap();
+        }
+        assert_eq!(a.drop_where(|i| i % 2 == 0), 3);
+        assert_eq!(a.queued(), 3);
+    }
+
+    #[test]
+    fn concurrency_limit_shrinks_on_hidden_queue_and_grows_when_used() {
+        let cfg = ConcurrencyLimitConfig::default();
+        let mut l = ConcurrencyLimit::new(cfg);
+        let mut t = 0u64;
+        // Latency 100 µs with the limit fully used: grows.
+        for _ in 0..200 {
+            t += 1;
+            l.on_sample(
+                Duration::from_micros(100),
+                l.limit(),
+                Nanos::from_micros(t * 500),
+            );
+        }
+        let grown = l.limit();
+        assert!(grown > cfg.initial, "{grown}");
+        assert_eq!(l.baseline(), Some(Duration::from_micros(100)));
+        // Latency 10x the baseline: shrinks, down to the minimum.
+        for _ in 0..2_000 {
+            t += 1;
+            l.on_sample(
+                Duration::from_millis(1),
+                l.limit(),
+                Nanos::from_micros(t * 500),
+            );
+        }
+        assert_eq!(l.limit(), cfg.min);
+        // App-limited (in flight far below the limit): no growth.
+        let mut l2 = ConcurrencyLimit::new(cfg);
+        for i in 0..1_000 {
+            l2.on_sample(Duration::from_micros(100), 2, Nanos::from_micros(i * 500));
+        }
+        assert_eq!(l2.limit(), cfg.initial);
+        // Bounded above.
+        let mut l3 = ConcurrencyLimit::new(ConcurrencyLimitConfig { max: 40, ..cfg });
+        for i in 0..10_000 {
+            l3.on_sample(
+                Duration::from_micros(100),
+                1_000,
+                Nanos::from_micros(i * 500),
+            );
+        }
+        assert_eq!(l3.limit(), 40);
+    }
+
+    #[test]
+    fn inflight_budget_caps_and_backpressure() {
+        let b = InflightBudget::new(InflightCaps {
+            conn_requests: 2,
+            conn_bytes: 1_000,
+            shard_requests: 3,
+            shard_bytes: 10_000,
+        });
+        let (c1, c2) = (ConnBudget::default(), ConnBudget::default());
+        assert_eq!(b.try_acquire(&c1, 5_000), Ok(()), "first frame always fits");
+        assert_eq!(b.try_acquire(&c1, 10), Err(Backpressure::Connection));
+        assert!(!b.should_read(&c1));
+        assert_eq!(b.try_acquire(&c2, 10), Ok(()));
+        assert_eq!(b.try_acquire(&c2, 10), Ok(()));
+        assert!(!b.should_read(&c2), "shard at its request cap");
+        b.release(&c1, 5_000);
+        assert!(b.should_read(&c1));
+        assert_eq!(b.try_acquire(&c1, 10), Ok(()));
+        assert_eq!(b.try_acquire(&c2, 10), Err(Backpressure::Connection));
+        b.release(&c2, 10);
+        assert_eq!(
+            (b.requests(), b.bytes(), c2.requests(), c2.bytes()),
+            (2, 20, 1, 10)
+        );
+    }
+}
