@@ -1,9 +1,15 @@
 //! Storage: rows of cells on an embedded LSM engine (fjall), last-write-wins by write
 //! timestamp, tombstones and TTL, with group commit so that concurrent writes share an fsync.
 
+pub mod keycodec;
 pub mod model;
+mod row;
+mod store;
+#[cfg(test)]
+mod tests;
 
 pub use model::*;
+pub use store::{Storage, MAX_DEAD_ROWS_PER_READ};
 
 use bytes::Bytes;
 use std::ops::Bound;

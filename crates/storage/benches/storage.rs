@@ -1,0 +1,88 @@
+//! Storage micro-benchmarks: a single-row apply (periodic durability, so no fsync on the
+//! measured path) and a point read of one row.
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use sluice_storage::{
+    CellValue, CellWrite, ClusteringSlice, Durability, Liveness, Mutation, Order, RowMutation,
+    Storage, StorageConfig, TableLayout,
+};
+use sluice_types::{CqlType, NativeType};
+use std::hint::black_box;
+use std::time::Duration;
+
+fn layout() -> TableLayout {
+    TableLayout {
+        id: [3; 16],
+        clustering: vec![(CqlType::Native(NativeType::Bigint), Order::Asc)],
+    }
+}
+
+fn single_row(token: i64, ck: i64, ts: i64) -> Mutation {
+    Mutation {
+        table: [3; 16],
+        token,
+        partition_key: Bytes::copy_from_slice(&token.to_be_bytes()),
+        partition_deletion: None,
+        range_deletions: vec![],
+        static_row: None,
+        rows: vec![RowMutation {
+            clustering: vec![Bytes::copy_from_slice(&ck.to_be_bytes())],
+            liveness: Some(Liveness {
+                timestamp: ts,
+                expiry: None,
+            }),
+            deletion: None,
+            collection_deletions: vec![],
+            cells: vec![CellWrite {
+                column: 1,
+                path: None,
+                value: CellValue::Live(Bytes::from_static(&[7; 100])),
+                timestamp: ts,
+                expiry: None,
+            }],
+        }],
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let storage = Storage::open(StorageConfig {
+        path: dir.path().to_path_buf(),
+        durability: Durability::Periodic {
+            interval: Duration::from_secs(10),
+        },
+        cache_bytes: 64 << 20,
+    })
+    .expect("open storage");
+    let layout = layout();
+    let mut ts = 0i64;
+    c.bench_function("apply_single_row", |b| {
+        b.iter(|| {
+            ts += 1;
+            let m = single_row(ts % 10_000, ts % 16, ts);
+            storage.apply(&[(&layout, m)]).expect("apply")
+        })
+    });
+    for token in 0..10_000 {
+        storage
+            .apply(&[(&layout, single_row(token, 0, 1))])
+            .expect("apply");
+    }
+    let slice = ClusteringSlice::all();
+    let mut token = 0i64;
+    c.bench_function("read_partition_point", |b| {
+        b.iter(|| {
+            token = (token + 7919) % 10_000;
+            let pk = token.to_be_bytes();
+            let read = storage
+                .read_partition(&layout, token, &pk, &slice, None, 1, 0)
+                .expect("read");
+            black_box(read.rows.len())
+        })
+    });
+    storage.close().expect("close");
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,832 @@
+//! `Storage`: the row store on fjall, with striped partition locks and group commit.
+//!
+//! Writes: `apply` converts every mutation to storage form (clustering keys encoded, cells
+//! sorted and reconciled) BEFORE taking any lock. It then takes the stripe locks of the
+//! partitions it touches (sorted, so that concurrent batches cannot deadlock), and under
+//! them only reads the current rows, merges and re-encodes them and commits one fjall
+//! batch. The stripes are a fixed array, so memory does not grow with the number of
+//! partitions, and a read-merge-write of one partition is linearizable.
+//!
+//! Durability: fjall writes every batch to its journal and flushes it to the OS (so that it
+//! survives the process being killed) but never fsyncs on the write path. A dedicated sync
+//! thread fsyncs: in `Batch` mode whenever tickets are pending (all writers that arrived
+//! during one fsync share the next one), in `Periodic` mode on a timer.
+
+use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
+use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
+use crate::row::{
+    PartitionHeader, PreparedRow, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES,
+};
+use crate::{
+    CommitTicket, Durability, ScanPage, ScanStart, ScannedPartition, StorageConfig, StorageError,
+};
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Number of partition lock stripes (fixed: bounded memory, low collision odds).
+const STRIPES: usize = 1024;
+
+/// Most dead entries (tombstoned or expired rows) one read may step over before it fails,
+/// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
+pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
+
+/// Rows deleted per fjall batch by `truncate` (bounded batch memory).
+const TRUNCATE_CHUNK: usize = 1024;
+
+const DATA_KEYSPACE: &str = "data";
+const META_KEYSPACE: &str = "meta";
+
+/// How far the journal is known durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DurableState {
+    /// Every ticket up to this one is durable.
+    upto: u64,
+    /// An fsync failed: fjall is poisoned and nothing further becomes durable.
+    failed: bool,
+}
+
+/// Requests to the sync thread.
+#[derive(Debug, Default)]
+struct SyncRequest {
+    pending: bool,
+    shutdown: bool,
+}
+
+/// State shared by writers and the sync thread.
+struct CommitShared {
+    db: Database,
+    /// Last ticket handed out; a ticket is handed out only after its batch is in the journal.
+    applied: AtomicU64,
+    request: Mutex<SyncRequest>,
+    wake: Condvar,
+    durable: watch::Sender<DurableState>,
+    fsyncs: AtomicU64,
+}
+
+impl CommitShared {
+    fn lock_request(&self) -> MutexGuard<'_, SyncRequest> {
+        self.request.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fsyncs the journal if tickets are pending and publishes the new durable point.
+    fn sync_pending(&self) {
+        let upto = self.applied.load(Ordering::Acquire);
+        let current = *self.durable.borrow();
+        if current.failed || upto <= current.upto {
+            return;
+        }
+        match self.db.persist(PersistMode::SyncData) {
+            Ok(()) => {
+                self.fsyncs.fetch_add(1, Ordering::Relaxed);
+                self.durable.send_modify(|d| d.upto = d.upto.max(upto));
+            }
+            Err(e) => {
+                tracing::error!(error = ?e, "journal fsync failed; writes can no longer be made durable");
+                self.durable.send_modify(|d| d.failed = true);
+            }
+        }
+    }
+
+    /// Group commit: fsync as soon as something is pending; writers arriving during an
+    /// fsync are covered by the next one.
+    fn run_batch(&self) {
+        loop {
+            let shutdown = {
+                let mut req = self.lock_request();
+                while !req.pending && !req.shutdown {
+                    req = self.wake.wait(req).unwrap_or_else(|e| e.into_inner());
+                }
+                req.pending = false;
+                req.shutdown
+            };
+            self.sync_pending();
+            if shutdown {
+                return;
+            }
+        }
+    }
+
+    /// Periodic mode: fsync every `interval` when something was written.
+    fn run_periodic(&self, interval: Duration) {
+        loop {
+            let shutdown = {
+                let req = self.lock_request();
+                let (req, _) = self
+                    .wake
+                    .wait_timeout_while(req, interval, |r| !r.shutdown)
+                    .unwrap_or_else(|e| e.into_inner());
+                req.shutdown
+            };
+            self.sync_pending();
+            if shutdown {
+                return;
+            }
+        }
+    }
+}
+
+struct Inner {
+    db: Database,
+    data: Keyspace,
+    meta: Keyspace,
+    stripes: Box<[Mutex<()>]>,
+    commit: Arc<CommitShared>,
+    durability: Durability,
+    sync_thread: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+impl Inner {
+    fn stop_sync_thread(&self) {
+        self.commit.lock_request().shutdown = true;
+        self.commit.wake.notify_all();
+        let handle = self
+            .sync_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                tracing::error!("storage sync thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_sync_thread();
+    }
+}
+
+/// The row store. Cheap to clone; all clones share one database.
+#[derive(Clone)]
+pub struct Storage {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("durability", &self.inner.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io(e: fjall::Error) -> StorageError {
+    tracing::error!(error = ?e, "storage I/O error");
+    StorageError::Io("storage engine error")
+}
+
+/// One entry of an `apply`, keyed by its fjall key.
+enum Pending {
+    Header(PartitionHeader),
+    Row(StoredRow),
+}
+
+impl Storage {
+    /// Opens (or creates) the database at `config.path` and starts the sync thread.
+    pub fn open(config: StorageConfig) -> Result<Storage, StorageError> {
+        let db = Database::builder(&config.path)
+            .cache_size(config.cache_bytes)
+            // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
+            .manual_journal_persist(false)
+            .open()
+            .map_err(io)?;
+        let data = db
+            .keyspace(DATA_KEYSPACE, KeyspaceCreateOptions::default)
+            .map_err(io)?;
+        let meta = db
+            .keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)
+            .map_err(io)?;
+        let (durable, _) = watch::channel(DurableState {
+            upto: 0,
+            failed: false,
+        });
+        let commit = Arc::new(CommitShared {
+            db: db.clone(),
+            applied: AtomicU64::new(0),
+            request: Mutex::new(SyncRequest::default()),
+            wake: Condvar::new(),
+            durable,
+            fsyncs: AtomicU64::new(0),
+        });
+        let thread_commit = commit.clone();
+        let durability = config.durability;
+        let handle = std::thread::Builder::new()
+            .name("sluice-storage-sync".into())
+            .spawn(move || match durability {
+                Durability::Batch => thread_commit.run_batch(),
+                Durability::Periodic { interval } => thread_commit.run_periodic(interval),
+            })
+            .map_err(|_| StorageError::Io("cannot start the storage sync thread"))?;
+        let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
+        Ok(Storage {
+            inner: Arc::new(Inner {
+                db,
+                data,
+                meta,
+                stripes,
+                commit,
+                durability,
+                sync_thread: Mutex::new(Some(handle)),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    fn check_open(&self) -> Result<(), StorageError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            Err(StorageError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn stripe_of(table: &TableId, token: i64) -> usize {
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&table[..8]);
+        // Tokens are already Murmur3 hashes; mix in the table so that tables spread too.
+        let h = (token as u64 ^ u64::from_le_bytes(t)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 54) as usize % STRIPES
+    }
+
+    /// Converts mutations to storage form, merging entries for the same key. No lock held.
+    fn prepare(
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<(BTreeMap<Vec<u8>, Pending>, Vec<usize>), StorageError> {
+        let mut entries: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
+        let mut stripes = Vec::with_capacity(mutations.len());
+        for (layout, m) in mutations {
+            let prefix = keycodec::partition_prefix(&m.table, m.token, &m.partition_key);
+            if prefix.len() + 1 > MAX_KEY_LEN {
+                return Err(StorageError::TooLarge("partition key too large"));
+            }
+            stripes.push(Self::stripe_of(&m.table, m.token));
+            let mut header = PartitionHeader {
+                deletion: m.partition_deletion,
+                ..Default::default()
+            };
+            for rd in &m.range_deletions {
+                let range =
+                    keycodec::prefix_bounds_to_range(&layout.clustering, &rd.start, &rd.end)?;
+                if !range.is_empty() {
+                    header.range_tombstones.push(StoredRangeTombstone {
+                        range,
+                        timestamp: rd.timestamp,
+                    });
+                }
+            }
+            if let Some(s) = &m.static_row {
+                header.static_row = Some(PreparedRow::from_mutation(s).row);
+            }
+            if !header.is_empty() {
+                let mut key = prefix.clone();
+                key.push(KIND_HEADER);
+                match entries.get_mut(&key) {
+                    Some(Pending::Header(h)) => h.merge(header),
+                    _ => {
+                        entries.insert(key, Pending::Header(header));
+                    }
+                }
+            }
+            for r in &m.rows {
+                if r.clustering.len() != layout.clustering.len() {
+                    return Err(StorageError::Corrupt(
+                        "row clustering key does not match the table layout",
+                    ));
+                }
+                let mut key = prefix.clone();
+                key.push(KIND_ROW);
+                keycodec::encode_clustering(&layout.clustering, &r.clustering, &mut key)?;
+                if key.len() > MAX_KEY_LEN {
+                    return Err(StorageError::TooLarge("clustering key too large"));
+                }
+                let row = PreparedRow::from_mutation(r).row;
+                match entries.get_mut(&key) {
+                    Some(Pending::Row(existing)) => existing.merge(row),
+                    _ => {
+                        entries.insert(key, Pending::Row(row));
+                    }
+                }
+            }
+        }
+        stripes.sort_unstable();
+        stripes.dedup();
+        Ok((entries, stripes))
+    }
+
+    /// Applies mutations atomically (one engine batch). LWW merge per cell happens here.
+    /// Returns when the data is visible to reads; durability is awaited via the ticket.
+    pub fn apply(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<CommitTicket, StorageError> {
+        self.check_open()?;
+        // Everything expensive that does not depend on the stored state happens here,
+        // before the lock: key encoding, cell sorting and reconciliation.
+        let (entries, stripes) = Self::prepare(mutations)?;
+        if entries.is_empty() {
+            return Ok(CommitTicket(
+                self.inner.commit.applied.load(Ordering::Acquire),
+            ));
+        }
+        let mut batch = self.inner.db.batch();
+        let mut buf = Vec::new();
+        {
+            // Stripes are taken in ascending order: two batches cannot deadlock.
+            let _guards: Vec<MutexGuard<'_, ()>> = stripes
+                .iter()
+                .map(|&i| {
+                    self.inner.stripes[i]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                })
+                .collect();
+            for (key, pending) in entries {
+                let existing = self.inner.data.get(&key).map_err(io)?;
+                buf.clear();
+                match pending {
+                    Pending::Header(incoming) => {
+                        let mut header = match existing {
+                            Some(v) => PartitionHeader::decode_value(&v)?,
+                            None => PartitionHeader::default(),
+                        };
+                        header.merge(incoming);
+                        if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
+                            return Err(StorageError::TooLarge(
+                                "too many range tombstones in partition",
+                            ));
+                        }
+                        header.encode(&mut buf)?;
+                    }
+                    Pending::Row(incoming) => {
+                        let row = match existing {
+                            Some(v) => {
+                                let mut row = StoredRow::decode_value(&v)?;
+                                row.merge(incoming);
+                                row
+                            }
+                            None => incoming,
+                        };
+                        row.encode(&mut buf)?;
+                    }
+                }
+                batch.insert(&self.inner.data, key, buf.as_slice());
+            }
+            batch.commit().map_err(io)?;
+        }
+        // The ticket is handed out after the batch is in the journal, so an fsync that
+        // starts after reading `applied >= t` covers ticket t.
+        let ticket = self.inner.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.inner.durability == Durability::Batch {
+            self.inner.commit.lock_request().pending = true;
+            self.inner.commit.wake.notify_one();
+        }
+        Ok(CommitTicket(ticket))
+    }
+
+    /// Resolves once the ticket's write is durable (Batch: after the group fsync; Periodic: at once).
+    pub async fn wait_durable(&self, ticket: CommitTicket) -> Result<(), StorageError> {
+        if let Durability::Periodic { .. } = self.inner.durability {
+            return Ok(());
+        }
+        let mut rx = self.inner.commit.durable.subscribe();
+        let state = rx
+            .wait_for(|d| d.failed || d.upto >= ticket.0)
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        if state.upto >= ticket.0 {
+            Ok(())
+        } else {
+            Err(StorageError::Io("journal fsync failed"))
+        }
+    }
+
+    /// Number of journal fsyncs done by the sync thread (for tests and metrics).
+    pub fn fsync_count(&self) -> u64 {
+        self.inner.commit.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after
+    /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
+    /// rows are not returned (`now_secs` = now as epoch seconds).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_partition(
+        &self,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        slice: &ClusteringSlice,
+        after: Option<&[Bytes]>,
+        limit: usize,
+        now_secs: u32,
+    ) -> Result<PartitionRead, StorageError> {
+        self.check_open()?;
+        let snapshot = self.inner.db.snapshot();
+        let prefix = keycodec::partition_prefix(&layout.id, token, partition_key);
+        let header = read_header(&snapshot, &self.inner.data, &prefix)?;
+        let static_row = header
+            .static_row
+            .as_ref()
+            .and_then(|s| s.live_view(header.deletion, now_secs));
+
+        let mut ranges = Vec::with_capacity(slice.ranges.len());
+        let resume = match after {
+            Some(ck) => Some(keycodec::clustering_bytes(&layout.clustering, ck)?),
+            None => None,
+        };
+        for (start, end) in &slice.ranges {
+            let mut range = keycodec::prefix_bounds_to_range(&layout.clustering, start, end)?;
+            if let Some(ck) = &resume {
+                let cut = if slice.reversed {
+                    ByteRange {
+                        lo: None,
+                        hi: Some(ck.clone()),
+                    }
+                } else {
+                    // The smallest key after a full key: full keys are prefix-free.
+                    let mut lo = ck.clone();
+                    lo.push(0x00);
+                    ByteRange {
+                        lo: Some(lo),
+                        hi: None,
+                    }
+                };
+                range = range.intersect(&cut);
+            }
+            if !range.is_empty() {
+                ranges.push(range);
+            }
+        }
+        ranges.sort_by(|a, b| match (&a.lo, &b.lo) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => x.cmp(y),
+        });
+        if slice.reversed {
+            ranges.reverse();
+        }
+
+        let mut row_prefix = prefix;
+        row_prefix.push(KIND_ROW);
+        let mut out = PartitionRead {
+            static_row,
+            rows: Vec::new(),
+            more: false,
+        };
+        let mut dead = 0usize;
+        'ranges: for range in &ranges {
+            let iter = snapshot.range(&self.inner.data, full_range(&row_prefix, range));
+            let iter: Box<dyn Iterator<Item = fjall::Guard>> = if slice.reversed {
+                Box::new(iter.rev())
+            } else {
+                Box::new(iter)
+            };
+            for guard in iter {
+                let (key, value) = guard.into_inner().map_err(io)?;
+                let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
+                let row = StoredRow::decode_value(&value)?;
+                match row.live_view(header.deletion_for(clustering), now_secs) {
+                    Some(view) => {
+                        if out.rows.len() >= limit {
+                            out.more = true;
+                            break 'ranges;
+                        }
+                        out.rows.push(view);
+                    }
+                    None => {
+                        dead += 1;
+                        if dead > MAX_DEAD_ROWS_PER_READ {
+                            return Err(StorageError::TooLarge(
+                                "read stepped over too many dead rows",
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Token-ordered scan of a table from `start` up to `end` (token bound), returning at most
+    /// `row_limit` rows in total (a partition with only a static row counts as 1) and where to resume.
+    ///
+    /// A resumed partition (`ScanStart::Resume`) is returned with its static row, for the
+    /// caller to fill static columns, but only when it still has rows; its static row alone
+    /// does not count again.
+    pub fn scan(
+        &self,
+        layout: &TableLayout,
+        start: &ScanStart,
+        end: Bound<i64>,
+        row_limit: usize,
+        now_secs: u32,
+    ) -> Result<ScanPage, StorageError> {
+        self.check_open()?;
+        let snapshot = self.inner.db.snapshot();
+        let table = keycodec::table_prefix(&layout.id);
+        let token_key = |t: i64| {
+            let mut k = table.to_vec();
+            k.extend_from_slice(&keycodec::token_bytes(t));
+            k
+        };
+        let table_end = keycodec::prefix_successor(&table);
+        let hi: Option<Vec<u8>> = match end {
+            Bound::Unbounded => table_end.clone(),
+            Bound::Excluded(t) => Some(token_key(t)),
+            Bound::Included(t) => match t.checked_add(1) {
+                Some(n) => Some(token_key(n)),
+                None => table_end.clone(),
+            },
+        };
+        let mut resumed: Option<(Vec<u8>, PartitionHeader)> = None;
+        let lo: Vec<u8> = match start {
+            ScanStart::Token(Bound::Unbounded) => table.to_vec(),
+            ScanStart::Token(Bound::Included(t)) => token_key(*t),
+            ScanStart::Token(Bound::Excluded(t)) => match t.checked_add(1) {
+                Some(n) => token_key(n),
+                None => return Ok(ScanPage::default()),
+            },
+            ScanStart::Resume {
+                token,
+                partition_key,
+                after,
+            } => {
+                let prefix = keycodec::partition_prefix(&layout.id, *token, partition_key);
+                let header = read_header(&snapshot, &self.inner.data, &prefix)?;
+                let mut lo = prefix.clone();
+                lo.push(KIND_ROW);
+                if let Some(ck) = after {
+                    keycodec::encode_clustering(&layout.clustering, ck, &mut lo)?;
+                    lo.push(0x00);
+                }
+                resumed = Some((prefix, header));
+                lo
+            }
+        };
+        if hi.as_ref().is_some_and(|h| &lo >= h) {
+            return Ok(ScanPage::default());
+        }
+        let upper = match hi {
+            Some(h) => Bound::Excluded(h),
+            None => Bound::Unbounded,
+        };
+
+        let mut page = ScanPage::default();
+        let mut rows_out = 0usize;
+        let mut dead = 0usize;
+        // Position after the last item returned: (token, partition key, last clustering key).
+        let mut last_pos: Option<(i64, Bytes, Option<Vec<Bytes>>)> = None;
+        let mut current: Option<ScanCursor> =
+            resumed.map(|(prefix, header)| ScanCursor::new(prefix, header, now_secs));
+        let mut stopped = false;
+        for guard in snapshot.range(&self.inner.data, (Bound::Included(lo), upper)) {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let (token, pk, kind, clustering) = keycodec::split_data_key(&key)?;
+            let prefix_len = key.len() - clustering.len() - 1;
+            let partition_prefix = key.get(..prefix_len).unwrap_or(&[]);
+            if current
+                .as_ref()
+                .is_none_or(|c| c.prefix.as_slice() != partition_prefix)
+            {
+                if let Some(done) = current.take() {
+                    page.partitions.extend(done.finish());
+                }
+                let header = if kind == KIND_HEADER {
+                    PartitionHeader::decode_value(&value)?
+                } else {
+                    PartitionHeader::default()
+                };
+                let mut c = ScanCursor::new(partition_prefix.to_vec(), header, now_secs);
+                c.token = token;
+                c.partition_key = Bytes::from(pk);
+                if c.read.static_row.is_some() {
+                    // A partition whose static row is live is at least one result row.
+                    if rows_out >= row_limit {
+                        stopped = true;
+                        break;
+                    }
+                    rows_out += 1;
+                    c.static_counted = true;
+                    c.static_slot_free = true;
+                    last_pos = Some((c.token, c.partition_key.clone(), None));
+                }
+                current = Some(c);
+                if kind == KIND_HEADER {
+                    continue;
+                }
+            }
+            if kind != KIND_ROW {
+                return Err(StorageError::Corrupt("unexpected entry kind in data key"));
+            }
+            let Some(c) = current.as_mut() else {
+                return Err(StorageError::Corrupt("scan lost its partition"));
+            };
+            let row = StoredRow::decode_value(&value)?;
+            match row.live_view(c.header.deletion_for(clustering), now_secs) {
+                Some(view) => {
+                    if c.static_slot_free {
+                        // The static row was counted as this partition's row; its first
+                        // live row takes that place.
+                        c.static_slot_free = false;
+                    } else if rows_out >= row_limit {
+                        c.read.more = true;
+                        stopped = true;
+                        break;
+                    } else {
+                        rows_out += 1;
+                    }
+                    last_pos = Some((
+                        c.token,
+                        c.partition_key.clone(),
+                        Some(view.clustering.clone()),
+                    ));
+                    c.read.rows.push(view);
+                }
+                None => {
+                    dead += 1;
+                    if dead > MAX_DEAD_ROWS_PER_READ {
+                        return Err(StorageError::TooLarge(
+                            "scan stepped over too many dead rows",
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(done) = current.take() {
+            page.partitions.extend(done.finish());
+        }
+        if stopped {
+            page.next = Some(match last_pos {
+                Some((token, partition_key, after)) => ScanStart::Resume {
+                    token,
+                    partition_key,
+                    after,
+                },
+                // Nothing returned (a zero limit): resume where this page started.
+                None => start.clone(),
+            });
+        }
+        Ok(page)
+    }
+
+    /// Deletes all data of a table (TRUNCATE / DROP TABLE).
+    pub fn truncate(&self, table: TableId) -> Result<(), StorageError> {
+        self.check_open()?;
+        let prefix = keycodec::table_prefix(&table);
+        loop {
+            let keys: Vec<fjall::UserKey> = self
+                .inner
+                .data
+                .prefix(prefix)
+                .take(TRUNCATE_CHUNK)
+                .map(|g| g.key())
+                .collect::<Result<_, _>>()
+                .map_err(io)?;
+            if keys.is_empty() {
+                break;
+            }
+            let mut batch = self.inner.db.batch();
+            for k in keys {
+                batch.remove(&self.inner.data, k);
+            }
+            batch.commit().map_err(io)?;
+        }
+        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+    }
+
+    /// Small durable metadata store for the schema catalog (synchronously fsynced).
+    pub fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        self.check_open()?;
+        self.inner.meta.insert(key, value).map_err(io)?;
+        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+    }
+
+    /// Deletes one metadata key (synchronously fsynced).
+    pub fn meta_delete(&self, key: &[u8]) -> Result<(), StorageError> {
+        self.check_open()?;
+        self.inner.meta.remove(key).map_err(io)?;
+        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+    }
+
+    /// All metadata entries whose key starts with `prefix`, in key order.
+    pub fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        self.check_open()?;
+        self.inner
+            .meta
+            .prefix(prefix)
+            .map(|g| {
+                g.into_inner()
+                    .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(io)
+            })
+            .collect()
+    }
+
+    /// Flushes and fsyncs everything (clean shutdown). Later calls fail with `Closed`.
+    pub fn close(&self) -> Result<(), StorageError> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // The sync thread makes everything applied so far durable before it exits, which
+        // also releases every waiter.
+        self.inner.stop_sync_thread();
+        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+    }
+}
+
+/// Reads and decodes a partition header (absent = empty).
+fn read_header(
+    snapshot: &fjall::Snapshot,
+    data: &Keyspace,
+    prefix: &[u8],
+) -> Result<PartitionHeader, StorageError> {
+    let mut key = Vec::with_capacity(prefix.len() + 1);
+    key.extend_from_slice(prefix);
+    key.push(KIND_HEADER);
+    match snapshot.get(data, &key).map_err(io)? {
+        Some(v) => PartitionHeader::decode_value(&v),
+        None => Ok(PartitionHeader::default()),
+    }
+}
+
+/// The fjall key range of a clustering byte range within one partition's rows.
+fn full_range(row_prefix: &[u8], range: &ByteRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let with = |suffix: &[u8]| {
+        let mut k = Vec::with_capacity(row_prefix.len() + suffix.len());
+        k.extend_from_slice(row_prefix);
+        k.extend_from_slice(suffix);
+        k
+    };
+    let lo = Bound::Included(with(range.lo.as_deref().unwrap_or(&[])));
+    let hi = match &range.hi {
+        Some(h) => Bound::Excluded(with(h)),
+        // The end of this partition's rows: the successor of the row prefix.
+        None => match keycodec::prefix_successor(row_prefix) {
+            Some(s) => Bound::Excluded(s),
+            None => Bound::Unbounded,
+        },
+    };
+    (lo, hi)
+}
+
+/// A partition being assembled by `scan`.
+struct ScanCursor {
+    prefix: Vec<u8>,
+    header: PartitionHeader,
+    token: i64,
+    partition_key: Bytes,
+    read: PartitionRead,
+    /// The live static row was counted as one result row.
+    static_counted: bool,
+    /// That count has not yet been taken over by a live clustering row.
+    static_slot_free: bool,
+}
+
+impl ScanCursor {
+    /// A cursor for the partition with this key prefix. For a resumed partition the
+    /// static row is attached (to fill static columns) but not counted.
+    fn new(prefix: Vec<u8>, header: PartitionHeader, now_secs: u32) -> ScanCursor {
+        let static_row = header
+            .static_row
+            .as_ref()
+            .and_then(|s| s.live_view(header.deletion, now_secs));
+        let mut key = prefix.clone();
+        key.push(KIND_HEADER);
+        let (token, partition_key) = match keycodec::split_data_key(&key) {
+            Ok((t, pk, _, _)) => (t, Bytes::from(pk)),
+            Err(_) => (0, Bytes::new()),
+        };
+        ScanCursor {
+            prefix,
+            header,
+            token,
+            partition_key,
+            read: PartitionRead {
+                static_row,
+                rows: Vec::new(),
+                more: false,
+            },
+            static_counted: false,
+            static_slot_free: false,
+        }
+    }
+
+    /// The partition to return, if it contributes rows (or is a counted static-only row).
+    fn finish(self) -> Option<ScannedPartition> {
+        (self.static_counted || !self.read.rows.is_empty()).then_some(ScannedPartition {
+            token: self.token,
+            partition_key: self.partition_key,
+            read: self.read,
+        })
+    }
+}
