@@ -125,11 +125,12 @@ impl Codel {
     }
 }
 
-/// Adaptive concurrency limit constants (a Gradient2-style controller with a passive,
-/// slowly relaxing no-load latency baseline instead of Envoy's periodic re-probe).
+/// Adaptive concurrency limit constants (a Gradient2-style controller with a passive
+/// no-load latency baseline instead of Envoy's periodic re-probe).
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct ConcurrencyLimitConfig {
-    /// Starting limit (32).
+    /// Starting limit (4): start low so that the first windows measure the no-load latency
+    /// even when the shard is overloaded from its first request, then grow.
     pub initial: u32,
     /// Lower bound (4).
     pub min: u32,
@@ -143,22 +144,18 @@ pub struct ConcurrencyLimitConfig {
     pub window: Duration,
     /// ... holding at least this many samples (10).
     pub min_samples: u32,
-    /// Per-second relative upward drift of the baseline, so it follows a workload that
-    /// really became slower without pinning concurrency to re-probe (0.05 = 5%/s).
-    pub baseline_relax_per_sec: f64,
 }
 
 impl Default for ConcurrencyLimitConfig {
     fn default() -> Self {
         ConcurrencyLimitConfig {
-            initial: 32,
+            initial: 4,
             min: 4,
             max: 1024,
             tolerance: 2.0,
             smoothing: 0.2,
             window: Duration::from_millis(10),
             min_samples: 10,
-            baseline_relax_per_sec: 0.05,
         }
     }
 }
@@ -172,10 +169,8 @@ pub struct ConcurrencyLimit {
     limit: f64,
     baseline: f64,
     window_end: Nanos,
-    window_start: Nanos,
     sum: f64,
     n: u32,
-    min_rtt: f64,
     max_inflight: u32,
 }
 
@@ -190,10 +185,8 @@ impl ConcurrencyLimit {
             cfg,
             baseline: f64::INFINITY,
             window_end: Nanos::ZERO,
-            window_start: Nanos::ZERO,
             sum: 0.0,
             n: 0,
-            min_rtt: f64::INFINITY,
             max_inflight: 0,
         }
     }
@@ -216,22 +209,26 @@ impl ConcurrencyLimit {
     pub fn on_sample(&mut self, latency: Duration, inflight: u32, now: Nanos) {
         let rtt = duration_nanos(latency).max(1) as f64;
         if self.n == 0 {
-            self.window_start = now;
             self.window_end = now.saturating_add(self.cfg.window);
         }
         self.sum += rtt;
         self.n += 1;
-        self.min_rtt = self.min_rtt.min(rtt);
         self.max_inflight = self.max_inflight.max(inflight);
         if now < self.window_end || self.n < self.cfg.min_samples {
             return;
         }
         let short = self.sum / f64::from(self.n);
-        let elapsed = now
-            .saturating_duration_since(self.window_start)
-            .as_secs_f64();
-        let relaxed = self.baseline * (1.0 + self.cfg.baseline_relax_per_sec * elapsed);
-        self.baseline = relaxed.min(self.min_rtt);
+        // The baseline is the lowest window mean seen (a per-sample minimum would track the
+        // luckiest request, not the no-load latency). While the limit sits at its minimum the
+        // shard already runs at the lowest concurrency allowed, so that window's latency *is*
+        // the current no-load latency: re-baseline from it. This is Envoy's minRTT probe
+        // without pinning concurrency on purpose, and it lets the baseline follow a workload
+        // that really became slower.
+        if self.limit() <= self.cfg.min {
+            self.baseline = short;
+        } else {
+            self.baseline = self.baseline.min(short);
+        }
         let used = f64::from(self.max_inflight) >= self.limit / 2.0;
         let gradient = (self.cfg.tolerance * self.baseline / short).clamp(0.5, 1.0);
         if gradient < 1.0 || used {
@@ -247,7 +244,6 @@ impl ConcurrencyLimit {
         }
         self.sum = 0.0;
         self.n = 0;
-        self.min_rtt = f64::INFINITY;
         self.max_inflight = 0;
     }
 }
@@ -266,7 +262,7 @@ pub struct AdmissionConfig {
 }
 
 impl Default for AdmissionConfig {
-    /// CoDel 5 ms / 100 ms, limit 32 in [4, 1024], queue 4096, adaptive LIFO.
+    /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024], queue 4096, adaptive LIFO.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
             codel: CodelConfig::default(),
@@ -728,6 +724,7 @@ mod tests {
         assert!(grown > cfg.initial, "{grown}");
         assert_eq!(l.baseline(), Some(Duration::from_micros(100)));
         // Latency 10x the baseline: shrinks, down to the minimum.
+        let mut lowest = u32::MAX;
         for _ in 0..2_000 {
             t += 1;
             l.on_sample(
@@ -735,8 +732,11 @@ mod tests {
                 l.limit(),
                 Nanos::from_micros(t * 500),
             );
+            lowest = lowest.min(l.limit());
         }
-        assert_eq!(l.limit(), cfg.min);
+        assert_eq!(lowest, cfg.min);
+        // At the minimum the slower latency becomes the new baseline: the workload changed.
+        assert_eq!(l.baseline(), Some(Duration::from_millis(1)));
         // App-limited (in flight far below the limit): no growth.
         let mut l2 = ConcurrencyLimit::new(cfg);
         for i in 0..1_000 {

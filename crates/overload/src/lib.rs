@@ -8,6 +8,7 @@ pub mod admission;
 pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
+pub mod sim;
 
 pub use admission::{
     AdmissionConfig, AdmissionController, AdmissionStats, Backpressure, Codel, CodelConfig,

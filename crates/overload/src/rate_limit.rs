@@ -36,10 +36,13 @@
 //!   burst `max(1, L·burst_fraction)`, starting full) while an entry is young, i.e. for its
 //!   first `windows` windows and again whenever a key's counter faded to zero. The counter
 //!   keeps counting every attempt meanwhile, so when the entry matures it is already within
-//!   `1 - 2^-windows` of its steady state. Measured in the simulation tests (L = 1000,
-//!   constant arrivals, 60 s): first second `1.25L` instead of `3.1L–7.6L`, and every later
-//!   second within ±10% of L at 2x, 10x and 100x (`tests::cold_start_*`, `sim.rs`).
-//!   A key offered at most `L` ops/s at constant spacing is never rejected in either phase.
+//!   `1 - 2^-windows` of its steady state. The default burst is `L` (fraction 1.0): a key
+//!   that never exceeds `L` operations in any one-second span conforms to the bucket and is
+//!   never rejected in either phase (a smaller burst rejected Poisson bursts of keys with
+//!   small limits that ScyllaDB's `<= 2L` rule accepts). Measured in `sim.rs` (L = 1000,
+//!   constant arrivals, 60 s): the first second admits `2.0L` at 2x, 10x and 100x, where
+//!   ScyllaDB admits `2.0L`, `4.4L` and `7.6L`, and every later second stays within ±10%
+//!   of L, where ScyllaDB admits about `1.6L`, `1.2L`, `1.14L` in seconds 2-4 at 10x.
 //!
 //! The decision step takes `&mut self` (the table is per shard), allocates nothing and
 //! takes no lock. Tables without a limit must not reach the table at all: [`RateLimiter::check`]
@@ -92,6 +95,7 @@ pub enum ColdStart {
         /// of its steady state at maturity).
         windows: u8,
         /// Bucket depth as a fraction of the limit (`max(1, L·burst_fraction)` operations).
+        /// 1.0 (the default) never rejects a key within `L` ops in any one-second span.
         burst_fraction: f32,
     },
 }
@@ -105,7 +109,7 @@ pub struct RateLimiterConfig {
     pub max_probes: u16,
     /// Operations per lossy-counting decrement (10,000).
     pub lossy_bucket: u32,
-    /// Cold-start smoothing (default: `Ramp { windows: 4, burst_fraction: 0.25 }`).
+    /// Cold-start smoothing (default: `Ramp { windows: 4, burst_fraction: 1.0 }`).
     pub cold_start: ColdStart,
 }
 
@@ -117,7 +121,7 @@ impl Default for RateLimiterConfig {
             lossy_bucket: 10_000,
             cold_start: ColdStart::Ramp {
                 windows: 4,
-                burst_fraction: 0.25,
+                burst_fraction: 1.0,
             },
         }
     }
@@ -756,8 +760,9 @@ mod tests {
         let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 3);
         let mut rng = StdRng::seed_from_u64(3);
         let got = drive(&mut rl, key(1), 1_000, 10_000, T0, 10, &mut rng);
-        // First second: burst (250) + L; afterwards within ±10%.
-        assert!(got[0] <= 1_251, "{got:?}");
+        // First second: burst (L) + L, where ScyllaDB admits 2L + L·log2(5) ≈ 4.3L;
+        // afterwards within ±10%.
+        assert!(got[0] <= 2_001, "{got:?}");
         for (s, &a) in got.iter().enumerate().skip(1) {
             assert!((900..=1_100).contains(&a), "second {s}: {got:?}");
         }
@@ -771,7 +776,7 @@ mod tests {
         // Silent for 40 s: the counter halves to zero, so the key restarts with the ramp.
         assert_eq!(rl.peek_count(key(9), Nanos::from_secs(T0 + 48)), 0);
         let got = drive(&mut rl, key(9), 100, 1_000, T0 + 48, 3, &mut rng);
-        assert!(got[0] <= 126 && got[1] <= 110, "{got:?}");
+        assert!(got[0] <= 201 && got[1] <= 110, "{got:?}");
     }
 
     #[test]

@@ -1,0 +1,586 @@
+//! Discrete-event simulations of the overload controls, driven by the same code the server
+//! runs and a fake clock, with seeded randomness so every run is reproducible.
+//!
+//! * [`run_admission`]: one shard with a single CPU (FIFO, fixed or exponential service
+//!   time), open-loop constant or Poisson arrivals, a per-request deadline, and either the
+//!   [`AdmissionController`] or no admission control at all (an unbounded FIFO that runs
+//!   everything, like a server without deadlines). Goodput counts requests whose response
+//!   was complete before their deadline.
+//! * [`run_limiter`]: one hot partition offered a multiple of its limit, plus optional
+//!   background partitions, through the [`RateLimiter`], reporting accepted operations per
+//!   simulated second.
+
+use crate::admission::{AdmissionConfig, AdmissionController, Verdict};
+use crate::clock::{duration_nanos, Nanos};
+use crate::deadline::Deadline;
+use crate::rate_limit::{Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// How requests arrive.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arrivals {
+    /// Evenly spaced.
+    Constant,
+    /// Exponential inter-arrival times (open-loop Poisson process).
+    Poisson,
+}
+
+/// How long the CPU spends serving one request.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// Always the same.
+    Fixed(Duration),
+    /// Exponentially distributed with this mean.
+    Exponential(Duration),
+}
+
+impl Service {
+    fn mean(self) -> Duration {
+        match self {
+            Service::Fixed(d) | Service::Exponential(d) => d,
+        }
+    }
+
+    fn sample(self, rng: &mut StdRng) -> u64 {
+        match self {
+            Service::Fixed(d) => duration_nanos(d),
+            Service::Exponential(d) => exp_sample(rng, duration_nanos(d) as f64),
+        }
+    }
+}
+
+fn exp_sample(rng: &mut StdRng, mean: f64) -> u64 {
+    let u: f64 = rng.random();
+    (-mean * (1.0 - u).ln()).max(1.0) as u64
+}
+
+/// Which admission policy the simulated shard runs.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Policy {
+    /// The [`AdmissionController`] with this configuration.
+    Admission(AdmissionConfig),
+    /// No admission control: unbounded FIFO, no deadline checks, everything executed.
+    Uncontrolled,
+}
+
+/// One admission simulation run.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct AdmissionSim {
+    /// Offered load as a multiple of the CPU's capacity (`1 / mean service time`).
+    pub load: f64,
+    /// Arrival process.
+    pub arrivals: Arrivals,
+    /// Service time model.
+    pub service: Service,
+    /// CPU time to turn a request away (shed or expired), charged to the same CPU.
+    pub reject_cost: Duration,
+    /// Per-request deadline relative to arrival (the client's `USING TIMEOUT`).
+    pub deadline: Duration,
+    /// Simulated time.
+    pub duration: Duration,
+    /// Initial period excluded from the figures.
+    pub warmup: Duration,
+    /// Admission policy.
+    pub policy: Policy,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+impl Default for AdmissionSim {
+    fn default() -> Self {
+        AdmissionSim {
+            load: 1.0,
+            arrivals: Arrivals::Poisson,
+            service: Service::Exponential(Duration::from_micros(100)),
+            reject_cost: Duration::ZERO,
+            deadline: Duration::from_millis(10),
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            policy: Policy::Admission(AdmissionConfig::default()),
+            seed: 1,
+        }
+    }
+}
+
+/// The outcome of an admission simulation (figures exclude the warm-up).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmissionReport {
+    /// Requests that arrived.
+    pub arrived: u64,
+    /// Requests served (completed), in time or not.
+    pub served: u64,
+    /// Requests served before their deadline.
+    pub good: u64,
+    /// Requests shed (queue full or queue delay).
+    pub shed: u64,
+    /// Requests dropped as expired before execution.
+    pub expired: u64,
+    /// Goodput in requests per second.
+    pub goodput: f64,
+    /// Goodput as a fraction of the CPU's capacity.
+    pub goodput_ratio: f64,
+    /// Median queue delay of served requests.
+    pub sojourn_p50: Duration,
+    /// 99th percentile queue delay of served requests.
+    pub sojourn_p99: Duration,
+    /// 99th percentile response time (arrival to completion) of served requests.
+    pub latency_p99: Duration,
+    /// Concurrency limit at the end (0 when uncontrolled).
+    pub final_limit: u32,
+}
+
+struct Req {
+    arrival: u64,
+    deadline: u64,
+}
+
+/// Runs one admission simulation.
+pub fn run_admission(sim: &AdmissionSim) -> AdmissionReport {
+    let mut rng = StdRng::seed_from_u64(sim.seed);
+    let mean_service = duration_nanos(sim.service.mean()).max(1) as f64;
+    let capacity = 1e9 / mean_service;
+    let gap = mean_service / sim.load.max(1e-9);
+    let end = duration_nanos(sim.duration);
+    let warm = duration_nanos(sim.warmup);
+    let reject_cost = duration_nanos(sim.reject_cost);
+    let deadline = duration_nanos(sim.deadline);
+
+    let mut ctl = match sim.policy {
+        Policy::Admission(cfg) => Some(AdmissionController::<Req>::new(cfg)),
+        Policy::Uncontrolled => None,
+    };
+    let mut fifo: VecDeque<Req> = VecDeque::new(); // uncontrolled queue
+                                                   // Dispatched jobs on the CPU, completing in FIFO order: (done, dispatched, request).
+    let mut cpu: VecDeque<(u64, u64, Req)> = VecDeque::new();
+    let mut busy_until = 0u64;
+    let mut next_arrival = 0u64;
+    let mut arrived = 0u64;
+    let (mut served, mut good, mut shed, mut expired) = (0u64, 0u64, 0u64, 0u64);
+    let mut sojourns: Vec<u64> = Vec::new();
+    let mut latencies: Vec<u64> = Vec::new();
+
+    loop {
+        let next_done = cpu.front().map_or(u64::MAX, |j| j.0);
+        let now = next_arrival.min(next_done);
+        if now >= end {
+            break;
+        }
+        let counted = now >= warm;
+        if next_done <= next_arrival {
+            if let Some((done, dispatched, req)) = cpu.pop_front() {
+                if counted {
+                    served += 1;
+                    if done <= req.deadline {
+                        good += 1;
+                    }
+                    sojourns.push(dispatched - req.arrival);
+                    latencies.push(done - req.arrival);
+                }
+                if let Some(c) = ctl.as_mut() {
+                    c.on_complete(Duration::from_nanos(done - dispatched), Nanos(done));
+                }
+            }
+        } else {
+            if counted {
+                arrived += 1;
+            }
+            let req = Req {
+                arrival: now,
+                deadline: now + deadline,
+            };
+            match ctl.as_mut() {
+                Some(c) => {
+                    let dl = Deadline(Nanos(req.deadline));
+                    if c.enqueue(req, Nanos(now), dl).is_err() {
+                        busy_until = busy_until.max(now) + reject_cost;
+                        shed += u64::from(counted);
+                    }
+                }
+                None => fifo.push_back(req),
+            }
+            next_arrival = now
+                + match sim.arrivals {
+                    Arrivals::Constant => gap.max(1.0) as u64,
+                    Arrivals::Poisson => exp_sample(&mut rng, gap),
+                };
+        }
+        // Dispatch whatever the policy allows at this instant.
+        match ctl.as_mut() {
+            Some(c) => {
+                let mut rejected = 0u64;
+                let mut exp = 0u64;
+                while let Some(q) = c.dispatch(Nanos(now), |_, v| match v {
+                    Verdict::Expired => exp += 1,
+                    _ => rejected += 1,
+                }) {
+                    let start = busy_until.max(now);
+                    busy_until = start + sim.service.sample(&mut rng);
+                    cpu.push_back((busy_until, now, q.item));
+                }
+                busy_until = busy_until.max(now) + (rejected + exp) * reject_cost;
+                if counted {
+                    shed += rejected;
+                    expired += exp;
+                }
+            }
+            None => {
+                while let Some(req) = fifo.pop_front() {
+                    let start = busy_until.max(now);
+                    busy_until = start + sim.service.sample(&mut rng);
+                    cpu.push_back((busy_until, now, req));
+                }
+            }
+        }
+    }
+    let secs = (end - warm) as f64 / 1e9;
+    let goodput = good as f64 / secs;
+    AdmissionReport {
+        arrived,
+        served,
+        good,
+        shed,
+        expired,
+        goodput,
+        goodput_ratio: goodput / capacity,
+        sojourn_p50: percentile(&mut sojourns, 0.50),
+        sojourn_p99: percentile(&mut sojourns, 0.99),
+        latency_p99: percentile(&mut latencies, 0.99),
+        final_limit: ctl.map_or(0, |c| c.concurrency_limit()),
+    }
+}
+
+fn percentile(v: &mut [u64], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+    Duration::from_nanos(v[i])
+}
+
+/// One rate-limiter simulation run.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct LimiterSim {
+    /// The hot partition's limit (ops/s).
+    pub limit: u32,
+    /// The hot partition's offered rate as a multiple of its limit.
+    pub multiplier: f64,
+    /// Arrival process of the hot partition.
+    pub arrivals: Arrivals,
+    /// Background partitions, each offered `background_rate` ops/s (Poisson), same limit.
+    pub background_keys: u32,
+    /// Offered rate of each background partition.
+    pub background_rate: f64,
+    /// Simulated seconds.
+    pub secs: u64,
+    /// Wall-clock second at which the run starts (to place it across a window-id wrap).
+    pub start_wall_secs: u64,
+    /// Limiter configuration.
+    pub config: RateLimiterConfig,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+impl Default for LimiterSim {
+    fn default() -> Self {
+        LimiterSim {
+            limit: 1_000,
+            multiplier: 10.0,
+            arrivals: Arrivals::Constant,
+            background_keys: 0,
+            background_rate: 0.0,
+            secs: 60,
+            start_wall_secs: 1_700_000_000,
+            config: RateLimiterConfig::default(),
+            seed: 1,
+        }
+    }
+}
+
+/// Per-second outcome of a limiter simulation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimiterReport {
+    /// Hot partition: accepted operations in each simulated second.
+    pub hot_accepted: Vec<u64>,
+    /// Hot partition: offered operations in each simulated second.
+    pub hot_offered: Vec<u64>,
+    /// Background partitions: offered and accepted in total.
+    pub background_offered: u64,
+    /// Background partitions: accepted in total.
+    pub background_accepted: u64,
+    /// Limiter memory before the run.
+    pub memory_before: usize,
+    /// Limiter memory after the run.
+    pub memory_after: usize,
+    /// Evictions during the run.
+    pub evictions: u64,
+}
+
+/// Runs one limiter simulation: events of the hot and background partitions are merged in
+/// time order and each one is accounted with a fresh random number, as a coordinator would.
+pub fn run_limiter(sim: &LimiterSim) -> LimiterReport {
+    let mut rng = StdRng::seed_from_u64(sim.seed);
+    let mut rl = RateLimiter::with_salt(sim.config, sim.seed);
+    let memory_before = rl.memory_bytes();
+    let start = Nanos::from_secs(sim.start_wall_secs).0;
+    let end = start + sim.secs * 1_000_000_000;
+    let hot_rate = f64::from(sim.limit) * sim.multiplier;
+    let hot_gap = 1e9 / hot_rate.max(1e-9);
+    let hot = LimitKey {
+        token: 0x5151,
+        table: 1,
+        op: OpType::Write,
+    };
+    // Background arrivals as one merged Poisson process over uniformly chosen keys.
+    let bg_total = f64::from(sim.background_keys) * sim.background_rate;
+    let bg_gap = if bg_total > 0.0 {
+        1e9 / bg_total
+    } else {
+        f64::INFINITY
+    };
+    let mut next_hot = start as f64;
+    let mut next_bg = if bg_gap.is_finite() {
+        start as f64 + exp_sample(&mut rng, bg_gap) as f64
+    } else {
+        f64::INFINITY
+    };
+    let secs = usize::try_from(sim.secs).unwrap_or(0);
+    let mut hot_accepted = vec![0u64; secs];
+    let mut hot_offered = vec![0u64; secs];
+    let (mut bg_off, mut bg_acc) = (0u64, 0u64);
+    loop {
+        let t = next_hot.min(next_bg);
+        if t >= end as f64 {
+            break;
+        }
+        let now = Nanos(t as u64);
+        let sec = ((now.0 - start) / 1_000_000_000) as usize;
+        if next_hot <= next_bg {
+            let d = rl.account_and_decide(hot, sim.limit, rng.random(), now);
+            if let (Some(o), Some(a)) = (hot_offered.get_mut(sec), hot_accepted.get_mut(sec)) {
+                *o += 1;
+                *a += u64::from(d == Decision::Accept);
+            }
+            next_hot += match sim.arrivals {
+                Arrivals::Constant => hot_gap,
+                Arrivals::Poisson => exp_sample(&mut rng, hot_gap) as f64,
+            };
+        } else {
+            let k = LimitKey {
+                token: i64::from(rng.random_range(0..sim.background_keys)) + 1_000_000,
+                table: 1,
+                op: OpType::Write,
+            };
+            bg_off += 1;
+            bg_acc += u64::from(
+                rl.account_and_decide(k, sim.limit, rng.random(), now) == Decision::Accept,
+            );
+            next_bg += exp_sample(&mut rng, bg_gap) as f64;
+        }
+    }
+    LimiterReport {
+        hot_accepted,
+        hot_offered,
+        background_offered: bg_off,
+        background_accepted: bg_acc,
+        memory_before,
+        memory_after: rl.memory_bytes(),
+        evictions: rl.stats().evictions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate_limit::ColdStart;
+
+    fn admission(load: f64) -> AdmissionReport {
+        let r = run_admission(&AdmissionSim {
+            load,
+            ..AdmissionSim::default()
+        });
+        eprintln!("admission load={load}: {r:?}");
+        r
+    }
+
+    #[test]
+    fn admission_keeps_goodput_and_bounded_delay_under_overload() {
+        let at_capacity = admission(1.0);
+        let target = Duration::from_millis(5);
+        for load in [3.0, 10.0] {
+            let r = admission(load);
+            assert!(
+                r.goodput >= 0.95 * at_capacity.goodput,
+                "load {load}: goodput {} vs {} at capacity",
+                r.goodput,
+                at_capacity.goodput
+            );
+            assert!(r.goodput_ratio >= 0.9, "load {load}: {r:?}");
+            assert!(r.sojourn_p99 <= 3 * target, "load {load}: {r:?}");
+            assert!(
+                r.good as f64 >= 0.99 * r.served as f64,
+                "admitted work is useful"
+            );
+        }
+    }
+
+    #[test]
+    fn admission_sheds_nothing_at_half_load() {
+        for seed in 1..=3 {
+            let r = run_admission(&AdmissionSim {
+                load: 0.5,
+                seed,
+                ..AdmissionSim::default()
+            });
+            assert_eq!((r.shed, r.expired), (0, 0), "{r:?}");
+            assert_eq!(r.good, r.served);
+            assert!((r.goodput_ratio - 0.5).abs() < 0.02, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn no_admission_control_collapses() {
+        let controlled = admission(3.0);
+        let r = run_admission(&AdmissionSim {
+            load: 3.0,
+            policy: Policy::Uncontrolled,
+            ..AdmissionSim::default()
+        });
+        eprintln!("uncontrolled load=3: {r:?}");
+        assert!(
+            r.goodput < 0.05 * controlled.goodput,
+            "uncontrolled {} vs controlled {}",
+            r.goodput,
+            controlled.goodput
+        );
+        // It stays busy all along: throughput is not goodput.
+        assert!(r.served as f64 > 0.9 * 9.0 * 10_000.0, "{r:?}");
+    }
+
+    #[test]
+    fn cheap_rejections_keep_goodput_at_ten_times_capacity() {
+        // Rejections that cost 0.5% of a served request (the T2 budget is 2%).
+        let r = run_admission(&AdmissionSim {
+            load: 10.0,
+            reject_cost: Duration::from_nanos(500),
+            ..AdmissionSim::default()
+        });
+        eprintln!("admission load=10 reject_cost=0.5%: {r:?}");
+        assert!(r.goodput_ratio >= 0.9, "{r:?}");
+    }
+
+    fn limiter(multiplier: f64, cold_start: ColdStart) -> LimiterReport {
+        let r = run_limiter(&LimiterSim {
+            multiplier,
+            config: RateLimiterConfig {
+                cold_start,
+                ..RateLimiterConfig::default()
+            },
+            ..LimiterSim::default()
+        });
+        eprintln!(
+            "limiter {multiplier}x {cold_start:?}: first {:?} min {:?} max {:?} mean {:.1}",
+            &r.hot_accepted[..6],
+            r.hot_accepted[1..].iter().min(),
+            r.hot_accepted[1..].iter().max(),
+            mean(&r.hot_accepted[1..])
+        );
+        r
+    }
+
+    fn mean(v: &[u64]) -> f64 {
+        v.iter().sum::<u64>() as f64 / v.len().max(1) as f64
+    }
+
+    #[test]
+    fn hot_partition_accepted_rate_tracks_the_limit() {
+        for m in [2.0, 10.0, 100.0] {
+            let r = limiter(m, RateLimiterConfig::default().cold_start);
+            let l = 1_000.0;
+            assert!(
+                r.hot_accepted[0] as f64 <= 2.0 * l + 1.0,
+                "{m}x first second"
+            );
+            for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
+                assert!((a as f64 - l).abs() <= 0.1 * l, "{m}x second {s}: {a}");
+            }
+            assert!(
+                (mean(&r.hot_accepted[1..]) - l).abs() <= 0.03 * l,
+                "{m}x mean"
+            );
+        }
+    }
+
+    #[test]
+    fn scylla_cold_start_for_comparison() {
+        // The unsmoothed behaviour the default fixes: a burst, then slow convergence.
+        let r = limiter(10.0, ColdStart::Scylla);
+        assert!(r.hot_accepted[0] > 3_000, "{:?}", &r.hot_accepted[..4]);
+        assert!(r.hot_accepted[1] > 1_400, "{:?}", &r.hot_accepted[..4]);
+        assert!((mean(&r.hot_accepted[10..]) - 1_000.0).abs() <= 30.0);
+    }
+
+    #[test]
+    fn hot_partition_with_poisson_arrivals_and_neighbours() {
+        let r = run_limiter(&LimiterSim {
+            limit: 1_000,
+            multiplier: 100.0,
+            arrivals: Arrivals::Poisson,
+            background_keys: 2_000,
+            background_rate: 50.0,
+            secs: 20,
+            ..LimiterSim::default()
+        });
+        let m = mean(&r.hot_accepted[1..]);
+        eprintln!(
+            "poisson 100x + 2000 neighbours at 5% of limit: mean {m:.1}, neighbours {}/{}",
+            r.background_accepted, r.background_offered
+        );
+        assert!((m - 1_000.0).abs() <= 30.0, "{m}");
+        assert_eq!(
+            r.background_accepted, r.background_offered,
+            "under-limit never rejected"
+        );
+    }
+
+    #[test]
+    fn memory_is_constant_through_a_million_partitions() {
+        let r = run_limiter(&LimiterSim {
+            limit: 10,
+            multiplier: 0.0,
+            background_keys: 1_000_000,
+            background_rate: 0.5, // 500,000 ops/s over a million keys for 4 s
+            secs: 4,
+            ..LimiterSim::default()
+        });
+        eprintln!(
+            "1M partitions: {} ops, {} evictions, memory {} -> {}",
+            r.background_offered, r.evictions, r.memory_before, r.memory_after
+        );
+        assert!(r.background_offered > 1_900_000);
+        assert_eq!(r.memory_before, r.memory_after);
+        assert_eq!(r.background_accepted, r.background_offered);
+    }
+
+    #[test]
+    fn no_reset_across_the_window_wrap() {
+        // Start 10 s before the 12-bit window id wraps; run 30 s at 10x.
+        let wrap = (1_700_000_000u64 | 0xFFF) + 1;
+        let r = run_limiter(&LimiterSim {
+            start_wall_secs: wrap - 10,
+            secs: 30,
+            ..LimiterSim::default()
+        });
+        eprintln!("across wrap: {:?}", &r.hot_accepted[8..14]);
+        for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
+            assert!(
+                (900..=1_100).contains(&a),
+                "second {s}: {:?}",
+                r.hot_accepted
+            );
+        }
+    }
+}
