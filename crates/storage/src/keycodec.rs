@@ -23,7 +23,7 @@
 //!     compares them.
 //! - frozen list/set: `01 ‖ element` per element then `00`; frozen map: `01 ‖ key ‖ value`
 //!   per entry then `00` (element-wise, then shorter first, as Cassandra compares them);
-//!   tuple / UDT: per declared field `01` (null or absent) or `02 ‖ field`.
+//!   tuple / UDT: per declared field `00` (absent), `01` (null) or `02 ‖ field`.
 
 use crate::model::{Order, TableId};
 use crate::StorageError;
@@ -276,8 +276,8 @@ fn encode_fields<'a>(
     let mut r = Reader::new(value);
     for ty in fields {
         if r.is_empty() {
-            // Absent trailing fields compare as null, as Cassandra treats them.
-            out.push(0x01);
+            // An absent trailing field sorts before null and every value.
+            out.push(0x00);
             continue;
         }
         match r.optional_element()? {
@@ -659,6 +659,158 @@ mod tests {
             let (back, n) = unescape(&out).unwrap();
             prop_assert_eq!(back, a);
             prop_assert_eq!(n, used);
+        }
+    }
+
+    /// Values of a type, valid or empty, as the engine may hand them to storage.
+    fn values_of(ty: &CqlType) -> BoxedStrategy<Vec<u8>> {
+        let n = match ty {
+            CqlType::Native(n) => *n,
+            CqlType::Frozen(inner) => return values_of(inner),
+            CqlType::List(e) | CqlType::Set(e) => {
+                return proptest::collection::vec(values_of(e), 0..4)
+                    .prop_map(|items| list_bytes(&items.iter().map(|x| &x[..]).collect::<Vec<_>>()))
+                    .boxed()
+            }
+            CqlType::Map(k, v) => {
+                return proptest::collection::vec((values_of(k), values_of(v)), 0..4)
+                    .prop_map(|pairs| {
+                        let mut out = (pairs.len() as i32).to_be_bytes().to_vec();
+                        for (k, v) in pairs {
+                            for x in [k, v] {
+                                out.extend_from_slice(&(x.len() as i32).to_be_bytes());
+                                out.extend_from_slice(&x);
+                            }
+                        }
+                        out
+                    })
+                    .boxed()
+            }
+            CqlType::Tuple(items) => {
+                let fields: Vec<_> = items
+                    .iter()
+                    .map(|t| proptest::option::of(values_of(t)))
+                    .collect();
+                return (fields, 0..=items.len())
+                    .prop_map(|(fields, present)| {
+                        let mut out = Vec::new();
+                        for f in fields.into_iter().take(present) {
+                            match f {
+                                None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+                                Some(x) => {
+                                    out.extend_from_slice(&(x.len() as i32).to_be_bytes());
+                                    out.extend_from_slice(&x);
+                                }
+                            }
+                        }
+                        out
+                    })
+                    .boxed();
+            }
+            CqlType::Udt { .. } => unreachable!("not generated"),
+        };
+        let fixed = |w: usize| proptest::collection::vec(any::<u8>(), w..=w).boxed();
+        let valued = match n {
+            NativeType::Text | NativeType::Ascii | NativeType::Blob | NativeType::Duration => {
+                proptest::collection::vec(prop_oneof![Just(0u8), Just(0xFF), any::<u8>()], 0..6)
+                    .boxed()
+            }
+            NativeType::Inet => prop_oneof![fixed(4), fixed(16)].boxed(),
+            NativeType::Float => prop_oneof![
+                any::<f32>().prop_map(|f| f.to_be_bytes().to_vec()),
+                Just(f32::NAN.to_be_bytes().to_vec()),
+                Just((-0.0f32).to_be_bytes().to_vec()),
+            ]
+            .boxed(),
+            NativeType::Double => prop_oneof![
+                any::<f64>().prop_map(|f| f.to_be_bytes().to_vec()),
+                Just(f64::NAN.to_be_bytes().to_vec()),
+                Just(f64::INFINITY.to_be_bytes().to_vec()),
+            ]
+            .boxed(),
+            NativeType::Boolean => (0u8..2).prop_map(|b| vec![b]).boxed(),
+            // Any two's complement bytes, including non-minimal sign extension.
+            NativeType::Varint => {
+                proptest::collection::vec(prop_oneof![Just(0u8), Just(0xFF), any::<u8>()], 1..6)
+                    .boxed()
+            }
+            NativeType::Decimal => (
+                -4i32..4,
+                proptest::collection::vec(prop_oneof![Just(0u8), Just(0xFF), any::<u8>()], 1..5),
+            )
+                .prop_map(|(scale, unscaled)| {
+                    let mut out = scale.to_be_bytes().to_vec();
+                    out.extend_from_slice(&unscaled);
+                    out
+                })
+                .boxed(),
+            NativeType::Uuid | NativeType::Timeuuid => {
+                (fixed(16), prop_oneof![Just(1u8), Just(4u8)])
+                    .prop_map(move |(mut b, version)| {
+                        let version = if n == NativeType::Timeuuid {
+                            1
+                        } else {
+                            version
+                        };
+                        b[6] = (b[6] & 0x0F) | (version << 4);
+                        b
+                    })
+                    .boxed()
+            }
+            other => fixed(other.fixed_width().expect("fixed width")),
+        };
+        prop_oneof![1 => Just(Vec::new()), 9 => valued].boxed()
+    }
+
+    fn any_type() -> impl Strategy<Value = CqlType> {
+        let natives = prop_oneof![
+            Just(NativeType::Int),
+            Just(NativeType::Bigint),
+            Just(NativeType::Smallint),
+            Just(NativeType::Tinyint),
+            Just(NativeType::Boolean),
+            Just(NativeType::Float),
+            Just(NativeType::Double),
+            Just(NativeType::Text),
+            Just(NativeType::Blob),
+            Just(NativeType::Varint),
+            Just(NativeType::Decimal),
+            Just(NativeType::Uuid),
+            Just(NativeType::Timeuuid),
+            Just(NativeType::Date),
+            Just(NativeType::Time),
+            Just(NativeType::Timestamp),
+            Just(NativeType::Inet),
+            Just(NativeType::Ascii),
+        ]
+        .prop_map(CqlType::Native);
+        natives.prop_recursive(2, 6, 3, |inner| {
+            prop_oneof![
+                inner
+                    .clone()
+                    .prop_map(|t| CqlType::Frozen(Box::new(CqlType::List(Box::new(t))))),
+                inner
+                    .clone()
+                    .prop_map(|t| CqlType::Frozen(Box::new(CqlType::Set(Box::new(t))))),
+                (inner.clone(), inner.clone()).prop_map(|(k, v)| CqlType::Frozen(Box::new(
+                    CqlType::Map(Box::new(k), Box::new(v))
+                ))),
+                proptest::collection::vec(inner, 1..4).prop_map(CqlType::Tuple),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The encoded byte order equals `sluice_types::value::compare`, ascending and
+        /// descending, for every native type and nested frozen types.
+        #[test]
+        fn byte_order_equals_cql_compare((ty, a, b) in any_type().prop_flat_map(|t| {
+            let v = values_of(&t);
+            (Just(t), v.clone(), v)
+        })) {
+            let expected = sluice_types::value::compare(&ty, &a, &b);
+            check_order(&ty, &a, &b, expected);
         }
     }
 

@@ -420,3 +420,386 @@ fn malformed_mutations_are_rejected_without_writing() {
     assert!(s.apply(&[(&l, m)]).is_err());
     assert!(read_all(&s, &l, 7, "p", 0).rows.is_empty());
 }
+
+/// Writes partitions "p0".."p{n}" (token = index * 10) into T1: partition i has i rows
+/// (so "p0" is empty unless it has a static row); even partitions get a static row.
+fn fill_partitions(s: &Storage, l: &TableLayout, n: i64) {
+    let mut batch = Vec::new();
+    for i in 0..n {
+        let mut m = mutation(T1, i * 10, &format!("p{i}"));
+        for r in 0..i as i32 {
+            m.rows
+                .push(insert_row(ck(r, "x"), vec![cell(1, "v", 1)], 1));
+        }
+        if i % 2 == 0 {
+            m.static_row = Some(RowMutation {
+                cells: vec![cell(9, "s", 1)],
+                ..Default::default()
+            });
+        }
+        batch.push((l, m));
+    }
+    s.apply(&batch).unwrap();
+}
+
+/// Counts result rows the way the engine does: each row, or 1 for a static-only partition.
+fn scan_rows(page: &ScanPage) -> usize {
+    page.partitions
+        .iter()
+        .map(|p| {
+            p.read
+                .rows
+                .len()
+                .max(usize::from(p.read.static_row.is_some()))
+        })
+        .sum()
+}
+
+#[test]
+fn scan_pages_across_partitions_and_resumes() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill_partitions(&s, &l, 6);
+    // Another table's data must not leak in.
+    let mut other = mutation(T2, 15, "q");
+    other
+        .rows
+        .push(insert_row(vec![], vec![cell(1, "o", 1)], 1));
+    s.apply(&[(&layout_no_ck(T2), other)]).unwrap();
+
+    let full = s
+        .scan(
+            &l,
+            &ScanStart::Token(Bound::Unbounded),
+            Bound::Unbounded,
+            usize::MAX,
+            0,
+        )
+        .unwrap();
+    assert!(full.next.is_none());
+    let names: Vec<_> = full
+        .partitions
+        .iter()
+        .map(|p| p.partition_key.clone())
+        .collect();
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4", "p5"].map(text));
+    // Rows 0 + 1 + 2 + 3 + 4 + 5, plus "p0" which has only a static row.
+    assert_eq!(scan_rows(&full), 16);
+
+    // Page through with every limit: the union is the full scan, no duplicates.
+    for limit in 1..=17 {
+        let mut start = ScanStart::Token(Bound::Unbounded);
+        let mut seen: Vec<(Bytes, Vec<Bytes>)> = Vec::new();
+        let mut statics = 0;
+        loop {
+            let page = s.scan(&l, &start, Bound::Unbounded, limit, 0).unwrap();
+            assert!(scan_rows(&page) <= limit, "limit {limit}");
+            for p in &page.partitions {
+                if p.read.rows.is_empty() {
+                    statics += 1;
+                }
+                for r in &p.read.rows {
+                    seen.push((p.partition_key.clone(), r.clustering.clone()));
+                }
+            }
+            match page.next {
+                Some(n) => start = n,
+                None => break,
+            }
+        }
+        let expected: Vec<_> = full
+            .partitions
+            .iter()
+            .flat_map(|p| {
+                p.read
+                    .rows
+                    .iter()
+                    .map(|r| (p.partition_key.clone(), r.clustering.clone()))
+            })
+            .collect();
+        assert_eq!(seen, expected, "limit {limit}");
+        assert_eq!(statics, 1, "limit {limit}");
+    }
+
+    // Token bounds: (10, 40] holds p2, p3, p4.
+    let page = s
+        .scan(
+            &l,
+            &ScanStart::Token(Bound::Excluded(10)),
+            Bound::Included(40),
+            100,
+            0,
+        )
+        .unwrap();
+    let names: Vec<_> = page
+        .partitions
+        .iter()
+        .map(|p| p.partition_key.clone())
+        .collect();
+    assert_eq!(names, ["p2", "p3", "p4"].map(text));
+    // A resumed partition carries its static row but does not count it again.
+    let page = s
+        .scan(
+            &l,
+            &ScanStart::Resume {
+                token: 40,
+                partition_key: text("p4"),
+                after: Some(ck(1, "x")),
+            },
+            Bound::Excluded(50),
+            100,
+            0,
+        )
+        .unwrap();
+    assert_eq!(page.partitions.len(), 1);
+    assert_eq!(keys(&page.partitions[0].read), vec![ck(2, "x"), ck(3, "x")]);
+    assert!(page.partitions[0].read.static_row.is_some());
+}
+
+#[test]
+fn scan_skips_deleted_partitions_and_expired_rows() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill_partitions(&s, &l, 4);
+    let mut m = mutation(T1, 20, "p2");
+    m.partition_deletion = Some(5);
+    s.apply(&[(&l, m)]).unwrap();
+    let page = s
+        .scan(
+            &l,
+            &ScanStart::Token(Bound::Unbounded),
+            Bound::Unbounded,
+            100,
+            0,
+        )
+        .unwrap();
+    let names: Vec<_> = page
+        .partitions
+        .iter()
+        .map(|p| p.partition_key.clone())
+        .collect();
+    assert_eq!(names, ["p0", "p1", "p3"].map(text));
+}
+
+#[test]
+fn truncate_removes_only_that_table() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill_partitions(&s, &l, 40);
+    let mut other = mutation(T2, 15, "q");
+    other
+        .rows
+        .push(insert_row(vec![], vec![cell(1, "o", 1)], 1));
+    let l2 = layout_no_ck(T2);
+    s.apply(&[(&l2, other)]).unwrap();
+    s.truncate(T1).unwrap();
+    let page = s
+        .scan(
+            &l,
+            &ScanStart::Token(Bound::Unbounded),
+            Bound::Unbounded,
+            100,
+            0,
+        )
+        .unwrap();
+    assert!(page.partitions.is_empty());
+    assert!(read_all(&s, &l, 10, "p1", 0).rows.is_empty());
+    assert_eq!(read_all(&s, &l2, 15, "q", 0).rows.len(), 1);
+}
+
+#[test]
+fn concurrent_read_modify_write_is_linearizable() {
+    let (_d, s) = open(periodic());
+    let l = layout_no_ck(T2);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let s = s.clone();
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for i in 0..250 {
+                    let mut m = mutation(T2, 77, "ctr");
+                    m.rows.push(RowMutation {
+                        cells: vec![CellWrite {
+                            value: CellValue::CounterDelta(1),
+                            ..cell(1, "", i)
+                        }],
+                        ..Default::default()
+                    });
+                    s.apply(&[(&l, m)]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let r = read_all(&s, &l, 77, "ctr", 0);
+    assert_eq!(
+        value(&r.rows[0], 1),
+        Some(Bytes::copy_from_slice(&1000i64.to_be_bytes()))
+    );
+}
+
+#[test]
+fn group_commit_shares_fsyncs() {
+    let (_d, s) = open(Durability::Batch);
+    let l = layout_no_ck(T2);
+    const WRITERS: usize = 32;
+    const ROUNDS: usize = 10;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(WRITERS));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let s = s.clone();
+            let l = l.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                barrier.wait();
+                for r in 0..ROUNDS {
+                    let mut m = mutation(T2, w as i64, &format!("w{w}"));
+                    m.rows.push(RowMutation {
+                        cells: vec![cell(1, &r.to_string(), r as i64)],
+                        ..Default::default()
+                    });
+                    let t = s.apply(&[(&l, m)]).unwrap();
+                    rt.block_on(s.wait_durable(t)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let writes = (WRITERS * ROUNDS) as u64;
+    let fsyncs = s.fsync_count();
+    assert!(fsyncs >= 1, "acknowledged writes need at least one fsync");
+    assert!(
+        fsyncs < writes / 2,
+        "{fsyncs} fsyncs for {writes} acknowledged writes: group commit is not grouping"
+    );
+}
+
+#[test]
+fn periodic_mode_acknowledges_at_once_and_syncs_in_background() {
+    let (_d, s) = open(Durability::Periodic {
+        interval: Duration::from_millis(10),
+    });
+    let l = layout_no_ck(T2);
+    let mut m = mutation(T2, 1, "k");
+    m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
+    let t = s.apply(&[(&l, m)]).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(s.wait_durable(t)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while s.fsync_count() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no background fsync");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn close_makes_pending_tickets_durable_and_refuses_writes() {
+    let (_d, s) = open(Durability::Batch);
+    let l = layout_no_ck(T2);
+    let mut m = mutation(T2, 1, "k");
+    m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
+    let t = s.apply(&[(&l, m.clone())]).unwrap();
+    s.close().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(s.wait_durable(t)).unwrap();
+    assert_eq!(s.apply(&[(&l, m)]), Err(StorageError::Closed));
+}
+
+const CRASH_DIR_ENV: &str = "SLUICE_STORAGE_CRASH_DIR";
+
+/// Child half of `acked_writes_survive_sigkill`: writes until killed, printing each
+/// acknowledged (durable) write. Does nothing when run as a normal test.
+#[test]
+fn crash_child_writer() {
+    let Ok(dir) = std::env::var(CRASH_DIR_ENV) else {
+        return;
+    };
+    use std::io::Write;
+    let s = open_at(std::path::Path::new(&dir), Durability::Batch);
+    let l = layout();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut stdout = std::io::stdout().lock();
+    for i in 0.. {
+        let mut m = mutation(T1, i % 64, &format!("k{}", i % 64));
+        m.rows.push(insert_row(
+            ck(i as i32, "c"),
+            vec![cell(1, &format!("v{i}"), 1)],
+            1,
+        ));
+        let t = s.apply(&[(&l, m)]).unwrap();
+        rt.block_on(s.wait_durable(t)).unwrap();
+        writeln!(stdout, "ACK {i}").unwrap();
+        stdout.flush().unwrap();
+    }
+}
+
+#[test]
+fn acked_writes_survive_sigkill() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::crash_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_DIR_ENV, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut acked = Vec::new();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("ACK ") {
+            acked.push(n.parse::<i64>().unwrap());
+            if acked.len() == 300 {
+                break;
+            }
+        }
+    }
+    // SIGKILL: no destructor, no final flush.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(acked.len(), 300, "child stopped early");
+
+    let s = open_at(dir.path(), Durability::Batch);
+    let l = layout();
+    for i in acked {
+        let pk = format!("k{}", i % 64);
+        let r = s
+            .read_partition(
+                &l,
+                i % 64,
+                pk.as_bytes(),
+                &ClusteringSlice {
+                    ranges: vec![(
+                        Bound::Included(ck(i as i32, "c")),
+                        Bound::Included(ck(i as i32, "c")),
+                    )],
+                    reversed: false,
+                },
+                None,
+                10,
+                0,
+            )
+            .unwrap();
+        assert_eq!(r.rows.len(), 1, "acknowledged write {i} lost");
+        assert_eq!(value(&r.rows[0], 1), Some(text(&format!("v{i}"))));
+    }
+}
