@@ -263,6 +263,9 @@ pub struct Frame {
     pub body: Bytes,
 }
 
+/// Most the decoder reserves ahead in the read buffer for a frame still arriving.
+pub const READ_RESERVE_CAP: usize = 64 * 1024;
+
 /// Pulls whole frames out of a connection's read buffer.
 #[derive(Debug, Clone)]
 pub struct FrameDecoder {
@@ -294,8 +297,8 @@ impl FrameDecoder {
     }
 
     /// Splits the next whole frame off the front of `buf` (no copy: `split_to` + `freeze`).
-    /// `Ok(None)` means more bytes are needed; in that case `buf` has been reserved up to
-    /// the frame's full size so the next read can complete it. Errors are fatal (see
+    /// `Ok(None)` means more bytes are needed; in that case `buf` has been reserved for the
+    /// rest of the frame (up to [`READ_RESERVE_CAP`]) so the next read can continue it. Errors are fatal (see
     /// [`FrameError`]); `buf` is left untouched so the caller can still inspect it.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         let header = match self.peek_header(buf) {
@@ -304,7 +307,9 @@ impl FrameDecoder {
         };
         let total = HEADER_LEN + header.length as usize;
         if buf.len() < total {
-            buf.reserve(total - buf.len());
+            // Reserve for the rest of the frame, but never more than READ_RESERVE_CAP at a
+            // time: a header alone must not pin max-frame-size memory per connection.
+            buf.reserve((total - buf.len()).min(READ_RESERVE_CAP));
             return Ok(None);
         }
         let mut frame = buf.split_to(total);
