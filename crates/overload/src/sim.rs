@@ -497,6 +497,10 @@ mod tests {
 
     #[test]
     fn hot_partition_accepted_rate_tracks_the_limit() {
+        // The accepted count of one second is a sum of Bernoulli draws with variance up to L
+        // (σ ≈ 3.2% at L = 1000), inherent to the one-random-per-operation rule; over 20 seeds
+        // single seconds ranged 887..1121 at 100x. So: every 5-second rate within ±10%,
+        // every single second within ±15%, and the 59-second mean within ±3%.
         for m in [2.0, 10.0, 100.0] {
             let r = limiter(m, RateLimiterConfig::default().cold_start);
             let l = 1_000.0;
@@ -505,7 +509,11 @@ mod tests {
                 "{m}x first second"
             );
             for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
-                assert!((a as f64 - l).abs() <= 0.1 * l, "{m}x second {s}: {a}");
+                assert!((a as f64 - l).abs() <= 0.15 * l, "{m}x second {s}: {a}");
+            }
+            for (b, block) in r.hot_accepted[1..].chunks(5).enumerate() {
+                let rate = mean(block);
+                assert!((rate - l).abs() <= 0.1 * l, "{m}x block {b}: {rate}");
             }
             assert!(
                 (mean(&r.hot_accepted[1..]) - l).abs() <= 0.03 * l,
