@@ -1,3 +1,9 @@
-//! The CQL language: lexer, recursive-descent parser and statement AST.
+//! The CQL language: lexer, recursive-descent parser, statement AST, and the typing of
+//! literal constants against their receiver types.
 
 pub mod ast;
+pub mod lexer;
+pub mod literal;
+pub mod parser;
+
+pub use parser::{parse, parse_script, SyntaxError};
