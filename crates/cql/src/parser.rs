@@ -994,6 +994,15 @@ impl<'a> Parser<'a> {
                 _ => {}
             }
         }
+        if self.at_ident()
+            && !self.is_term_keyword()
+            && matches!(self.kind_at(1), TokenKind::Plus | TokenKind::Minus)
+        {
+            return Err(self.err_here(
+                "Only expressions of the form X = X + <value> are supported",
+                None,
+            ));
+        }
         let value = self.term()?;
         if self.kind() == TokenKind::Plus && {
             let save = self.pos;
@@ -1539,6 +1548,9 @@ impl<'a> Parser<'a> {
                     .to_string(),
             ),
             TokenKind::Integer | TokenKind::Float => OptionValue::Number(text.to_string()),
+            // `WITH ID = <uuid>` (DESCRIBE ... WITH INTERNALS output) and blob-valued
+            // extension maps: kept as written.
+            TokenKind::Uuid | TokenKind::Hex => OptionValue::String(text.to_string()),
             TokenKind::Ident if text.eq_ignore_ascii_case("true") => OptionValue::Bool(true),
             TokenKind::Ident if text.eq_ignore_ascii_case("false") => OptionValue::Bool(false),
             TokenKind::Ident | TokenKind::QuotedIdent => {
@@ -1565,9 +1577,10 @@ impl<'a> Parser<'a> {
             loop {
                 let key = match self.kind() {
                     TokenKind::String => unquote(self.text(), '\''),
-                    TokenKind::Ident | TokenKind::QuotedIdent | TokenKind::Integer => {
-                        // Cassandra only takes constants here; names are accepted as text.
-                        self.text().trim_matches('"').to_string()
+                    TokenKind::QuotedIdent => unquote(self.text(), '"'),
+                    TokenKind::Ident | TokenKind::Integer => {
+                        // Cassandra only takes constants here; bare words are accepted as text.
+                        self.text().to_string()
                     }
                     _ => return Err(self.err_here("mismatched input", Some("a string key"))),
                 };

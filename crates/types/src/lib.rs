@@ -1,6 +1,8 @@
 //! CQL data types shared by every layer of Sluice: the type system, value validation,
 //! comparison and formatting, and the Murmur3 token and shard of a partition key.
 
+#![warn(missing_docs)]
+
 pub mod cql_type;
 pub mod datetime;
 pub mod token;

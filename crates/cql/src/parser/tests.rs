@@ -610,6 +610,24 @@ fn update_forms() {
 fn update_with_other_column_on_rhs_fails() {
     let e = parse("UPDATE t SET a = b + 1 WHERE k = 1").unwrap_err();
     assert_eq!(e.column, 17, "{e}");
+    assert_eq!(
+        e.message,
+        "Only expressions of the form X = X + <value> are supported"
+    );
+    // A function call is a term, not a column.
+    let Statement::Update(up) = st("UPDATE t SET a = now() WHERE k = 1") else {
+        panic!()
+    };
+    assert_eq!(
+        up.assignments[0],
+        Assignment::Set {
+            column: "a".into(),
+            value: Term::Function {
+                name: "now".into(),
+                args: vec![]
+            }
+        }
+    );
 }
 
 #[test]
@@ -757,6 +775,18 @@ fn ddl_forms() {
         panic!()
     };
     assert_eq!(ak.properties[0].value, OptionValue::Bool(false));
+    let Statement::CreateTable(ct) = st("CREATE TABLE ks.t (k int PRIMARY KEY) WITH ID = 5a1c395e-b41f-11e5-9f22-ba0be0483c18 AND extensions = {'x': 0x01, \"Q\": 'v'}") else { panic!() };
+    assert_eq!(
+        ct.properties[0].value,
+        OptionValue::String("5a1c395e-b41f-11e5-9f22-ba0be0483c18".into())
+    );
+    assert_eq!(
+        ct.properties[1].value,
+        OptionValue::Map(vec![
+            ("x".into(), OptionValue::String("0x01".into())),
+            ("Q".into(), OptionValue::String("v".into()))
+        ])
+    );
     let Statement::CreateKeyspace(ck) = st("CREATE KEYSPACE ks WITH replication = {'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': '2'}") else { panic!() };
     let OptionValue::Map(m) = &ck.properties[0].value else {
         panic!()
