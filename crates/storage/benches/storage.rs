@@ -1,5 +1,6 @@
 //! Storage micro-benchmarks: a single-row apply (periodic durability, so no fsync on the
-//! measured path) and a point read of one row.
+//! measured path), a point read of one row, and durable writes in batch mode from 16
+//! concurrent writers (group commit: time per acknowledged write).
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -84,5 +85,52 @@ fn bench(c: &mut Criterion) {
     storage.close().expect("close");
 }
 
-criterion_group!(benches, bench);
+/// Durable writes from `WRITERS` threads sharing group-commit fsyncs; reports the time per
+/// acknowledged write across all writers.
+fn bench_group_commit(c: &mut Criterion) {
+    const WRITERS: u64 = 16;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let storage = Storage::open(StorageConfig {
+        path: dir.path().to_path_buf(),
+        durability: Durability::Batch,
+        cache_bytes: 64 << 20,
+    })
+    .expect("open storage");
+    let mut group = c.benchmark_group("group_commit");
+    group.sample_size(10);
+    group.bench_function("durable_write_16_writers", |b| {
+        b.iter_custom(|iters| {
+            let per_writer = iters.div_ceil(WRITERS);
+            let start = std::time::Instant::now();
+            let threads: Vec<_> = (0..WRITERS)
+                .map(|w| {
+                    let storage = storage.clone();
+                    std::thread::spawn(move || {
+                        let layout = layout();
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .expect("runtime");
+                        for i in 0..per_writer {
+                            let token = (w * 1_000_000 + i) as i64;
+                            let ticket = storage
+                                .apply(&[(&layout, single_row(token, 0, 1))])
+                                .expect("apply");
+                            rt.block_on(storage.wait_durable(ticket)).expect("durable");
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("writer");
+            }
+            start
+                .elapsed()
+                .div_f64((per_writer * WRITERS) as f64 / iters as f64)
+        })
+    });
+    group.finish();
+    storage.close().expect("close");
+}
+
+criterion_group!(benches, bench, bench_group_commit);
 criterion_main!(benches);

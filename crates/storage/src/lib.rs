@@ -1,6 +1,7 @@
 //! Storage: rows of cells on an embedded LSM engine (fjall), last-write-wins by write
 //! timestamp, tombstones and TTL, with group commit so that concurrent writes share an fsync.
 
+mod journal_sync;
 pub mod keycodec;
 pub mod model;
 mod row;

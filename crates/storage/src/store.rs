@@ -10,8 +10,11 @@
 //! Durability: fjall writes every batch to its journal and flushes it to the OS (so that it
 //! survives the process being killed) but never fsyncs on the write path. A dedicated sync
 //! thread fsyncs: in `Batch` mode whenever tickets are pending (all writers that arrived
-//! during one fsync share the next one), in `Periodic` mode on a timer.
+//! during one fsync share the next one), in `Periodic` mode on a timer. It fsyncs the
+//! journal file through its own handle (`journal_sync`), so writers keep appending while
+//! the fsync runs instead of queueing behind fjall's journal lock.
 
+use crate::journal_sync::{JournalSyncer, SideSyncError};
 use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::row::{
@@ -62,6 +65,7 @@ struct SyncRequest {
 /// State shared by writers and the sync thread.
 struct CommitShared {
     db: Database,
+    path: std::path::PathBuf,
     /// Last ticket handed out; a ticket is handed out only after its batch is in the journal.
     applied: AtomicU64,
     request: Mutex<SyncRequest>,
@@ -76,19 +80,29 @@ impl CommitShared {
     }
 
     /// Fsyncs the journal if tickets are pending and publishes the new durable point.
-    fn sync_pending(&self) {
+    fn sync_pending(&self, syncer: &mut JournalSyncer) {
         let upto = self.applied.load(Ordering::Acquire);
         let current = *self.durable.borrow();
         if current.failed || upto <= current.upto {
             return;
         }
-        match self.db.persist(PersistMode::SyncData) {
+        let result = match syncer.sync() {
+            Ok(()) => Ok(()),
+            Err(SideSyncError::Io) => Err(()),
+            Err(SideSyncError::NotFound) => {
+                tracing::warn!("fjall journal not found; fsyncing under its journal lock");
+                self.db.persist(PersistMode::SyncData).map_err(|e| {
+                    tracing::error!(error = ?e, "journal fsync failed");
+                })
+            }
+        };
+        match result {
             Ok(()) => {
                 self.fsyncs.fetch_add(1, Ordering::Relaxed);
                 self.durable.send_modify(|d| d.upto = d.upto.max(upto));
             }
-            Err(e) => {
-                tracing::error!(error = ?e, "journal fsync failed; writes can no longer be made durable");
+            Err(()) => {
+                tracing::error!("journal fsync failed; writes can no longer be made durable");
                 self.durable.send_modify(|d| d.failed = true);
             }
         }
@@ -97,6 +111,7 @@ impl CommitShared {
     /// Group commit: fsync as soon as something is pending; writers arriving during an
     /// fsync are covered by the next one.
     fn run_batch(&self) {
+        let mut syncer = JournalSyncer::new(&self.path);
         loop {
             let shutdown = {
                 let mut req = self.lock_request();
@@ -106,7 +121,7 @@ impl CommitShared {
                 req.pending = false;
                 req.shutdown
             };
-            self.sync_pending();
+            self.sync_pending(&mut syncer);
             if shutdown {
                 return;
             }
@@ -115,6 +130,7 @@ impl CommitShared {
 
     /// Periodic mode: fsync every `interval` when something was written.
     fn run_periodic(&self, interval: Duration) {
+        let mut syncer = JournalSyncer::new(&self.path);
         loop {
             let shutdown = {
                 let req = self.lock_request();
@@ -124,7 +140,7 @@ impl CommitShared {
                     .unwrap_or_else(|e| e.into_inner());
                 req.shutdown
             };
-            self.sync_pending();
+            self.sync_pending(&mut syncer);
             if shutdown {
                 return;
             }
@@ -212,6 +228,7 @@ impl Storage {
         });
         let commit = Arc::new(CommitShared {
             db: db.clone(),
+            path: config.path.clone(),
             applied: AtomicU64::new(0),
             request: Mutex::new(SyncRequest::default()),
             wake: Condvar::new(),
