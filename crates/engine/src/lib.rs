@@ -1,1 +1,641 @@
 //! The query engine: schema catalog, system tables, statement analysis and execution.
+//!
+//! The server calls [`Engine::prepare`] (through the statement cache) and
+//! [`Engine::execute`] / [`Engine::batch`]; [`Engine::route`] tells it which partition a
+//! statement touches before anything runs, so that it can pick the owning shard, apply the
+//! per-partition limiter and set the deadline.
+
+pub mod analyze;
+pub mod catalog;
+pub mod codec;
+mod ddl;
+mod describe;
+mod exec;
+mod paging;
+mod read;
+mod result;
+pub mod system;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use analyze::Plan;
+use bytes::Bytes;
+use catalog::{PersistedSchema, Schema};
+use sluice_protocol::{
+    BatchRequest, ColumnSpec, DetailedError, ErrorCode, PreparedMetadata, QueryParameters,
+    ResultMessage, RowsMetadata, SchemaChange,
+};
+use sluice_storage::{Storage, StorageError, TableId};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+pub use catalog::{ColumnDef, ColumnKind, KeyspaceDef, RateLimits, TableDef, TableOptions};
+
+/// The CQL version reported in `system.local`.
+pub const CQL_VERSION: &str = "3.4.7";
+/// The release version reported in `system.local` (cqlsh needs >= 4 for DESCRIBE).
+pub const RELEASE_VERSION: &str = "5.0.0";
+/// The partitioner class name drivers check.
+pub const PARTITIONER: &str = "org.apache.cassandra.dht.Murmur3Partitioner";
+
+/// How many statements the cache keeps before evicting the least recently used quarter.
+const STATEMENT_CACHE_CAPACITY: usize = 8192;
+
+/// The metadata key the schema document is stored under.
+const SCHEMA_META_KEY: &[u8] = b"schema/v1";
+
+/// Who this node is, as `system.local` reports it.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    /// The address clients connect to (never 0.0.0.0).
+    pub rpc_address: IpAddr,
+    /// The native protocol port.
+    pub port: u16,
+    /// Cluster name.
+    pub cluster_name: String,
+    /// Stable host id.
+    pub host_id: Uuid,
+    /// The node's tokens (non-empty).
+    pub tokens: Vec<i64>,
+    /// Data center name.
+    pub data_center: String,
+    /// Rack name.
+    pub rack: String,
+    /// Gossip generation (start time in seconds).
+    pub generation: i32,
+}
+
+impl NodeInfo {
+    /// A single-node identity with Cassandra's default names and one token.
+    pub fn single(rpc_address: IpAddr, port: u16, host_id: Uuid) -> NodeInfo {
+        NodeInfo {
+            rpc_address,
+            port,
+            cluster_name: "Sluice Cluster".to_string(),
+            host_id,
+            tokens: vec![0],
+            data_center: "datacenter1".to_string(),
+            rack: "rack1".to_string(),
+            generation: (now_micros() / 1_000_000) as i32,
+        }
+    }
+}
+
+/// Per-connection state.
+#[derive(Debug, Clone, Default)]
+pub struct Session {
+    /// The keyspace set by `USE`.
+    pub keyspace: Option<String>,
+}
+
+/// Per-request execution context.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestContext {
+    /// The request's deadline; work is not started past it.
+    pub deadline: Option<Instant>,
+    /// "Now" in microseconds since the epoch (write timestamps, TTL expiry).
+    pub now_micros: i64,
+}
+
+impl RequestContext {
+    /// A context with the current wall clock and no deadline.
+    pub fn now() -> RequestContext {
+        RequestContext {
+            deadline: None,
+            now_micros: now_micros(),
+        }
+    }
+}
+
+/// Wall clock in microseconds since the epoch.
+pub fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// What a statement does, for admission and routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// A single- or multi-partition read.
+    Read,
+    /// A write.
+    Write,
+    /// A range scan (token range or full table).
+    Range,
+    /// DDL.
+    Schema,
+    /// USE, DESCRIBE, system tables: answered locally.
+    Other,
+}
+
+/// Where a statement goes, computed without executing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The partition token, when the statement touches exactly one partition.
+    pub token: Option<i64>,
+    /// The serialized partition key, with the token.
+    pub partition_key: Option<Bytes>,
+    /// The table, if any.
+    pub table: Option<TableId>,
+    /// The kind of operation.
+    pub kind: OpKind,
+    /// `USING TIMEOUT`, if the statement has one.
+    pub timeout: Option<Duration>,
+}
+
+/// Why the engine could not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineOpenError {
+    /// Storage failed.
+    Storage(StorageError),
+    /// The persisted schema did not decode.
+    CorruptSchema(&'static str),
+}
+
+impl std::fmt::Display for EngineOpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineOpenError::Storage(e) => write!(f, "storage error: {e:?}"),
+            EngineOpenError::CorruptSchema(m) => write!(f, "corrupt schema: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineOpenError {}
+
+/// An analysed statement, shared by PREPARE/EXECUTE and the unprepared-QUERY cache.
+#[derive(Debug)]
+pub struct Prepared {
+    /// MD5(keyspace + query).
+    pub id: [u8; 16],
+    /// The keyspace it was prepared in.
+    pub keyspace: Option<String>,
+    /// The query text.
+    pub query: String,
+    /// Bind marker specs, in marker order.
+    pub bind_specs: Vec<ColumnSpec>,
+    /// Partition-key bind indexes (empty unless every component is `= ?`).
+    pub pk_indexes: Vec<u16>,
+    /// Result columns of a SELECT (or of a conditional write); empty = no metadata.
+    pub result_columns: Vec<ColumnSpec>,
+    /// True for a conditional (LWT) statement.
+    pub lwt: bool,
+    /// The kind of operation.
+    pub kind: OpKind,
+    /// The table it reads or writes.
+    pub table_id: Option<Uuid>,
+    /// The keyspace of that table.
+    pub table_keyspace: Option<String>,
+    pub(crate) plan: Plan,
+    pub(crate) last_used: AtomicU64,
+}
+
+impl Prepared {
+    /// True for statements that change the schema.
+    pub fn is_schema_change(&self) -> bool {
+        self.kind == OpKind::Schema
+    }
+}
+
+/// The query engine, shared by all shards.
+pub struct Engine {
+    storage: Storage,
+    node: NodeInfo,
+    schema: RwLock<Arc<Schema>>,
+    ddl_lock: Mutex<()>,
+    cache: Mutex<HashMap<[u8; 16], Arc<Prepared>>>,
+    cache_clock: AtomicU64,
+    events: broadcast::Sender<SchemaChange>,
+    list_clock: AtomicU64,
+    lwt_locks: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("node", &self.node).finish()
+    }
+}
+
+/// Maps a storage failure to a response (unexpected, so Server_error; oversize is Invalid).
+pub(crate) fn storage_error(e: StorageError) -> DetailedError {
+    match e {
+        StorageError::TooLarge(m) => DetailedError::new(ErrorCode::Invalid, m),
+        StorageError::Io(m) | StorageError::Corrupt(m) => {
+            DetailedError::new(ErrorCode::ServerError, m)
+        }
+        StorageError::Closed => {
+            DetailedError::new(ErrorCode::ServerError, "storage is shutting down")
+        }
+    }
+}
+
+impl Engine {
+    /// Opens the engine on `storage`, reloading the persisted schema.
+    pub fn open(storage: Storage, node: NodeInfo) -> Result<Arc<Engine>, EngineOpenError> {
+        let stored = storage
+            .meta_scan(SCHEMA_META_KEY)
+            .map_err(EngineOpenError::Storage)?;
+        let schema = match stored
+            .into_iter()
+            .find(|(k, _)| k.as_slice() == SCHEMA_META_KEY)
+        {
+            Some((_, v)) => {
+                let p: PersistedSchema = serde_json::from_slice(&v).map_err(|_| {
+                    EngineOpenError::CorruptSchema("schema document does not decode")
+                })?;
+                Schema::from_persisted(p).map_err(EngineOpenError::CorruptSchema)?
+            }
+            None => Schema::with_system(),
+        };
+        let (events, _) = broadcast::channel(256);
+        Ok(Arc::new(Engine {
+            storage,
+            node,
+            schema: RwLock::new(Arc::new(schema)),
+            ddl_lock: Mutex::new(()),
+            cache: Mutex::new(HashMap::new()),
+            cache_clock: AtomicU64::new(1),
+            events,
+            list_clock: AtomicU64::new(0),
+            lwt_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }))
+    }
+
+    /// The current schema snapshot.
+    pub fn schema(&self) -> Arc<Schema> {
+        match self.schema.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The node identity.
+    pub fn node(&self) -> &NodeInfo {
+        &self.node
+    }
+
+    /// The storage handle.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The current schema version.
+    pub fn schema_version(&self) -> Uuid {
+        self.schema().version
+    }
+
+    /// A table definition by name.
+    pub fn table(&self, keyspace: &str, name: &str) -> Option<Arc<TableDef>> {
+        self.schema().table(keyspace, name).cloned()
+    }
+
+    /// Subscribes to schema changes (to push SCHEMA_CHANGE events).
+    pub fn schema_events(&self) -> broadcast::Receiver<SchemaChange> {
+        self.events.subscribe()
+    }
+
+    /// Parses (through the statement cache) and analyses a statement.
+    pub fn prepare(
+        &self,
+        keyspace: Option<&str>,
+        query: &str,
+    ) -> Result<Arc<Prepared>, DetailedError> {
+        let id = analyze::statement_id(keyspace, query);
+        if let Some(p) = self.lookup(&id) {
+            if p.query == query && p.keyspace.as_deref() == keyspace {
+                return Ok(p);
+            }
+        }
+        let parsed = sluice_cql::parse(query)
+            .map_err(|e| DetailedError::new(ErrorCode::SyntaxError, e.to_string()))?;
+        let schema = self.schema();
+        let prepared = Arc::new(analyze::analyze(&schema, keyspace, query, id, parsed)?);
+        self.insert_cached(prepared.clone());
+        Ok(prepared)
+    }
+
+    fn lookup(&self, id: &[u8; 16]) -> Option<Arc<Prepared>> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let p = cache.get(id)?.clone();
+        p.last_used.store(
+            self.cache_clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        Some(p)
+    }
+
+    fn insert_cached(&self, p: Arc<Prepared>) {
+        p.last_used.store(
+            self.cache_clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= STATEMENT_CACHE_CAPACITY && !cache.contains_key(&p.id) {
+            // Evict the least recently used quarter in one go (amortised O(1) per insert).
+            let mut stamps: Vec<u64> = cache
+                .values()
+                .map(|p| p.last_used.load(Ordering::Relaxed))
+                .collect();
+            stamps.sort_unstable();
+            let cut = stamps[stamps.len() / 4];
+            cache.retain(|_, v| v.last_used.load(Ordering::Relaxed) > cut);
+        }
+        cache.insert(p.id, p);
+    }
+
+    /// Drops cached statements that read or write any of these tables (or keyspace).
+    fn invalidate(&self, tables: &[Uuid], keyspace: Option<&str>) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|_, p| {
+            let by_table = p.table_id.is_some_and(|t| tables.contains(&t));
+            let by_ks = keyspace.is_some_and(|k| p.table_keyspace.as_deref() == Some(k));
+            let batch_hit = match &p.plan {
+                Plan::Batch(b) => b.writes.iter().any(|w| {
+                    tables.contains(&w.table.id) || keyspace == Some(w.table.keyspace.as_str())
+                }),
+                _ => false,
+            };
+            !(by_table || by_ks || batch_hit)
+        });
+    }
+
+    /// The statement prepared under this id, for EXECUTE.
+    pub fn prepared(&self, id: &[u8]) -> Option<Arc<Prepared>> {
+        let id: [u8; 16] = id.try_into().ok()?;
+        self.lookup(&id)
+    }
+
+    /// The RESULT Prepared message for a statement. `lwt` is set for conditional
+    /// statements; the server clears it on connections that did not negotiate the mark.
+    pub fn prepared_result(&self, p: &Prepared) -> ResultMessage {
+        let result_metadata = if p.result_columns.is_empty() {
+            RowsMetadata {
+                columns: Vec::new(),
+                column_count: 0,
+                paging_state: None,
+                no_metadata: true,
+            }
+        } else {
+            RowsMetadata {
+                columns: p.result_columns.clone(),
+                column_count: p.result_columns.len(),
+                paging_state: None,
+                no_metadata: false,
+            }
+        };
+        ResultMessage::Prepared {
+            id: Bytes::copy_from_slice(&p.id),
+            metadata: PreparedMetadata {
+                columns: p.bind_specs.clone(),
+                pk_indexes: p.pk_indexes.clone(),
+                lwt: p.lwt,
+            },
+            result_metadata,
+        }
+    }
+
+    /// Routing information without executing: token of the single partition touched (if
+    /// any), table, operation kind and `USING TIMEOUT`.
+    pub fn route(
+        &self,
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+    ) -> Result<Route, DetailedError> {
+        let b = exec::Binder::new(values, now_micros());
+        let (table, where_, timeout) = match &p.plan {
+            Plan::Select(s) => (Some(&s.table), Some(&s.where_), s.timeout.as_ref()),
+            Plan::Write(w) => (Some(&w.table), Some(&w.where_), w.timeout.as_ref()),
+            Plan::Batch(bp) => (
+                bp.writes.first().map(|w| &w.table),
+                None,
+                bp.timeout.as_ref(),
+            ),
+            Plan::Dynamic(_) => (None, None, None),
+        };
+        let timeout = match timeout {
+            Some(v) => exec::timeout_of(&b, v)?,
+            None => None,
+        };
+        let mut route = Route {
+            token: None,
+            partition_key: None,
+            table: table.map(|t| *t.id.as_bytes()),
+            kind: p.kind,
+            timeout,
+        };
+        if let (Some(t), Some(w)) = (table, where_) {
+            if !t.is_virtual() && w.pk_complete() {
+                if let Ok(keys) = exec::partition_keys(&b, t, w) {
+                    if keys.len() == 1 {
+                        route.token = Some(keys[0].token);
+                        route.partition_key = Some(keys[0].key.clone());
+                    }
+                }
+            }
+        }
+        if let Plan::Batch(bp) = &p.plan {
+            route.token = exec::single_batch_token(&b, bp.writes.iter());
+        }
+        Ok(route)
+    }
+
+    /// Executes a prepared (or cached unprepared) statement.
+    pub async fn execute(
+        &self,
+        session: &mut Session,
+        p: &Prepared,
+        params: &QueryParameters,
+        ctx: &RequestContext,
+    ) -> Result<ResultMessage, DetailedError> {
+        let values = exec::order_values(p, params)?;
+        exec::validate_values(p, &values)?;
+        let b = exec::Binder::new(&values, ctx.now_micros);
+        match &p.plan {
+            Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx),
+            Plan::Write(w) => {
+                if w.condition.is_some() {
+                    write::execute_lwt(self, w, &b, params, ctx).await
+                } else {
+                    write::execute_writes(
+                        self,
+                        &[(w.as_ref(), &b)],
+                        None,
+                        params.default_timestamp,
+                        params.consistency,
+                        ctx,
+                        sluice_protocol::WriteType::Simple,
+                    )
+                    .await
+                }
+            }
+            Plan::Batch(bp) => {
+                let entries: Vec<_> = bp.writes.iter().map(|w| (w, &b)).collect();
+                let ts = match &bp.timestamp {
+                    Some(v) => exec::opt_i64(&b, v, "[timestamp]")?,
+                    None => None,
+                };
+                write::execute_writes(
+                    self,
+                    &entries,
+                    ts,
+                    params.default_timestamp,
+                    params.consistency,
+                    ctx,
+                    write::batch_write_type(bp.kind),
+                )
+                .await
+            }
+            Plan::Dynamic(stmt) => self.execute_dynamic(session, p, stmt, params, ctx).await,
+        }
+    }
+
+    async fn execute_dynamic(
+        &self,
+        session: &mut Session,
+        p: &Prepared,
+        stmt: &sluice_cql::ast::Statement,
+        params: &QueryParameters,
+        ctx: &RequestContext,
+    ) -> Result<ResultMessage, DetailedError> {
+        use sluice_cql::ast::Statement;
+        let ks = p.keyspace.as_deref();
+        match stmt {
+            Statement::Use(name) => {
+                let schema = self.schema();
+                if !schema.keyspaces.contains_key(name) {
+                    return Err(catalog::invalid(format!(
+                        "Keyspace '{name}' does not exist"
+                    )));
+                }
+                session.keyspace = Some(name.clone());
+                Ok(ResultMessage::SetKeyspace(name.clone()))
+            }
+            Statement::Describe(d) => describe::execute(self, ks, d, params),
+            other => {
+                if let Some(d) = ctx.deadline {
+                    if Instant::now() >= d {
+                        return Err(exec::write_timeout(
+                            params.consistency,
+                            sluice_protocol::WriteType::Simple,
+                        ));
+                    }
+                }
+                ddl::execute(self, ks, other, ctx.now_micros)
+            }
+        }
+    }
+
+    /// Executes a BATCH request (entries are text or prepared ids, each with its values).
+    pub async fn batch(
+        &self,
+        session: &mut Session,
+        b: &BatchRequest,
+        ctx: &RequestContext,
+    ) -> Result<ResultMessage, DetailedError> {
+        let kind = match b.batch_type {
+            0 => sluice_cql::ast::BatchKind::Logged,
+            1 => sluice_cql::ast::BatchKind::Unlogged,
+            2 => sluice_cql::ast::BatchKind::Counter,
+            _ => return Err(catalog::invalid("Unknown batch type")),
+        };
+        let mut prepared = Vec::with_capacity(b.entries.len());
+        for e in &b.entries {
+            let p = match &e.statement {
+                sluice_protocol::BatchQuery::Prepared(id) => {
+                    self.prepared(id).ok_or_else(|| exec::unprepared(id))?
+                }
+                sluice_protocol::BatchQuery::Text(text) => {
+                    let q = std::str::from_utf8(text)
+                        .map_err(|_| catalog::invalid("Batch statement is not valid UTF-8"))?;
+                    self.prepare(session.keyspace.as_deref(), q)?
+                }
+            };
+            let Plan::Write(_) = &p.plan else {
+                return Err(catalog::invalid("Invalid statement in batch: only UPDATE, INSERT and DELETE statements are allowed."));
+            };
+            if p.lwt {
+                return Err(catalog::invalid(
+                    "Conditional statements in BATCH requests are not supported",
+                ));
+            }
+            let params = QueryParameters {
+                values: e.values.clone(),
+                ..QueryParameters::default()
+            };
+            let values = exec::order_values(&p, &params)?;
+            exec::validate_values(&p, &values)?;
+            prepared.push((p, values));
+        }
+        let binders: Vec<exec::Binder> = prepared
+            .iter()
+            .map(|(_, v)| exec::Binder::new(v, ctx.now_micros))
+            .collect();
+        let entries: Vec<(&analyze::WritePlan, &exec::Binder)> = prepared
+            .iter()
+            .zip(&binders)
+            .map(|((p, _), b)| match &p.plan {
+                Plan::Write(w) => (w.as_ref(), b),
+                _ => unreachable!("checked above"),
+            })
+            .collect();
+        write::check_batch_kind(kind, entries.iter().map(|(w, _)| *w))?;
+        write::execute_writes(
+            self,
+            &entries,
+            None,
+            b.default_timestamp,
+            b.consistency,
+            ctx,
+            write::batch_write_type(kind),
+        )
+        .await
+    }
+
+    /// Publishes a schema change: new snapshot, persisted, cache invalidated, event sent.
+    fn commit_schema(
+        &self,
+        mut next: Schema,
+        change: SchemaChange,
+        tables: &[Uuid],
+        keyspace: Option<&str>,
+    ) -> Result<(), DetailedError> {
+        next.version = next.digest();
+        let json = serde_json::to_vec(&next.to_persisted())
+            .map_err(|_| DetailedError::new(ErrorCode::ServerError, "schema does not serialize"))?;
+        self.storage
+            .meta_put(SCHEMA_META_KEY, &json)
+            .map_err(storage_error)?;
+        {
+            let mut g = self.schema.write().unwrap_or_else(|p| p.into_inner());
+            *g = Arc::new(next);
+        }
+        self.invalidate(tables, keyspace);
+        let _ = self.events.send(change);
+        Ok(())
+    }
+
+    /// Takes the DDL lock (DDL is rare; one at a time keeps copy-on-write simple).
+    fn ddl_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ddl_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next list-element key suffix (unique per engine).
+    pub(crate) fn next_list_seq(&self) -> u64 {
+        self.list_clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The lock stripe serialising conditional updates of one partition.
+    pub(crate) fn lwt_lock(&self, token: i64) -> &tokio::sync::Mutex<()> {
+        let i = (token as u64 % self.lwt_locks.len() as u64) as usize;
+        &self.lwt_locks[i]
+    }
+}

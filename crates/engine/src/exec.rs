@@ -1,0 +1,569 @@
+//! Shared execution helpers: binding values, computing partition keys and clustering
+//! ranges, and the timeout / unprepared errors.
+
+use crate::analyze::{CkSlice, PointRestr, Restr, TupleVal, Val, ValFn, Where, WritePlan};
+use crate::catalog::{invalid, TableDef};
+use crate::codec;
+use crate::Prepared;
+use bytes::Bytes;
+use sluice_protocol::{
+    Consistency, DetailedError, ErrorCode, ErrorExtra, QueryParameters, Value, WriteType,
+};
+use sluice_storage::Order;
+use sluice_types::{CqlType, NativeType};
+use std::cmp::Ordering;
+use std::ops::Bound;
+use std::time::Duration;
+
+/// The most partitions or clustering points one statement may expand to.
+pub(crate) const MAX_CARTESIAN: usize = 1000;
+
+/// A resolved value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum R {
+    /// A value.
+    V(Bytes),
+    /// null.
+    Null,
+    /// unset.
+    Unset,
+}
+
+/// Resolves plan values against the request's bound values.
+pub(crate) struct Binder<'a> {
+    values: &'a [Value],
+    now_micros: i64,
+}
+
+impl<'a> Binder<'a> {
+    /// A binder over positional values.
+    pub fn new(values: &'a [Value], now_micros: i64) -> Self {
+        Binder { values, now_micros }
+    }
+
+    /// "Now" for this request.
+    pub fn now_micros(&self) -> i64 {
+        self.now_micros
+    }
+
+    /// Resolves one value.
+    pub fn get(&self, v: &Val) -> R {
+        match v {
+            Val::Const(Some(b)) => R::V(b.clone()),
+            Val::Const(None) => R::Null,
+            Val::Bind(i) => match self.values.get(*i) {
+                Some(Value::Set(b)) => R::V(b.clone()),
+                Some(Value::Null) => R::Null,
+                Some(Value::Unset) | None => R::Unset,
+            },
+            Val::Func(f) => R::V(eval_fn(*f, self.now_micros)),
+        }
+    }
+
+    /// Resolves a value that must be present and non-null (key components).
+    pub fn required(&self, v: &Val, what: &str) -> Result<Bytes, DetailedError> {
+        match self.get(v) {
+            R::V(b) => Ok(b),
+            R::Null => Err(invalid(format!("Invalid null value for {what}"))),
+            R::Unset => Err(invalid(format!("Invalid unset value for {what}"))),
+        }
+    }
+}
+
+fn eval_fn(f: ValFn, now_micros: i64) -> Bytes {
+    match f {
+        ValFn::TimeUuid => {
+            let secs = now_micros.div_euclid(1_000_000) as u64;
+            let nanos = (now_micros.rem_euclid(1_000_000) * 1000) as u32;
+            let ts = uuid::Timestamp::from_unix(uuid::NoContext, secs, nanos);
+            let node: [u8; 6] = *b"sluice";
+            let mut u = *uuid::Uuid::new_v1(ts, &node).as_bytes();
+            // Randomise the clock sequence so that uuids generated in the same µs differ.
+            let r = uuid::Uuid::new_v4();
+            u[8] = (u[8] & 0xc0) | (r.as_bytes()[8] & 0x3f);
+            u[9] = r.as_bytes()[9];
+            Bytes::copy_from_slice(&u)
+        }
+        ValFn::RandomUuid => Bytes::copy_from_slice(uuid::Uuid::new_v4().as_bytes()),
+        ValFn::CurrentTimestamp => codec::bigint(now_micros.div_euclid(1000)),
+        ValFn::CurrentDate => {
+            let days = now_micros.div_euclid(86_400_000_000);
+            Bytes::copy_from_slice(&((days + (1i64 << 31)) as u32).to_be_bytes())
+        }
+    }
+}
+
+/// Puts named values in marker order; positional values pass through.
+pub(crate) fn order_values(
+    p: &Prepared,
+    params: &QueryParameters,
+) -> Result<Vec<Value>, DetailedError> {
+    let Some(names) = &params.names else {
+        if params.values.len() != p.bind_specs.len() {
+            return Err(invalid(format!(
+                "There were {} markers(?) in CQL but {} bound variables",
+                p.bind_specs.len(),
+                params.values.len()
+            )));
+        }
+        return Ok(params.values.clone());
+    };
+    let mut out = Vec::with_capacity(p.bind_specs.len());
+    for spec in &p.bind_specs {
+        let pos = names
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(&spec.name))
+            .ok_or_else(|| invalid(format!("No value for bind variable {}", spec.name)))?;
+        out.push(params.values.get(pos).cloned().unwrap_or(Value::Unset));
+    }
+    Ok(out)
+}
+
+/// Checks every bound value against its receiver type.
+pub(crate) fn validate_values(p: &Prepared, values: &[Value]) -> Result<(), DetailedError> {
+    for (spec, v) in p.bind_specs.iter().zip(values) {
+        if let Value::Set(b) = v {
+            if sluice_types::validate(&spec.ty, b).is_err() {
+                return Err(invalid(format!(
+                    "Invalid value for column {} of type {}",
+                    spec.name, spec.ty
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An `int` value (None for null/unset).
+pub(crate) fn opt_i32(b: &Binder, v: &Val, what: &str) -> Result<Option<i32>, DetailedError> {
+    match b.get(v) {
+        R::V(bytes) => codec::as_i32(&bytes)
+            .map(Some)
+            .ok_or_else(|| invalid(format!("Invalid value for {what}"))),
+        _ => Ok(None),
+    }
+}
+
+/// A `bigint` value (None for null/unset).
+pub(crate) fn opt_i64(b: &Binder, v: &Val, what: &str) -> Result<Option<i64>, DetailedError> {
+    match b.get(v) {
+        R::V(bytes) => codec::as_i64(&bytes)
+            .map(Some)
+            .ok_or_else(|| invalid(format!("Invalid value for {what}"))),
+        _ => Ok(None),
+    }
+}
+
+/// The `USING TIMEOUT` duration.
+pub(crate) fn timeout_of(b: &Binder, v: &Val) -> Result<Option<Duration>, DetailedError> {
+    let R::V(bytes) = b.get(v) else {
+        return Ok(None);
+    };
+    let ty = CqlType::native(NativeType::Duration);
+    match sluice_types::Value::decode(&ty, &bytes) {
+        Ok(sluice_types::Value::Duration(d)) => {
+            if d.months != 0 || d.days < 0 || d.nanos < 0 {
+                return Err(invalid(
+                    "Timeout must be a positive duration without months",
+                ));
+            }
+            let nanos = (d.days as u64) * 86_400_000_000_000 + d.nanos as u64;
+            Ok(Some(Duration::from_nanos(nanos)))
+        }
+        _ => Err(invalid("Invalid timeout duration")),
+    }
+}
+
+/// One partition a statement touches.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionKey {
+    /// Murmur3 token.
+    pub token: i64,
+    /// Serialized (routing) key.
+    pub key: Bytes,
+    /// Components, in partition key order.
+    pub components: Vec<Bytes>,
+}
+
+fn expand_restr(b: &Binder, r: &Restr, what: &str) -> Result<Vec<Bytes>, DetailedError> {
+    match r {
+        Restr::Eq(v) => Ok(vec![b.required(v, what)?]),
+        Restr::In(vs) => vs.iter().map(|v| b.required(v, what)).collect(),
+        Restr::InBind(i) => match b.get(&Val::Bind(*i)) {
+            R::V(list) => codec::split_collection(&list)
+                .ok_or_else(|| invalid(format!("Invalid IN list for {what}"))),
+            R::Null => Err(invalid(format!("Invalid null value for {what}"))),
+            R::Unset => Err(invalid(format!("Invalid unset value for {what}"))),
+        },
+    }
+}
+
+fn cartesian(parts: Vec<Vec<Vec<Bytes>>>) -> Result<Vec<Vec<Bytes>>, DetailedError> {
+    let mut acc: Vec<Vec<Bytes>> = vec![Vec::new()];
+    for options in parts {
+        if acc.len().saturating_mul(options.len()) > MAX_CARTESIAN {
+            return Err(invalid(format!(
+                "Too many combinations of IN values (more than {MAX_CARTESIAN})"
+            )));
+        }
+        let mut next = Vec::with_capacity(acc.len() * options.len());
+        for a in &acc {
+            for o in &options {
+                let mut v = a.clone();
+                v.extend(o.iter().cloned());
+                next.push(v);
+            }
+        }
+        acc = next;
+    }
+    Ok(acc)
+}
+
+/// The partitions a fully restricted partition key denotes (deduplicated, in order).
+pub(crate) fn partition_keys(
+    b: &Binder,
+    t: &TableDef,
+    w: &Where,
+) -> Result<Vec<PartitionKey>, DetailedError> {
+    let mut parts = Vec::with_capacity(w.pk.len());
+    for (k, r) in w.pk.iter().enumerate() {
+        let name = &t.columns[t.partition_key[k]].name;
+        let r = r
+            .as_ref()
+            .ok_or_else(|| invalid(format!("Some partition key parts are missing: {name}")))?;
+        let vals = expand_restr(b, r, name)?;
+        if vals.iter().any(|v| v.len() > u16::MAX as usize) {
+            return Err(invalid(format!(
+                "Key length exceeds 65535 bytes for {name}"
+            )));
+        }
+        parts.push(vals.into_iter().map(|v| vec![v]).collect());
+    }
+    let mut out: Vec<PartitionKey> = Vec::new();
+    for comps in cartesian(parts)? {
+        let refs: Vec<&[u8]> = comps.iter().map(|c| c.as_ref()).collect();
+        let key = Bytes::from(sluice_types::routing_key(&refs));
+        if out.iter().any(|p| p.key == key) {
+            continue;
+        }
+        out.push(PartitionKey {
+            token: sluice_types::murmur3_token(&key),
+            key,
+            components: comps,
+        });
+    }
+    Ok(out)
+}
+
+/// If every write of a batch targets the same partition, its token.
+pub(crate) fn single_batch_token<'a>(
+    b: &Binder,
+    writes: impl Iterator<Item = &'a WritePlan>,
+) -> Option<i64> {
+    let mut token = None;
+    for w in writes {
+        let keys = partition_keys(b, &w.table, &w.where_).ok()?;
+        if keys.len() != 1 || token.is_some_and(|t| t != keys[0].token) {
+            return None;
+        }
+        token = Some(keys[0].token);
+    }
+    token
+}
+
+fn expand_point(
+    b: &Binder,
+    t: &TableDef,
+    start: usize,
+    p: &PointRestr,
+) -> Result<Vec<Vec<Bytes>>, DetailedError> {
+    match p {
+        PointRestr::Single(r) => {
+            let name = &t.columns[t.clustering[start]].name;
+            Ok(expand_restr(b, r, name)?
+                .into_iter()
+                .map(|v| vec![v])
+                .collect())
+        }
+        PointRestr::Tuples(items, width) => items
+            .iter()
+            .map(|tv| tuple_components(b, tv, *width))
+            .collect(),
+        PointRestr::TuplesBind(i, width) => {
+            let R::V(list) = b.get(&Val::Bind(*i)) else {
+                return Err(invalid("Invalid null value in multi-column IN"));
+            };
+            let elems = codec::split_collection(&list)
+                .ok_or_else(|| invalid("Invalid multi-column IN list"))?;
+            elems
+                .iter()
+                .map(|e| {
+                    let items = codec::split_tuple(e, *width)
+                        .ok_or_else(|| invalid("Invalid tuple value"))?;
+                    items
+                        .into_iter()
+                        .map(|i| i.ok_or_else(|| invalid("Invalid null value in tuple")))
+                        .collect()
+                })
+                .collect()
+        }
+    }
+}
+
+/// The components of a tuple value.
+pub(crate) fn tuple_components(
+    b: &Binder,
+    tv: &TupleVal,
+    width: usize,
+) -> Result<Vec<Bytes>, DetailedError> {
+    match tv {
+        TupleVal::Items(vals) => vals
+            .iter()
+            .map(|v| b.required(v, "clustering column"))
+            .collect(),
+        TupleVal::Bind(i) => {
+            let R::V(bytes) = b.get(&Val::Bind(*i)) else {
+                return Err(invalid("Invalid null value in tuple relation"));
+            };
+            let items =
+                codec::split_tuple(&bytes, width).ok_or_else(|| invalid("Invalid tuple value"))?;
+            items
+                .into_iter()
+                .map(|i| i.ok_or_else(|| invalid("Invalid null value in tuple")))
+                .collect()
+        }
+    }
+}
+
+/// Compares two clustering prefixes in clustering order.
+pub(crate) fn compare_clustering(t: &TableDef, a: &[Bytes], b: &[Bytes]) -> Ordering {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let Some((ty, order)) = t.layout.clustering.get(i) else {
+            break;
+        };
+        let mut c = sluice_types::compare(ty, x, y);
+        if *order == Order::Desc {
+            c = c.reverse();
+        }
+        if c != Ordering::Equal {
+            return c;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// A clustering range in clustering order (prefix bounds).
+pub(crate) type CkRange = (Bound<Vec<Bytes>>, Bound<Vec<Bytes>>);
+
+/// The clustering prefixes the point restrictions denote (one empty prefix if none).
+pub(crate) fn clustering_points(
+    b: &Binder,
+    t: &TableDef,
+    w: &Where,
+) -> Result<Vec<Vec<Bytes>>, DetailedError> {
+    let mut parts = Vec::with_capacity(w.ck_points.len());
+    let mut start = 0;
+    for p in &w.ck_points {
+        let width = match p {
+            PointRestr::Single(_) => 1,
+            PointRestr::Tuples(_, w) | PointRestr::TuplesBind(_, w) => *w,
+        };
+        parts.push(expand_point(b, t, start, p)?);
+        start += width;
+    }
+    let mut points = cartesian(parts)?;
+    points.sort_by(|x, y| compare_clustering(t, x, y));
+    points.dedup();
+    Ok(points)
+}
+
+/// The clustering ranges of a WHERE clause, sorted in clustering order. Empty means the
+/// restrictions select nothing.
+pub(crate) fn clustering_ranges(
+    b: &Binder,
+    t: &TableDef,
+    w: &Where,
+) -> Result<Vec<CkRange>, DetailedError> {
+    let points = clustering_points(b, t, w)?;
+    let Some(slice) = &w.ck_slice else {
+        if w.ck_points.is_empty() {
+            return Ok(vec![(Bound::Unbounded, Bound::Unbounded)]);
+        }
+        return Ok(points
+            .into_iter()
+            .map(|p| (Bound::Included(p.clone()), Bound::Included(p)))
+            .collect());
+    };
+    let mut out = Vec::with_capacity(points.len());
+    for p in points {
+        out.push(slice_range(b, t, w.ck_covered, &p, slice)?);
+    }
+    Ok(out)
+}
+
+fn slice_range(
+    b: &Binder,
+    t: &TableDef,
+    at: usize,
+    prefix: &[Bytes],
+    s: &CkSlice,
+) -> Result<CkRange, DetailedError> {
+    let desc = t
+        .layout
+        .clustering
+        .get(at)
+        .is_some_and(|(_, o)| *o == Order::Desc);
+    let bound =
+        |sb: &Option<crate::analyze::SliceBound>| -> Result<Bound<Vec<Bytes>>, DetailedError> {
+            Ok(match sb {
+                None if prefix.is_empty() => Bound::Unbounded,
+                None => Bound::Included(prefix.to_vec()),
+                Some(sb) => {
+                    let mut v = prefix.to_vec();
+                    v.extend(tuple_components(b, &sb.val, s.width)?);
+                    if sb.inclusive {
+                        Bound::Included(v)
+                    } else {
+                        Bound::Excluded(v)
+                    }
+                }
+            })
+        };
+    let lower = bound(&s.lower)?;
+    let upper = bound(&s.upper)?;
+    // For a descending column, larger values come first in clustering order.
+    Ok(if desc { (upper, lower) } else { (lower, upper) })
+}
+
+/// The Write_timeout error for a request whose deadline passed before it ran.
+pub(crate) fn write_timeout(consistency: Consistency, write_type: WriteType) -> DetailedError {
+    DetailedError {
+        code: ErrorCode::WriteTimeout,
+        message: "Operation timed out - received only 0 responses.".into(),
+        extra: ErrorExtra::WriteTimeout {
+            consistency,
+            received: 0,
+            block_for: 1,
+            write_type,
+        },
+        already_exists: None,
+    }
+}
+
+/// The Read_timeout error for a request whose deadline passed before it ran.
+pub(crate) fn read_timeout(consistency: Consistency) -> DetailedError {
+    DetailedError {
+        code: ErrorCode::ReadTimeout,
+        message: "Operation timed out - received only 0 responses.".into(),
+        extra: ErrorExtra::ReadTimeout {
+            consistency,
+            received: 0,
+            block_for: 1,
+            data_present: false,
+        },
+        already_exists: None,
+    }
+}
+
+/// True when the deadline has passed.
+pub(crate) fn expired(deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// The Unprepared error echoing the id.
+pub(crate) fn unprepared(id: &[u8]) -> DetailedError {
+    let mut buf = [0u8; 16];
+    let n = id.len().min(16);
+    buf[..n].copy_from_slice(&id[..n]);
+    DetailedError {
+        code: ErrorCode::Unprepared,
+        message: "Prepared query with ID not found (either the query was not prepared on this host (maybe the host has been restarted?) or you have prepared too many queries and it has been evicted from the internal cache)".into(),
+        extra: ErrorExtra::Unprepared { len: n as u8, id: buf },
+        already_exists: None,
+    }
+}
+
+/// A positive LIMIT-like value.
+pub(crate) fn positive_limit(
+    b: &Binder,
+    v: &Option<Val>,
+    what: &'static str,
+) -> Result<Option<usize>, DetailedError> {
+    let Some(v) = v else { return Ok(None) };
+    match opt_i32(b, v, what)? {
+        None => Ok(None),
+        Some(n) if n > 0 => Ok(Some(n as usize)),
+        Some(_) => Err(DetailedError::new(
+            ErrorCode::Invalid,
+            match what {
+                "[per_partition_limit]" => "PER PARTITION LIMIT must be strictly positive",
+                _ => "LIMIT must be strictly positive",
+            },
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cartesian_product_and_cap() {
+        let a = vec![
+            vec![Bytes::from_static(b"a")],
+            vec![Bytes::from_static(b"b")],
+        ];
+        let c = vec![
+            vec![Bytes::from_static(b"1")],
+            vec![Bytes::from_static(b"2")],
+        ];
+        let out = cartesian(vec![a, c]).unwrap();
+        assert_eq!(out.len(), 4);
+        assert_eq!(
+            out[1],
+            vec![Bytes::from_static(b"a"), Bytes::from_static(b"2")]
+        );
+        let many: Vec<Vec<Bytes>> = (0..40).map(|i| vec![Bytes::from(vec![i as u8])]).collect();
+        assert!(cartesian(vec![many.clone(), many]).is_err());
+    }
+
+    #[test]
+    fn binder_resolves_values() {
+        let values = vec![
+            Value::Set(Bytes::from_static(&[0, 0, 0, 7])),
+            Value::Null,
+            Value::Unset,
+        ];
+        let b = Binder::new(&values, 1_000_000);
+        assert_eq!(
+            b.get(&Val::Bind(0)),
+            R::V(Bytes::from_static(&[0, 0, 0, 7]))
+        );
+        assert_eq!(b.get(&Val::Bind(1)), R::Null);
+        assert_eq!(b.get(&Val::Bind(2)), R::Unset);
+        assert_eq!(b.get(&Val::Bind(9)), R::Unset);
+        assert!(b.required(&Val::Bind(1), "k").is_err());
+        assert_eq!(opt_i32(&b, &Val::Bind(0), "x").unwrap(), Some(7));
+        assert_eq!(
+            b.get(&Val::Func(ValFn::CurrentTimestamp)),
+            R::V(codec::bigint(1000))
+        );
+        let R::V(u) = b.get(&Val::Func(ValFn::TimeUuid)) else {
+            panic!()
+        };
+        assert_eq!(u[6] >> 4, 1, "version 1 uuid");
+    }
+
+    #[test]
+    fn unprepared_echoes_id() {
+        let e = unprepared(&[1, 2, 3]);
+        assert_eq!(e.code, ErrorCode::Unprepared);
+        match e.extra {
+            ErrorExtra::Unprepared { len, id } => {
+                assert_eq!(len, 3);
+                assert_eq!(&id[..3], &[1, 2, 3]);
+            }
+            _ => panic!("wrong extra"),
+        }
+    }
+}

@@ -1,0 +1,801 @@
+//! SELECT execution: partition reads, scans, filtering, projection, aggregates and paging.
+
+use crate::analyze::{Filter, FilterRhs, SelItem, SelectPlan, Val};
+use crate::catalog::{invalid, ColumnKind, TableDef};
+use crate::codec;
+use crate::exec::{self, Binder, R};
+use crate::paging::{PagingState, Position};
+use crate::result::RowsBuilder;
+use crate::{storage_error, system, Engine, Prepared, RequestContext};
+use bytes::Bytes;
+use sluice_cql::ast::Operator;
+use sluice_protocol::{DetailedError, QueryParameters, ResultMessage};
+use sluice_storage::{ClusteringSlice, ReadCell, ReadRow, ScanStart};
+use sluice_types::CqlType;
+use std::cmp::Ordering;
+use std::ops::Bound;
+
+/// Rows read from storage per call when filtering (rows may be dropped, so read ahead).
+const CHUNK: usize = 1000;
+
+/// A filter with its values resolved.
+pub(crate) struct ResolvedFilter {
+    col: usize,
+    op: Operator,
+    vals: Vec<Bytes>,
+}
+
+impl ResolvedFilter {
+    /// The filtered column.
+    pub(crate) fn col(&self) -> usize {
+        self.col
+    }
+}
+
+/// Resolves filter values once per request.
+pub(crate) fn resolve_filters(
+    b: &Binder,
+    filters: &[Filter],
+) -> Result<Vec<ResolvedFilter>, DetailedError> {
+    let mut out = Vec::with_capacity(filters.len());
+    for f in filters {
+        let vals = match &f.rhs {
+            FilterRhs::Val(v) => match b.get(v) {
+                R::V(x) => vec![x],
+                R::Null => Vec::new(),
+                R::Unset => return Err(invalid("Invalid unset value in a WHERE or IF clause")),
+            },
+            FilterRhs::List(vs) => {
+                let mut out = Vec::with_capacity(vs.len());
+                for v in vs {
+                    if let R::V(x) = b.get(v) {
+                        out.push(x);
+                    }
+                }
+                out
+            }
+            FilterRhs::InBind(i) => match b.get(&Val::Bind(*i)) {
+                R::V(list) => {
+                    codec::split_collection(&list).ok_or_else(|| invalid("Invalid IN list"))?
+                }
+                _ => return Err(invalid("Invalid null or unset IN list")),
+            },
+        };
+        out.push(ResolvedFilter {
+            col: f.col,
+            op: f.op,
+            vals,
+        });
+    }
+    Ok(out)
+}
+
+/// Evaluates one filter on a column value.
+pub(crate) fn filter_matches(
+    t: &TableDef,
+    f: &ResolvedFilter,
+    value: Option<&Bytes>,
+) -> Result<bool, DetailedError> {
+    let ty = &t.columns[f.col].ty;
+    let Some(value) = value else {
+        // A null matches `= null` (a null term resolves to no values) and nothing else.
+        return Ok(f.op == Operator::Eq && f.vals.is_empty());
+    };
+    let cmp = |x: &Bytes| sluice_types::compare(ty, value, x);
+    Ok(match f.op {
+        Operator::Eq => f.vals.first().is_some_and(|x| cmp(x) == Ordering::Equal),
+        Operator::Neq => f.vals.first().is_some_and(|x| cmp(x) != Ordering::Equal),
+        Operator::Lt => f.vals.first().is_some_and(|x| cmp(x) == Ordering::Less),
+        Operator::Le => f.vals.first().is_some_and(|x| cmp(x) != Ordering::Greater),
+        Operator::Gt => f.vals.first().is_some_and(|x| cmp(x) == Ordering::Greater),
+        Operator::Ge => f.vals.first().is_some_and(|x| cmp(x) != Ordering::Less),
+        Operator::In => f.vals.iter().any(|x| cmp(x) == Ordering::Equal),
+        Operator::Contains | Operator::ContainsKey => {
+            let Some(x) = f.vals.first() else {
+                return Ok(false);
+            };
+            match (ty.unfrozen(), f.op) {
+                (CqlType::List(e) | CqlType::Set(e), Operator::Contains) => {
+                    codec::split_collection(value)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|v| sluice_types::compare(e, v, x) == Ordering::Equal)
+                }
+                (CqlType::Map(_, vt), Operator::Contains) => codec::split_map(value)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|(_, v)| sluice_types::compare(vt, v, x) == Ordering::Equal),
+                (CqlType::Map(kt, _), Operator::ContainsKey) => codec::split_map(value)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|(k, _)| sluice_types::compare(kt, k, x) == Ordering::Equal),
+                _ => false,
+            }
+        }
+        Operator::Like => return Err(invalid("LIKE restrictions are not supported")),
+    })
+}
+
+/// A row as the projection sees it.
+pub(crate) trait RowSource {
+    /// The value of a column (collections assembled), None for null.
+    fn value(&self, t: &TableDef, col: usize) -> Option<Bytes>;
+    /// The cell of a single-cell column, for writetime()/ttl().
+    fn cell(&self, t: &TableDef, col: usize) -> Option<&ReadCell>;
+    /// The partition token.
+    fn token(&self) -> i64;
+}
+
+/// A row read from storage.
+pub(crate) struct StoredRow<'a> {
+    /// Partition key components.
+    pub pk: &'a [Bytes],
+    /// The row (None for a static-only row).
+    pub row: Option<&'a ReadRow>,
+    /// The static row.
+    pub stat: Option<&'a ReadRow>,
+    /// Token.
+    pub token: i64,
+}
+
+fn cells_of(row: &ReadRow, id: u16) -> impl Iterator<Item = &ReadCell> {
+    let start = row.cells.partition_point(|c| c.column < id);
+    row.cells[start..]
+        .iter()
+        .take_while(move |c| c.column == id)
+}
+
+/// Assembles the value of a column from its cells.
+pub(crate) fn column_value(ty: &CqlType, row: &ReadRow, id: u16) -> Option<Bytes> {
+    if ty.is_multi_cell_collection() {
+        let cells: Vec<&ReadCell> = cells_of(row, id).filter(|c| c.path.is_some()).collect();
+        if cells.is_empty() {
+            return None;
+        }
+        return Some(match ty {
+            CqlType::Set(_) => codec::collection(cells.iter().filter_map(|c| c.path.as_deref())),
+            CqlType::List(_) => codec::collection(cells.iter().map(|c| c.value.as_ref())),
+            _ => codec::map(
+                cells
+                    .iter()
+                    .filter_map(|c| Some((c.path.as_deref()?, c.value.as_ref()))),
+            ),
+        });
+    }
+    cells_of(row, id)
+        .find(|c| c.path.is_none())
+        .map(|c| c.value.clone())
+}
+
+impl RowSource for StoredRow<'_> {
+    fn value(&self, t: &TableDef, col: usize) -> Option<Bytes> {
+        let c = &t.columns[col];
+        match c.kind {
+            ColumnKind::PartitionKey => self.pk.get(c.position as usize).cloned(),
+            ColumnKind::Clustering => self.row?.clustering.get(c.position as usize).cloned(),
+            ColumnKind::Static => column_value(&c.ty, self.stat?, c.id),
+            ColumnKind::Regular => column_value(&c.ty, self.row?, c.id),
+        }
+    }
+
+    fn cell(&self, t: &TableDef, col: usize) -> Option<&ReadCell> {
+        let c = &t.columns[col];
+        let row = match c.kind {
+            ColumnKind::Static => self.stat?,
+            ColumnKind::Regular => self.row?,
+            _ => return None,
+        };
+        cells_of(row, c.id).find(|x| x.path.is_none())
+    }
+
+    fn token(&self) -> i64 {
+        self.token
+    }
+}
+
+struct SysRow<'a>(&'a [Option<Bytes>]);
+
+impl RowSource for SysRow<'_> {
+    fn value(&self, _t: &TableDef, col: usize) -> Option<Bytes> {
+        self.0.get(col).cloned().flatten()
+    }
+    fn cell(&self, _t: &TableDef, _col: usize) -> Option<&ReadCell> {
+        None
+    }
+    fn token(&self) -> i64 {
+        0
+    }
+}
+
+/// Aggregation state.
+struct Agg {
+    count: i64,
+    per_item: Vec<Option<Bytes>>,
+    counts: Vec<i64>,
+    first: bool,
+}
+
+/// Collects output rows under page and limit budgets.
+struct Out<'a> {
+    t: &'a TableDef,
+    items: &'a [SelItem],
+    rows: RowsBuilder,
+    agg: Option<Agg>,
+    now_secs: u32,
+    filters: &'a [ResolvedFilter],
+}
+
+impl<'a> Out<'a> {
+    fn new(
+        t: &'a TableDef,
+        items: &'a [SelItem],
+        aggregate: bool,
+        filters: &'a [ResolvedFilter],
+        now_secs: u32,
+    ) -> Self {
+        Out {
+            t,
+            items,
+            rows: RowsBuilder::new(items.len()),
+            agg: aggregate.then(|| Agg {
+                count: 0,
+                per_item: vec![None; items.len()],
+                counts: vec![0; items.len()],
+                first: true,
+            }),
+            now_secs,
+            filters,
+        }
+    }
+
+    /// Checks the filters.
+    fn passes(&self, r: &dyn RowSource) -> Result<bool, DetailedError> {
+        for f in self.filters {
+            if !filter_matches(self.t, f, r.value(self.t, f.col).as_ref())? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Projects and appends one row (or folds it into the aggregate).
+    fn emit(&mut self, r: &dyn RowSource) {
+        let t = self.t;
+        if let Some(agg) = &mut self.agg {
+            agg.count += 1;
+            for (i, item) in self.items.iter().enumerate() {
+                match item {
+                    SelItem::Count(c) => {
+                        if r.value(t, *c).is_some() {
+                            agg.counts[i] += 1;
+                        }
+                    }
+                    SelItem::Max(c) | SelItem::Min(c) => {
+                        if let Some(v) = r.value(t, *c) {
+                            let ty = &t.columns[*c].ty;
+                            let better = match &agg.per_item[i] {
+                                None => true,
+                                Some(cur) => {
+                                    let o = sluice_types::compare(ty, &v, cur);
+                                    if matches!(item, SelItem::Max(_)) {
+                                        o == Ordering::Greater
+                                    } else {
+                                        o == Ordering::Less
+                                    }
+                                }
+                            };
+                            if better {
+                                agg.per_item[i] = Some(v);
+                            }
+                        }
+                    }
+                    SelItem::CountAll => {}
+                    other => {
+                        if agg.first {
+                            agg.per_item[i] = scalar(t, other, r, self.now_secs);
+                        }
+                    }
+                }
+            }
+            agg.first = false;
+            return;
+        }
+        for item in self.items {
+            let v = scalar(t, item, r, self.now_secs);
+            self.rows.cell(v.as_deref());
+        }
+    }
+
+    fn finish_aggregate(&mut self) {
+        if let Some(agg) = self.agg.take() {
+            for (i, item) in self.items.iter().enumerate() {
+                let v = match item {
+                    SelItem::CountAll => Some(codec::bigint(agg.count)),
+                    SelItem::Count(_) => Some(codec::bigint(agg.counts[i])),
+                    _ => agg.per_item[i].clone(),
+                };
+                self.rows.cell(v.as_deref());
+            }
+        }
+    }
+}
+
+fn scalar(t: &TableDef, item: &SelItem, r: &dyn RowSource, now_secs: u32) -> Option<Bytes> {
+    match item {
+        SelItem::Col(c) => r.value(t, *c),
+        SelItem::WriteTime(c) => r.cell(t, *c).map(|x| codec::bigint(x.timestamp)),
+        SelItem::Ttl(c) => r
+            .cell(t, *c)
+            .and_then(|x| x.expiry)
+            .map(|(exp, _)| codec::int(exp.saturating_sub(now_secs) as i32)),
+        SelItem::Token => Some(codec::bigint(r.token())),
+        SelItem::CountAll | SelItem::Count(_) | SelItem::Max(_) | SelItem::Min(_) => None,
+    }
+}
+
+/// Remaining budgets of one request.
+struct Budget {
+    page_left: usize,
+    limit_left: Option<usize>,
+}
+
+impl Budget {
+    fn take(&mut self) {
+        self.page_left = self.page_left.saturating_sub(1);
+        if let Some(l) = &mut self.limit_left {
+            *l = l.saturating_sub(1);
+        }
+    }
+    fn limit_done(&self) -> bool {
+        self.limit_left == Some(0)
+    }
+    fn full(&self) -> bool {
+        self.page_left == 0 || self.limit_done()
+    }
+    fn want(&self, ppl_left: Option<usize>, filtering: bool) -> usize {
+        if filtering {
+            return CHUNK;
+        }
+        let mut w = self.page_left.min(CHUNK);
+        if let Some(l) = self.limit_left {
+            w = w.min(l);
+        }
+        if let Some(p) = ppl_left {
+            w = w.min(p);
+        }
+        w.max(1)
+    }
+}
+
+fn stmt_hash(p: &Prepared) -> u64 {
+    u64::from_be_bytes([
+        p.id[0], p.id[1], p.id[2], p.id[3], p.id[4], p.id[5], p.id[6], p.id[7],
+    ])
+}
+
+/// Executes a SELECT.
+pub(crate) fn execute_select(
+    engine: &Engine,
+    p: &Prepared,
+    s: &SelectPlan,
+    b: &Binder,
+    params: &QueryParameters,
+    ctx: &RequestContext,
+) -> Result<ResultMessage, DetailedError> {
+    let t = &*s.table;
+    let limit = exec::positive_limit(b, &s.limit, "[limit]")?;
+    let mut ppl = exec::positive_limit(b, &s.per_partition_limit, "[per_partition_limit]")?;
+    if s.distinct {
+        ppl = Some(1);
+    }
+    let page_size = params
+        .page_size
+        .filter(|&n| n > 0 && !s.aggregate)
+        .map(|n| n as usize);
+    let hash = stmt_hash(p);
+    let state = match &params.paging_state {
+        Some(bytes) if page_size.is_some() => Some(PagingState::decode(bytes, hash)?),
+        _ => None,
+    };
+    let filters = resolve_filters(b, &s.where_.filters)?;
+    let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
+    let mut out = Out::new(t, &s.items, s.aggregate, &filters, now_secs);
+    let mut budget = Budget {
+        page_left: page_size.unwrap_or(usize::MAX),
+        limit_left: match &state {
+            Some(st) => st.limit_left.map(|l| l as usize),
+            None => limit,
+        },
+    };
+    if s.aggregate {
+        budget.limit_left = None;
+    }
+    if exec::expired(ctx.deadline) {
+        return Err(exec::read_timeout(params.consistency));
+    }
+    let next = if t.is_virtual() {
+        let schema = engine.schema();
+        let rows = system::rows(t, &schema, engine.node());
+        let skip = match state.as_ref().map(|s| &s.pos) {
+            Some(Position::Offset(n)) => *n as usize,
+            Some(_) => return Err(invalid("Invalid paging state")),
+            None => 0,
+        };
+        let mut next = None;
+        for (i, r) in rows.iter().enumerate().skip(skip) {
+            let src = SysRow(r);
+            if !out.passes(&src)? {
+                continue;
+            }
+            out.emit(&src);
+            budget.take();
+            let seen = i + 1;
+            if budget.limit_done() {
+                break;
+            }
+            if budget.full() {
+                if seen < rows.len() {
+                    next = Some(Position::Offset(seen as u32));
+                }
+                break;
+            }
+        }
+        next
+    } else if s.where_.pk_complete() {
+        read_partitions(
+            engine,
+            s,
+            b,
+            &mut out,
+            &mut budget,
+            ppl,
+            state.as_ref(),
+            now_secs,
+        )?
+    } else {
+        scan(
+            engine,
+            s,
+            b,
+            &mut out,
+            &mut budget,
+            ppl,
+            state.as_ref(),
+            now_secs,
+        )?
+    };
+    out.finish_aggregate();
+    let paging_state = match next {
+        Some(pos) if page_size.is_some() && !budget.limit_done() => Some(
+            PagingState {
+                stmt: hash,
+                limit_left: budget.limit_left.map(|l| l as u32),
+                pos,
+            }
+            .encode(),
+        ),
+        _ => None,
+    };
+    let rows = out
+        .rows
+        .finish(&p.result_columns, paging_state, params.skip_metadata);
+    Ok(ResultMessage::Rows(rows))
+}
+
+/// Whether a partition with no rows yields its static row alone.
+fn static_only_allowed(s: &SelectPlan) -> bool {
+    s.table.has_statics() && !s.where_.restricts_clustering()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_partitions(
+    engine: &Engine,
+    s: &SelectPlan,
+    b: &Binder,
+    out: &mut Out,
+    budget: &mut Budget,
+    ppl: Option<usize>,
+    state: Option<&PagingState>,
+    now_secs: u32,
+) -> Result<Option<Position>, DetailedError> {
+    let t = &*s.table;
+    let keys = exec::partition_keys(b, t, &s.where_)?;
+    let ranges = exec::clustering_ranges(b, t, &s.where_)?;
+    if ranges.is_empty() {
+        return Ok(None);
+    }
+    let slice = ClusteringSlice {
+        ranges,
+        reversed: s.reversed,
+    };
+    let (start, mut after, mut resume_ppl) = match state.map(|s| &s.pos) {
+        Some(Position::Partition {
+            index,
+            after,
+            ppl_left,
+        }) => (*index as usize, after.clone(), ppl_left.map(|p| p as usize)),
+        Some(_) => return Err(invalid("Invalid paging state")),
+        None => (0, None, None),
+    };
+    let filtering = !out.filters.is_empty();
+    let no_clustering = t.clustering.is_empty();
+    for (idx, pk) in keys.iter().enumerate().skip(start) {
+        let mut ppl_left = resume_ppl.take().or(ppl);
+        let mut after_here = after.take();
+        loop {
+            let want = budget.want(ppl_left, filtering);
+            let read = engine
+                .storage
+                .read_partition(
+                    &t.layout,
+                    pk.token,
+                    &pk.key,
+                    &slice,
+                    after_here.as_deref(),
+                    want,
+                    now_secs,
+                )
+                .map_err(storage_error)?;
+            if after_here.is_none() && read.rows.is_empty() {
+                if let (true, Some(st)) = (static_only_allowed(s), read.static_row.as_ref()) {
+                    let src = StoredRow {
+                        pk: &pk.components,
+                        row: None,
+                        stat: Some(st),
+                        token: pk.token,
+                    };
+                    if out.passes(&src)? {
+                        out.emit(&src);
+                        budget.take();
+                    }
+                }
+                break;
+            }
+            let n = read.rows.len();
+            for (ri, row) in read.rows.iter().enumerate() {
+                after_here = Some(row.clustering.clone());
+                let src = StoredRow {
+                    pk: &pk.components,
+                    row: Some(row),
+                    stat: read.static_row.as_ref(),
+                    token: pk.token,
+                };
+                if !out.passes(&src)? {
+                    continue;
+                }
+                out.emit(&src);
+                budget.take();
+                if let Some(p) = &mut ppl_left {
+                    *p -= 1;
+                }
+                if budget.limit_done() {
+                    return Ok(None);
+                }
+                let partition_done =
+                    ppl_left == Some(0) || no_clustering || (ri + 1 == n && !read.more);
+                if budget.full() {
+                    if partition_done {
+                        return Ok((idx + 1 < keys.len()).then_some(Position::Partition {
+                            index: idx as u32 + 1,
+                            after: None,
+                            ppl_left: None,
+                        }));
+                    }
+                    return Ok(Some(Position::Partition {
+                        index: idx as u32,
+                        after: after_here,
+                        ppl_left: ppl_left.map(|p| p as u32),
+                    }));
+                }
+                if ppl_left == Some(0) {
+                    break;
+                }
+            }
+            if ppl_left == Some(0) || !read.more {
+                break;
+            }
+        }
+        if budget.full() {
+            return Ok((idx + 1 < keys.len()).then_some(Position::Partition {
+                index: idx as u32 + 1,
+                after: None,
+                ppl_left: None,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+fn token_bound(b: &Binder, v: &Option<(Val, bool)>) -> Result<Bound<i64>, DetailedError> {
+    Ok(match v {
+        None => Bound::Unbounded,
+        Some((v, incl)) => match exec::opt_i64(b, v, "partition key token")? {
+            None => return Err(invalid("Invalid null token")),
+            Some(t) if *incl => Bound::Included(t),
+            Some(t) => Bound::Excluded(t),
+        },
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scan(
+    engine: &Engine,
+    s: &SelectPlan,
+    b: &Binder,
+    out: &mut Out,
+    budget: &mut Budget,
+    ppl: Option<usize>,
+    state: Option<&PagingState>,
+    now_secs: u32,
+) -> Result<Option<Position>, DetailedError> {
+    let t = &*s.table;
+    let (lower, end) = match &s.where_.token {
+        Some(tr) => (token_bound(b, &tr.lower)?, token_bound(b, &tr.upper)?),
+        None => (Bound::Unbounded, Bound::Unbounded),
+    };
+    // The partition being continued across storage pages: (token, key, ppl left).
+    let mut current: Option<(i64, Bytes, Option<usize>)> = None;
+    let mut start = match state.map(|s| &s.pos) {
+        None => ScanStart::Token(lower),
+        Some(Position::ScanToken(bound)) => ScanStart::Token(*bound),
+        Some(Position::ScanResume {
+            token,
+            key,
+            after,
+            ppl_left,
+        }) => {
+            current = Some((*token, key.clone(), ppl_left.map(|p| p as usize)));
+            ScanStart::Resume {
+                token: *token,
+                partition_key: key.clone(),
+                after: after.clone(),
+            }
+        }
+        Some(_) => return Err(invalid("Invalid paging state")),
+    };
+    let filtering = !out.filters.is_empty();
+    let no_clustering = t.clustering.is_empty();
+    let pk_count = t.partition_key.len();
+    loop {
+        let resumed_inside = matches!(&start, ScanStart::Resume { after: Some(_), .. });
+        let want = budget.want(None, filtering);
+        let page = engine
+            .storage
+            .scan(&t.layout, &start, end, want, now_secs)
+            .map_err(storage_error)?;
+        let np = page.partitions.len();
+        for (pi, part) in page.partitions.iter().enumerate() {
+            let comps = codec::split_composite(&part.partition_key, pk_count)
+                .ok_or_else(|| invalid("Stored partition key does not match the table's key"))?;
+            let mut ppl_left = match &current {
+                Some((tok, key, left)) if *tok == part.token && *key == part.partition_key => *left,
+                _ => ppl,
+            };
+            current = None;
+            let first_in_resumed = pi == 0 && resumed_inside;
+            if part.read.rows.is_empty() && !first_in_resumed {
+                if let (true, Some(st)) = (static_only_allowed(s), part.read.static_row.as_ref()) {
+                    let src = StoredRow {
+                        pk: &comps,
+                        row: None,
+                        stat: Some(st),
+                        token: part.token,
+                    };
+                    if out.passes(&src)? {
+                        out.emit(&src);
+                        budget.take();
+                        if budget.limit_done() {
+                            return Ok(None);
+                        }
+                        if budget.full() {
+                            return Ok(next_after_partition(&page, pi, np));
+                        }
+                    }
+                }
+                continue;
+            }
+            let n = part.read.rows.len();
+            for (ri, row) in part.read.rows.iter().enumerate() {
+                if ppl_left == Some(0) {
+                    break;
+                }
+                let src = StoredRow {
+                    pk: &comps,
+                    row: Some(row),
+                    stat: part.read.static_row.as_ref(),
+                    token: part.token,
+                };
+                if !out.passes(&src)? {
+                    continue;
+                }
+                out.emit(&src);
+                budget.take();
+                if let Some(p) = &mut ppl_left {
+                    *p -= 1;
+                }
+                if budget.limit_done() {
+                    return Ok(None);
+                }
+                if budget.full() {
+                    let partition_done = ppl_left == Some(0)
+                        || no_clustering
+                        || (ri + 1 == n && !part.read.more && !next_is_same(&page, part));
+                    if partition_done {
+                        return Ok(next_after_partition(&page, pi, np));
+                    }
+                    return Ok(Some(Position::ScanResume {
+                        token: part.token,
+                        key: part.partition_key.clone(),
+                        after: Some(row.clustering.clone()),
+                        ppl_left: ppl_left.map(|p| p as u32),
+                    }));
+                }
+            }
+            if pi + 1 == np {
+                current = Some((part.token, part.partition_key.clone(), ppl_left));
+            }
+        }
+        match page.next {
+            None => return Ok(None),
+            Some(next) => {
+                // Skip the rest of a partition whose per-partition limit is used up.
+                start = match (&next, &current) {
+                    (
+                        ScanStart::Resume {
+                            token,
+                            partition_key,
+                            ..
+                        },
+                        Some((ct, ck, Some(0))),
+                    ) if token == ct && partition_key == ck => {
+                        ScanStart::Token(Bound::Excluded(*token))
+                    }
+                    _ => next,
+                };
+                if np == 0 && start == ScanStart::Token(Bound::Unbounded) {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+fn next_is_same(page: &sluice_storage::ScanPage, part: &sluice_storage::ScannedPartition) -> bool {
+    matches!(&page.next, Some(ScanStart::Resume { token, partition_key, after: Some(_) })
+        if *token == part.token && *partition_key == part.partition_key)
+}
+
+/// The resume position after partition `pi` of a storage page is finished.
+fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize, np: usize) -> Option<Position> {
+    if let Some(nextp) = page.partitions.get(pi + 1) {
+        return Some(Position::ScanResume {
+            token: nextp.token,
+            key: nextp.partition_key.clone(),
+            after: None,
+            ppl_left: None,
+        });
+    }
+    let _ = np;
+    match &page.next {
+        None => None,
+        Some(ScanStart::Token(b)) => Some(Position::ScanToken(*b)),
+        Some(ScanStart::Resume {
+            token,
+            partition_key,
+            after,
+        }) => {
+            let part = page.partitions.get(pi);
+            if part.is_some_and(|p| p.token == *token && p.partition_key == *partition_key) {
+                // The page ended inside the partition we just finished: skip past it.
+                Some(Position::ScanToken(Bound::Excluded(*token)))
+            } else {
+                Some(Position::ScanResume {
+                    token: *token,
+                    key: partition_key.clone(),
+                    after: after.clone(),
+                    ppl_left: None,
+                })
+            }
+        }
+    }
+}

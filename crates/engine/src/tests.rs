@@ -1,0 +1,1347 @@
+//! End-to-end tests of the engine on a temporary storage directory: statements go through
+//! the real parser, analysis, execution and storage.
+
+use crate::{Engine, NodeInfo, RequestContext, Session};
+use bytes::Bytes;
+use sluice_protocol::{
+    BatchEntry, BatchQuery, BatchRequest, Consistency, DetailedError, ErrorCode, ErrorExtra,
+    QueryParameters, ResultMessage, Rows, SchemaChangeTarget, SchemaChangeType, Value,
+};
+use sluice_storage::{Durability, Storage, StorageConfig};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct H {
+    engine: Arc<Engine>,
+    session: Session,
+    dir: tempfile::TempDir,
+    now: Option<i64>,
+}
+
+fn open_storage(path: &std::path::Path) -> Storage {
+    Storage::open(StorageConfig {
+        path: path.to_path_buf(),
+        durability: Durability::Periodic {
+            interval: Duration::from_millis(50),
+        },
+        cache_bytes: 8 << 20,
+    })
+    .expect("storage opens")
+}
+
+fn node() -> NodeInfo {
+    NodeInfo::single(
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+        9042,
+        uuid::Uuid::from_u128(0x1234),
+    )
+}
+
+fn int(v: i32) -> Value {
+    Value::Set(Bytes::copy_from_slice(&v.to_be_bytes()))
+}
+fn bigint(v: i64) -> Value {
+    Value::Set(Bytes::copy_from_slice(&v.to_be_bytes()))
+}
+fn text(v: &str) -> Value {
+    Value::Set(Bytes::copy_from_slice(v.as_bytes()))
+}
+fn cint(b: &Option<Bytes>) -> i32 {
+    i32::from_be_bytes(
+        b.as_ref()
+            .expect("non-null int")
+            .as_ref()
+            .try_into()
+            .unwrap(),
+    )
+}
+fn cbig(b: &Option<Bytes>) -> i64 {
+    i64::from_be_bytes(
+        b.as_ref()
+            .expect("non-null bigint")
+            .as_ref()
+            .try_into()
+            .unwrap(),
+    )
+}
+fn ctext(b: &Option<Bytes>) -> String {
+    String::from_utf8(b.as_ref().expect("non-null text").to_vec()).unwrap()
+}
+
+/// Decodes a Rows body into cells.
+fn cells(rows: &Rows) -> Vec<Vec<Option<Bytes>>> {
+    let n = rows.metadata.column_count;
+    let mut out = Vec::new();
+    let mut pos = 0;
+    let b = &rows.body;
+    for _ in 0..rows.row_count {
+        let mut row = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = i32::from_be_bytes(b[pos..pos + 4].try_into().unwrap());
+            pos += 4;
+            if len < 0 {
+                row.push(None);
+            } else {
+                row.push(Some(b.slice(pos..pos + len as usize)));
+                pos += len as usize;
+            }
+        }
+        out.push(row);
+    }
+    assert_eq!(pos, b.len(), "body fully consumed");
+    out
+}
+
+fn names(rows: &Rows) -> Vec<String> {
+    rows.metadata
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+impl H {
+    fn new() -> H {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(open_storage(dir.path()), node()).unwrap();
+        H {
+            engine,
+            session: Session::default(),
+            dir,
+            now: None,
+        }
+    }
+
+    fn reopen(self) -> H {
+        let H { engine, dir, .. } = self;
+        engine.storage().close().unwrap();
+        drop(engine);
+        let engine = Engine::open(open_storage(dir.path()), node()).unwrap();
+        H {
+            engine,
+            session: Session::default(),
+            dir,
+            now: None,
+        }
+    }
+
+    fn ctx(&self) -> RequestContext {
+        let mut c = RequestContext::now();
+        if let Some(n) = self.now {
+            c.now_micros = n;
+        }
+        c
+    }
+
+    async fn exec_params(
+        &mut self,
+        q: &str,
+        params: QueryParameters,
+    ) -> Result<ResultMessage, DetailedError> {
+        let p = self.engine.prepare(self.session.keyspace.as_deref(), q)?;
+        let ctx = self.ctx();
+        self.engine
+            .execute(&mut self.session, &p, &params, &ctx)
+            .await
+    }
+
+    async fn exec(&mut self, q: &str, values: Vec<Value>) -> Result<ResultMessage, DetailedError> {
+        self.exec_params(
+            q,
+            QueryParameters {
+                values,
+                ..QueryParameters::default()
+            },
+        )
+        .await
+    }
+
+    async fn ok(&mut self, q: &str) -> ResultMessage {
+        match self.exec(q, vec![]).await {
+            Ok(r) => r,
+            Err(e) => panic!("{q}: {e:?}"),
+        }
+    }
+
+    async fn rows_of(&mut self, q: &str, values: Vec<Value>) -> Rows {
+        match self.exec(q, values).await {
+            Ok(ResultMessage::Rows(r)) => r,
+            other => panic!("{q}: expected rows, got {other:?}"),
+        }
+    }
+
+    async fn select(&mut self, q: &str, values: Vec<Value>) -> Vec<Vec<Option<Bytes>>> {
+        cells(&self.rows_of(q, values).await)
+    }
+
+    async fn err(&mut self, q: &str, values: Vec<Value>) -> DetailedError {
+        match self.exec(q, values).await {
+            Err(e) => e,
+            Ok(r) => panic!("{q}: expected an error, got {r:?}"),
+        }
+    }
+
+    async fn setup_kv(&mut self) {
+        self.ok("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}").await;
+        self.ok("CREATE TABLE ks.t (pk int, ck int, v text, s int static, PRIMARY KEY (pk, ck))")
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn keyspace_ddl_results_errors_and_events() {
+    let mut h = H::new();
+    let mut events = h.engine.schema_events();
+    let v0 = h.engine.schema_version();
+    let r = h
+        .ok("CREATE KEYSPACE ks WITH replication = {'class': 'NetworkTopologyStrategy', 'replication_factor': 3}")
+        .await;
+    match r {
+        ResultMessage::SchemaChange(c) => {
+            assert_eq!(c.change, SchemaChangeType::Created);
+            assert_eq!(c.target, SchemaChangeTarget::Keyspace("ks".into()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        events.try_recv().unwrap().target,
+        SchemaChangeTarget::Keyspace("ks".into())
+    );
+    assert_ne!(h.engine.schema_version(), v0);
+    // IF NOT EXISTS on an existing keyspace: Void, no event.
+    assert_eq!(
+        h.ok("CREATE KEYSPACE IF NOT EXISTS ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}").await,
+        ResultMessage::Void
+    );
+    assert!(events.try_recv().is_err());
+    let e = h.err("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", vec![]).await;
+    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    assert_eq!(e.already_exists, Some(("ks".into(), String::new())));
+    // NTS replication_factor is expanded into our data center.
+    let rows = h
+        .select("SELECT keyspace_name, replication, durable_writes FROM system_schema.keyspaces WHERE keyspace_name = 'ks'", vec![])
+        .await;
+    assert_eq!(rows.len(), 1);
+    let repl = crate::codec::split_map(rows[0][1].as_ref().unwrap()).unwrap();
+    let repl: Vec<(String, String)> = repl
+        .iter()
+        .map(|(k, v)| {
+            (
+                String::from_utf8(k.to_vec()).unwrap(),
+                String::from_utf8(v.to_vec()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        repl,
+        vec![
+            (
+                "class".to_string(),
+                "org.apache.cassandra.locator.NetworkTopologyStrategy".to_string()
+            ),
+            ("datacenter1".to_string(), "3".to_string())
+        ]
+    );
+    assert_eq!(rows[0][2].as_deref(), Some(&[1u8][..]));
+    let e = h
+        .err(
+            "CREATE KEYSPACE k2 WITH replication = {'class': 'Bogus'}",
+            vec![],
+        )
+        .await;
+    assert_eq!(e.code, ErrorCode::ConfigError);
+    let e = h.err("CREATE KEYSPACE system WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", vec![]).await;
+    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    h.ok("ALTER KEYSPACE ks WITH durable_writes = false").await;
+    h.ok("DROP KEYSPACE ks").await;
+    assert_eq!(
+        h.ok("DROP KEYSPACE IF EXISTS ks").await,
+        ResultMessage::Void
+    );
+    assert_eq!(
+        h.err("DROP KEYSPACE ks", vec![]).await.code,
+        ErrorCode::Invalid
+    );
+}
+
+#[tokio::test]
+async fn table_ddl_validation_and_system_schema() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let e = h.err("CREATE TABLE ks.t (a int PRIMARY KEY)", vec![]).await;
+    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    assert_eq!(e.already_exists, Some(("ks".into(), "t".into())));
+    assert_eq!(
+        h.ok("CREATE TABLE IF NOT EXISTS ks.t (a int PRIMARY KEY)")
+            .await,
+        ResultMessage::Void
+    );
+    for (q, needle) in [
+        ("CREATE TABLE ks.bad1 (a int, b counter, c int, PRIMARY KEY (a))", "mix counter"),
+        ("CREATE TABLE ks.bad2 (a list<int> PRIMARY KEY)", "non-frozen collection"),
+        ("CREATE TABLE ks.bad3 (a int PRIMARY KEY, s int static)", "Static columns"),
+        ("CREATE TABLE nope.t (a int PRIMARY KEY)", "doesn't exist"),
+        ("CREATE TABLE ks.bad4 (a int, b int, PRIMARY KEY (a, b)) WITH CLUSTERING ORDER BY (a DESC)", "CLUSTERING ORDER"),
+    ] {
+        let e = h.err(q, vec![]).await;
+        assert_eq!(e.code, ErrorCode::Invalid, "{q}");
+        assert!(e.message.contains(needle), "{q}: {}", e.message);
+    }
+    let cols = h
+        .select("SELECT column_name, kind, position, type, clustering_order FROM system_schema.columns WHERE keyspace_name = 'ks' AND table_name = 't'", vec![])
+        .await;
+    let got: Vec<(String, String, i32, String, String)> = cols
+        .iter()
+        .map(|r| {
+            (
+                ctext(&r[0]),
+                ctext(&r[1]),
+                cint(&r[2]),
+                ctext(&r[3]),
+                ctext(&r[4]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "ck".into(),
+                "clustering".into(),
+                0,
+                "int".into(),
+                "asc".into()
+            ),
+            (
+                "pk".into(),
+                "partition_key".into(),
+                0,
+                "int".into(),
+                "none".into()
+            ),
+            ("s".into(), "static".into(), -1, "int".into(), "none".into()),
+            (
+                "v".into(),
+                "regular".into(),
+                -1,
+                "text".into(),
+                "none".into()
+            ),
+        ]
+    );
+    let t = h.select("SELECT flags, default_time_to_live FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = 't'", vec![]).await;
+    assert_eq!(t.len(), 1);
+    assert_eq!(
+        crate::codec::split_collection(t[0][0].as_ref().unwrap()).unwrap(),
+        vec![Bytes::from_static(b"compound")]
+    );
+    // ALTER: add, drop (recorded), options.
+    h.ok("ALTER TABLE ks.t ADD w bigint").await;
+    h.ok("ALTER TABLE ks.t DROP v").await;
+    h.ok("ALTER TABLE ks.t WITH default_time_to_live = 100 AND per_partition_rate_limit = {'max_writes_per_second': 10}").await;
+    let t = h.engine.table("ks", "t").unwrap();
+    assert!(t.column("w").is_some() && t.column("v").is_none());
+    assert_eq!(t.options.default_time_to_live, 100);
+    assert_eq!(
+        t.options
+            .per_partition_rate_limit
+            .unwrap()
+            .max_writes_per_second,
+        Some(10)
+    );
+    let dropped = h.select("SELECT column_name, type FROM system_schema.dropped_columns WHERE keyspace_name = 'ks'", vec![]).await;
+    assert_eq!(dropped.len(), 1);
+    assert_eq!(ctext(&dropped[0][0]), "v");
+    // The system keyspaces describe themselves.
+    let local_cols = h
+        .select("SELECT column_name FROM system_schema.columns WHERE keyspace_name = 'system' AND table_name = 'local'", vec![])
+        .await;
+    assert!(local_cols.len() >= 19);
+    let ks = h
+        .select("SELECT keyspace_name FROM system_schema.keyspaces", vec![])
+        .await;
+    let ks: Vec<String> = ks.iter().map(|r| ctext(&r[0])).collect();
+    for want in [
+        "ks",
+        "system",
+        "system_schema",
+        "system_auth",
+        "system_distributed",
+        "system_traces",
+    ] {
+        assert!(ks.contains(&want.to_string()), "{want} in {ks:?}");
+    }
+    h.ok("DROP TABLE ks.t").await;
+    assert!(h.engine.table("ks", "t").is_none());
+    assert_eq!(
+        h.err("SELECT * FROM ks.t", vec![]).await.code,
+        ErrorCode::Invalid
+    );
+}
+
+/// Every query drivers send at connect (spec §3.3/§3.4) must work and have the right columns.
+#[tokio::test]
+async fn driver_connect_queries_succeed() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let queries = [
+        "SELECT * FROM system.peers",
+        "SELECT * FROM system.peers_v2",
+        "SELECT * FROM system.local WHERE key='local'",
+        "SELECT host_id, cluster_name, data_center, rack, partitioner, release_version, schema_version FROM system.local WHERE key='local'",
+        "SELECT rpc_address FROM system.local WHERE key='local'",
+        "SELECT peer, host_id, rpc_address, schema_version FROM system.peers",
+        "SELECT schema_version FROM system.local WHERE key='local'",
+        "SELECT host_id, peer, peer_port, data_center, rack, native_address, native_port, release_version, schema_version FROM system.peers_v2",
+        "SELECT peer, data_center, host_id, rack, release_version, rpc_address, schema_version, tokens FROM system.peers",
+        "SELECT broadcast_address, cluster_name, data_center, host_id, listen_address, partitioner, rack, release_version, rpc_address, schema_version, tokens FROM system.local WHERE key='local'",
+        "SELECT host_id, rpc_address, data_center, rack, tokens FROM system.peers",
+        "SELECT host_id, rpc_address, data_center, rack, tokens, cluster_name FROM system.local WHERE key='local'",
+        "SELECT keyspace_name, replication, durable_writes FROM system_schema.keyspaces",
+        "SELECT keyspace_name, type_name, field_names, field_types FROM system_schema.types",
+        "SELECT keyspace_name, table_name, column_name, kind, position, type FROM system_schema.columns",
+        "SELECT keyspace_name, table_name FROM system_schema.tables",
+        "SELECT keyspace_name, view_name, base_table_name FROM system_schema.views",
+        "SELECT keyspace_name, table_name, partitioner FROM system_schema.scylla_tables",
+        "SELECT keyspace_name, initial_tablets FROM system_schema.scylla_keyspaces",
+        "SELECT host_id, data_center, rack, schema_version, rpc_address FROM system.peers",
+        "SELECT * FROM system_schema.keyspaces",
+        "SELECT * FROM system_schema.tables",
+        "SELECT * FROM system_schema.columns",
+        "SELECT * FROM system_schema.types",
+        "SELECT * FROM system_schema.functions",
+        "SELECT * FROM system_schema.aggregates",
+        "SELECT * FROM system_schema.triggers",
+        "SELECT * FROM system_schema.indexes",
+        "SELECT * FROM system_schema.views",
+        "SELECT * from system_virtual_schema.keyspaces",
+        "SELECT * from system_virtual_schema.tables",
+        "SELECT * from system_virtual_schema.columns",
+        "SELECT * FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = 't'",
+        "SELECT * FROM system_schema.functions WHERE keyspace_name = 'ks' AND function_name = 'f' AND argument_types = ['int']",
+        "SELECT * FROM system.peers WHERE peer='127.0.0.2'",
+        "SELECT cluster_name, release_version FROM system.local",
+        "SELECT schema_version, host_id FROM system.local WHERE key='local'",
+        "select * from system.local where key = 'local'",
+        "SELECT * FROM system.local WHERE key='local' USING TIMEOUT 2000ms",
+    ];
+    for q in queries {
+        if let Err(e) = h.exec(q, vec![]).await {
+            panic!("{q}: {e:?}");
+        }
+    }
+    // Bound forms used by gocql and the Rust driver.
+    let list = Value::Set(crate::codec::text_list(&["ks", "system"]));
+    let r = h
+        .rows_of(
+            "SELECT keyspace_name, table_name FROM system_schema.tables where keyspace_name in ?",
+            vec![list],
+        )
+        .await;
+    let ks: std::collections::BTreeSet<String> = cells(&r).iter().map(|r| ctext(&r[0])).collect();
+    assert_eq!(
+        ks.into_iter().collect::<Vec<_>>(),
+        vec!["ks".to_string(), "system".to_string()]
+    );
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "SELECT keyspace_name, table_name FROM system_schema.tables where keyspace_name in ?",
+        )
+        .unwrap();
+    assert_eq!(p.bind_specs[0].name, "in(keyspace_name)");
+    assert_eq!(p.bind_specs[0].ty.to_string(), "list<text>");
+    let r = h
+        .rows_of(
+            "SELECT * FROM system_schema.columns WHERE keyspace_name = ?",
+            vec![text("ks")],
+        )
+        .await;
+    assert_eq!(r.row_count, 4);
+    // system.local content.
+    let r = h
+        .rows_of("SELECT * FROM system.local WHERE key='local'", vec![])
+        .await;
+    let n = names(&r);
+    let c = &cells(&r)[0];
+    let get = |name: &str| c[n.iter().position(|x| x == name).unwrap()].clone();
+    assert_eq!(ctext(&get("release_version")), "5.0.0");
+    assert_eq!(ctext(&get("cql_version")), "3.4.7");
+    assert_eq!(
+        ctext(&get("partitioner")),
+        "org.apache.cassandra.dht.Murmur3Partitioner"
+    );
+    assert_eq!(get("rpc_address").unwrap().as_ref(), &[127, 0, 0, 1]);
+    assert_eq!(
+        get("schema_version").unwrap().as_ref(),
+        h.engine.schema_version().as_bytes()
+    );
+    assert_eq!(
+        crate::codec::split_collection(&get("tokens").unwrap()).unwrap(),
+        vec![Bytes::from_static(b"0")]
+    );
+    assert_eq!(
+        r.metadata
+            .columns
+            .iter()
+            .find(|c| c.name == "tokens")
+            .unwrap()
+            .ty
+            .to_string(),
+        "set<text>"
+    );
+    assert_eq!(
+        cells(&h.rows_of("SELECT * FROM system.peers", vec![]).await).len(),
+        0
+    );
+    // Unknown system table: Invalid.
+    assert_eq!(
+        h.err("SELECT * FROM system.nope", vec![]).await.code,
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        h.err("SELECT nope FROM system.local", vec![]).await.code,
+        ErrorCode::Invalid
+    );
+}
+
+#[tokio::test]
+async fn system_table_paging() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let q = "SELECT * FROM system_schema.columns";
+    let all = h.select(q, vec![]).await;
+    assert!(all.len() > 50);
+    let mut got = Vec::new();
+    let mut state = None;
+    loop {
+        let r = match h
+            .exec_params(
+                q,
+                QueryParameters {
+                    page_size: Some(7),
+                    paging_state: state.clone(),
+                    ..QueryParameters::default()
+                },
+            )
+            .await
+            .unwrap()
+        {
+            ResultMessage::Rows(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert!(r.row_count <= 7);
+        got.extend(cells(&r));
+        state = r.metadata.paging_state.clone();
+        if state.is_none() {
+            break;
+        }
+    }
+    assert_eq!(got, all);
+}
+
+#[tokio::test]
+async fn insert_select_and_prepared_metadata() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let ins = "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?)";
+    let p = h.engine.prepare(None, ins).unwrap();
+    assert_eq!(p.pk_indexes, vec![0]);
+    assert_eq!(
+        p.bind_specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>(),
+        ["pk", "ck", "v"]
+    );
+    assert_eq!(p.bind_specs[2].ty.to_string(), "text");
+    assert_eq!(p.bind_specs[0].keyspace, "ks");
+    assert!(p.result_columns.is_empty());
+    // Deterministic ids: MD5(keyspace + query).
+    let q2 = h.engine.prepare(None, ins).unwrap();
+    assert_eq!(p.id, q2.id);
+    assert_ne!(h.engine.prepare(Some("ks"), ins).unwrap().id, p.id);
+    assert!(h.engine.prepared(&p.id).is_some());
+    for pk in 0..3 {
+        for ck in 0..5 {
+            h.exec(ins, vec![int(pk), int(ck), text(&format!("v{pk}.{ck}"))])
+                .await
+                .unwrap();
+        }
+    }
+    let sel = "SELECT ck, v FROM ks.t WHERE pk = ? AND ck >= ? AND ck < ?";
+    let rows = h.select(sel, vec![int(1), int(1), int(4)]).await;
+    assert_eq!(
+        rows.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(ctext(&rows[0][1]), "v1.1");
+    let rows = h
+        .select(
+            "SELECT ck FROM ks.t WHERE pk = 2 ORDER BY ck DESC LIMIT 2",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        rows.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(),
+        vec![4, 3]
+    );
+    let rows = h
+        .select(
+            "SELECT pk, ck FROM ks.t WHERE pk IN (2, 0) AND ck IN (3, 1)",
+            vec![],
+        )
+        .await;
+    assert_eq!(rows.len(), 4);
+    let rows = h
+        .select("SELECT ck FROM ks.t WHERE pk = 0 AND (ck) > (2)", vec![])
+        .await;
+    assert_eq!(
+        rows.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "SELECT pk, v AS value, writetime(v), token(pk) FROM ks.t WHERE pk = ? LIMIT ?",
+        )
+        .unwrap();
+    assert_eq!(
+        p.result_columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        ["pk", "value", "writetime(v)", "system.token(pk)"]
+    );
+    assert_eq!(p.bind_specs[1].name, "[limit]");
+    let r = h.select("SELECT count(*) FROM ks.t", vec![]).await;
+    assert_eq!(cbig(&r[0][0]), 15);
+    let r = h
+        .select("SELECT count(*), max(ck) FROM ks.t WHERE pk = 1", vec![])
+        .await;
+    assert_eq!((cbig(&r[0][0]), cint(&r[0][1])), (5, 4));
+    let r = h
+        .select("SELECT pk, ck FROM ks.t PER PARTITION LIMIT 2", vec![])
+        .await;
+    assert_eq!(r.len(), 6);
+    let r = h.select("SELECT DISTINCT pk FROM ks.t", vec![]).await;
+    assert_eq!(r.len(), 3);
+    // token() in the selection matches the Murmur3 token of the key.
+    let r = h
+        .select("SELECT token(pk) FROM ks.t WHERE pk = 1 LIMIT 1", vec![])
+        .await;
+    assert_eq!(
+        cbig(&r[0][0]),
+        sluice_types::murmur3_token(&1i32.to_be_bytes())
+    );
+    // Filtering needs ALLOW FILTERING.
+    let e = h.err("SELECT * FROM ks.t WHERE v = 'v1.1'", vec![]).await;
+    assert!(e.message.contains("ALLOW FILTERING"));
+    let r = h
+        .select(
+            "SELECT pk, ck FROM ks.t WHERE v = 'v1.1' ALLOW FILTERING",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.len(), 1);
+    assert_eq!((cint(&r[0][0]), cint(&r[0][1])), (1, 1));
+    // Errors with clear messages.
+    let e = h
+        .err("INSERT INTO ks.t (ck, v) VALUES (1, 'x')", vec![])
+        .await;
+    assert!(e.message.contains("partition key"), "{}", e.message);
+    let e = h.err(ins, vec![text("abc"), int(1), text("x")]).await;
+    assert_eq!(e.message, "Invalid value for column pk of type int");
+    let e = h.err(ins, vec![int(1)]).await;
+    assert!(e.message.contains("markers"));
+}
+
+#[tokio::test]
+async fn update_delete_static_and_unset() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("INSERT INTO ks.t (pk, ck, v, s) VALUES (1, 1, 'a', 7)")
+        .await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'b')")
+        .await;
+    // Unset leaves the column unchanged; null deletes it.
+    h.exec(
+        "UPDATE ks.t SET v = ? WHERE pk = ? AND ck = ?",
+        vec![Value::Unset, int(1), int(1)],
+    )
+    .await
+    .unwrap();
+    let r = h
+        .select("SELECT v, s FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await;
+    assert_eq!(ctext(&r[0][0]), "a");
+    assert_eq!(cint(&r[0][1]), 7);
+    h.exec(
+        "UPDATE ks.t SET v = ? WHERE pk = ? AND ck = ?",
+        vec![Value::Null, int(1), int(1)],
+    )
+    .await
+    .unwrap();
+    let r = h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await;
+    assert_eq!(r, vec![vec![None]], "row stays (INSERT marker), v is null");
+    // Static column shared by the partition.
+    h.ok("UPDATE ks.t SET s = 9 WHERE pk = 1").await;
+    let r = h
+        .select("SELECT ck, s FROM ks.t WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(
+        r.iter().map(|r| cint(&r[1])).collect::<Vec<_>>(),
+        vec![9, 9]
+    );
+    // A partition with only a static row shows it once with null clustering.
+    h.ok("UPDATE ks.t SET s = 3 WHERE pk = 5").await;
+    let r = h
+        .select("SELECT pk, ck, s FROM ks.t WHERE pk = 5", vec![])
+        .await;
+    assert_eq!(
+        r,
+        vec![vec![
+            Some(Bytes::copy_from_slice(&5i32.to_be_bytes())),
+            None,
+            Some(Bytes::copy_from_slice(&3i32.to_be_bytes()))
+        ]]
+    );
+    // Deletes: a column, a row, a range, a partition.
+    h.ok("DELETE v FROM ks.t WHERE pk = 1 AND ck = 2").await;
+    assert_eq!(
+        h.select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 2", vec![])
+            .await,
+        vec![vec![None]]
+    );
+    for ck in 0..10 {
+        h.exec(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (2, ?, 'x')",
+            vec![int(ck)],
+        )
+        .await
+        .unwrap();
+    }
+    h.ok("DELETE FROM ks.t WHERE pk = 2 AND ck = 0").await;
+    h.ok("DELETE FROM ks.t WHERE pk = 2 AND ck > 6").await;
+    h.ok("DELETE FROM ks.t WHERE pk = 2 AND ck >= 2 AND ck <= 3")
+        .await;
+    let r = h.select("SELECT ck FROM ks.t WHERE pk = 2", vec![]).await;
+    assert_eq!(
+        r.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(),
+        vec![1, 4, 5, 6]
+    );
+    h.ok("DELETE FROM ks.t WHERE pk = 2").await;
+    assert!(h
+        .select("SELECT * FROM ks.t WHERE pk = 2", vec![])
+        .await
+        .is_empty());
+    let e = h.err("UPDATE ks.t SET v = 'x' WHERE pk = 1", vec![]).await;
+    assert!(e.message.contains("clustering"), "{}", e.message);
+    let e = h
+        .err("UPDATE ks.t SET pk = 1 WHERE pk = 1 AND ck = 1", vec![])
+        .await;
+    assert!(e.message.contains("PRIMARY KEY"), "{}", e.message);
+}
+
+#[tokio::test]
+async fn last_write_wins_and_ttl() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'new') USING TIMESTAMP 2000")
+        .await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'old') USING TIMESTAMP 1000")
+        .await;
+    let r = h
+        .select(
+            "SELECT v, writetime(v) FROM ks.t WHERE pk = 1 AND ck = 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(ctext(&r[0][0]), "new");
+    assert_eq!(cbig(&r[0][1]), 2000);
+    // A deletion older than the write does not hide it; a newer one does.
+    h.ok("DELETE FROM ks.t USING TIMESTAMP 1500 WHERE pk = 1 AND ck = 1")
+        .await;
+    assert_eq!(
+        h.select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+            .await
+            .len(),
+        1
+    );
+    h.ok("DELETE FROM ks.t USING TIMESTAMP 2500 WHERE pk = 1 AND ck = 1")
+        .await;
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await
+        .is_empty());
+    // Client default timestamp is used when the statement has none.
+    let params = QueryParameters {
+        values: vec![int(3)],
+        default_timestamp: Some(777),
+        ..QueryParameters::default()
+    };
+    h.exec_params("INSERT INTO ks.t (pk, ck, v) VALUES (?, 1, 'c')", params)
+        .await
+        .unwrap();
+    let r = h
+        .select("SELECT writetime(v) FROM ks.t WHERE pk = 3", vec![])
+        .await;
+    assert_eq!(cbig(&r[0][0]), 777);
+    // TTL, with a controlled clock.
+    let t0 = crate::now_micros();
+    h.now = Some(t0);
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (4, 1, 'ttl') USING TTL 100")
+        .await;
+    let r = h
+        .select("SELECT ttl(v) FROM ks.t WHERE pk = 4", vec![])
+        .await;
+    assert_eq!(cint(&r[0][0]), 100);
+    h.now = Some(t0 + 50_000_000);
+    let r = h
+        .select("SELECT ttl(v) FROM ks.t WHERE pk = 4", vec![])
+        .await;
+    assert_eq!(cint(&r[0][0]), 50);
+    h.now = Some(t0 + 101_000_000);
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 4", vec![])
+        .await
+        .is_empty());
+    // Table default TTL applies when USING TTL is absent.
+    h.now = Some(t0);
+    h.ok("ALTER TABLE ks.t WITH default_time_to_live = 10")
+        .await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (6, 1, 'd')")
+        .await;
+    let r = h
+        .select("SELECT ttl(v) FROM ks.t WHERE pk = 6", vec![])
+        .await;
+    assert_eq!(cint(&r[0][0]), 10);
+    let e = h
+        .err(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (7, 1, 'x') USING TTL ?",
+            vec![int(-1)],
+        )
+        .await;
+    assert!(e.message.contains("TTL"));
+}
+
+async fn page_through(
+    h: &mut H,
+    q: &str,
+    values: Vec<Value>,
+    page: i32,
+) -> (Vec<Vec<Option<Bytes>>>, usize) {
+    let mut got = Vec::new();
+    let mut state: Option<Bytes> = None;
+    let mut pages = 0;
+    loop {
+        let params = QueryParameters {
+            values: values.clone(),
+            page_size: Some(page),
+            paging_state: state.clone(),
+            ..QueryParameters::default()
+        };
+        let r = match h.exec_params(q, params).await.unwrap() {
+            ResultMessage::Rows(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert!(r.row_count as i32 <= page);
+        pages += 1;
+        got.extend(cells(&r));
+        state = r.metadata.paging_state.clone();
+        if state.is_none() {
+            return (got, pages);
+        }
+        assert!(pages < 10_000, "paging does not terminate");
+    }
+}
+
+#[tokio::test]
+async fn paging_through_ten_thousand_rows() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.kv (k int PRIMARY KEY, v int)").await;
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.kv (k, v) VALUES (?, ?)")
+        .unwrap();
+    let ctx = RequestContext::now();
+    for k in 0..10_000 {
+        let params = QueryParameters {
+            values: vec![int(k), int(k * 2)],
+            ..QueryParameters::default()
+        };
+        h.engine
+            .execute(&mut h.session, &p, &params, &ctx)
+            .await
+            .unwrap();
+    }
+    for ck in 0..2500 {
+        h.exec(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (1, ?, 'x')",
+            vec![int(ck)],
+        )
+        .await
+        .unwrap();
+    }
+    // Full scan of 10,000 single-row partitions.
+    let (rows, pages) = page_through(&mut h, "SELECT k, v FROM ks.kv", vec![], 1000).await;
+    assert_eq!(rows.len(), 10_000);
+    assert!((10..=11).contains(&pages), "{pages} pages");
+    let mut keys: Vec<i32> = rows.iter().map(|r| cint(&r[0])).collect();
+    assert!(rows.iter().all(|r| cint(&r[1]) == cint(&r[0]) * 2));
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 10_000);
+    // Unpaged: everything, never has-more.
+    let r = h.rows_of("SELECT k FROM ks.kv", vec![]).await;
+    assert_eq!(r.row_count, 10_000);
+    assert!(r.metadata.paging_state.is_none());
+    // One wide partition, in clustering order, and with LIMIT across pages.
+    let (rows, _) = page_through(
+        &mut h,
+        "SELECT ck FROM ks.t WHERE pk = ?",
+        vec![int(1)],
+        300,
+    )
+    .await;
+    assert_eq!(
+        rows.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(),
+        (0..2500).collect::<Vec<_>>()
+    );
+    let (rows, _) = page_through(
+        &mut h,
+        "SELECT ck FROM ks.t WHERE pk = 1 ORDER BY ck DESC LIMIT 1234",
+        vec![],
+        500,
+    )
+    .await;
+    assert_eq!(rows.len(), 1234);
+    assert_eq!(cint(&rows[0][0]), 2499);
+    let (rows, _) = page_through(&mut h, "SELECT k FROM ks.kv LIMIT 2345", vec![], 1000).await;
+    assert_eq!(rows.len(), 2345);
+    // Token-range scans cover the ring without overlap.
+    let (a, _) = page_through(
+        &mut h,
+        "SELECT k FROM ks.kv WHERE token(k) <= ?",
+        vec![bigint(0)],
+        999,
+    )
+    .await;
+    let (b, _) = page_through(
+        &mut h,
+        "SELECT k FROM ks.kv WHERE token(k) > ?",
+        vec![bigint(0)],
+        999,
+    )
+    .await;
+    assert_eq!(a.len() + b.len(), 10_000);
+    // A foreign or tampered paging state is rejected.
+    let r = match h
+        .exec_params(
+            "SELECT k FROM ks.kv",
+            QueryParameters {
+                page_size: Some(10),
+                ..QueryParameters::default()
+            },
+        )
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => r,
+        _ => unreachable!(),
+    };
+    let state = r.metadata.paging_state.unwrap();
+    let e = h
+        .exec_params(
+            "SELECT v FROM ks.kv",
+            QueryParameters {
+                page_size: Some(10),
+                paging_state: Some(state.clone()),
+                ..QueryParameters::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    let mut bad = state.to_vec();
+    bad.truncate(bad.len() - 3);
+    let e = h
+        .exec_params(
+            "SELECT k FROM ks.kv",
+            QueryParameters {
+                page_size: Some(10),
+                paging_state: Some(Bytes::from(bad)),
+                ..QueryParameters::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+}
+
+#[tokio::test]
+async fn deadline_passed_is_a_timeout_and_writes_nothing() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'x')")
+        .unwrap();
+    let ctx = RequestContext {
+        deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
+        now_micros: crate::now_micros(),
+    };
+    let e = h
+        .engine
+        .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::WriteTimeout);
+    match e.extra {
+        ErrorExtra::WriteTimeout {
+            received,
+            block_for,
+            write_type,
+            ..
+        } => {
+            assert_eq!((received, block_for), (0, 1));
+            assert_eq!(write_type, sluice_protocol::WriteType::Simple);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h
+        .select("SELECT * FROM ks.t WHERE pk = 1", vec![])
+        .await
+        .is_empty());
+    let p = h
+        .engine
+        .prepare(None, "SELECT * FROM ks.t WHERE pk = 1")
+        .unwrap();
+    let e = h
+        .engine
+        .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::ReadTimeout);
+    assert!(matches!(
+        e.extra,
+        ErrorExtra::ReadTimeout {
+            received: 0,
+            block_for: 1,
+            data_present: false,
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn restart_keeps_schema_and_data() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'kept')")
+        .await;
+    h.ok("ALTER TABLE ks.t ADD extra int").await;
+    let version = h.engine.schema_version();
+    let id = h.engine.table("ks", "t").unwrap().id;
+    let mut h = h.reopen();
+    assert_eq!(h.engine.schema_version(), version);
+    assert_eq!(h.engine.table("ks", "t").unwrap().id, id);
+    let r = h
+        .select("SELECT v, extra FROM ks.t WHERE pk = 1 AND ck = 2", vec![])
+        .await;
+    assert_eq!(ctext(&r[0][0]), "kept");
+    assert_eq!(r[0][1], None);
+}
+
+#[tokio::test]
+async fn use_keyspace_route_and_invalidation() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    assert_eq!(
+        h.ok("USE ks").await,
+        ResultMessage::SetKeyspace("ks".into())
+    );
+    assert_eq!(h.session.keyspace.as_deref(), Some("ks"));
+    h.ok("INSERT INTO t (pk, ck, v) VALUES (1, 1, 'a')").await;
+    let p = h
+        .engine
+        .prepare(Some("ks"), "SELECT * FROM t WHERE pk = ?")
+        .unwrap();
+    let route = h.engine.route(&p, &[int(42)]).unwrap();
+    assert_eq!(route.kind, crate::OpKind::Read);
+    assert_eq!(
+        route.token,
+        Some(sluice_types::murmur3_token(&42i32.to_be_bytes()))
+    );
+    assert_eq!(
+        route.table,
+        Some(*h.engine.table("ks", "t").unwrap().id.as_bytes())
+    );
+    let p2 = h
+        .engine
+        .prepare(Some("ks"), "SELECT * FROM t USING TIMEOUT 50ms")
+        .unwrap();
+    let r2 = h.engine.route(&p2, &[]).unwrap();
+    assert_eq!(r2.kind, crate::OpKind::Range);
+    assert_eq!(r2.timeout, Some(Duration::from_millis(50)));
+    // ALTER invalidates statements of the table: EXECUTE must re-prepare.
+    h.ok("ALTER TABLE t ADD w int").await;
+    assert!(h.engine.prepared(&p.id).is_none());
+    assert_eq!(h.err("USE nope", vec![]).await.code, ErrorCode::Invalid);
+}
+
+#[tokio::test]
+async fn describe_outputs_recreatable_cql() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.d (a int, b text, c int, PRIMARY KEY ((a, b), c)) WITH CLUSTERING ORDER BY (c DESC) AND comment = 'it''s'").await;
+    let r = h.rows_of("DESCRIBE TABLE ks.d", vec![]).await;
+    assert_eq!(
+        names(&r),
+        ["keyspace_name", "type", "name", "create_statement"]
+    );
+    let stmt = ctext(&cells(&r)[0][3]);
+    assert!(stmt.starts_with("CREATE TABLE ks.d (\n    a int,\n    b text,\n    c int,\n    PRIMARY KEY ((a, b), c)\n) WITH CLUSTERING ORDER BY (c DESC)\n    AND additional_write_policy = '99p'"), "{stmt}");
+    assert!(stmt.contains("AND comment = 'it''s'"), "{stmt}");
+    assert!(stmt.ends_with("AND speculative_retry = '99p';"), "{stmt}");
+    // The text recreates the same table.
+    h.ok("DROP TABLE ks.d").await;
+    h.ok(&stmt).await;
+    let again = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.d", vec![]).await)[0][3]);
+    assert_eq!(again, stmt);
+    let r = h.rows_of("DESCRIBE KEYSPACE ks", vec![]).await;
+    let c = cells(&r);
+    assert_eq!(c.len(), 3);
+    assert!(ctext(&c[0][3]).starts_with("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': '1'}"));
+    let r = h.rows_of("DESCRIBE KEYSPACES", vec![]).await;
+    assert_eq!(names(&r), ["keyspace_name", "type", "name"]);
+    assert!(cells(&r).iter().any(|row| ctext(&row[0]) == "ks"));
+    let r = h.rows_of("DESCRIBE TABLES", vec![]).await;
+    assert!(cells(&r).iter().any(|row| ctext(&row[2]) == "d"));
+    let r = h.rows_of("DESCRIBE CLUSTER", vec![]).await;
+    assert_eq!(names(&r), ["cluster", "partitioner", "snitch"]);
+    let r = h
+        .rows_of("DESCRIBE KEYSPACE ks WITH INTERNALS", vec![])
+        .await;
+    assert_eq!(r.row_count, 3);
+    let r = h.rows_of("DESCRIBE SCHEMA", vec![]).await;
+    assert_eq!(r.row_count, 3);
+    let simple = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.t", vec![]).await)[0][3]);
+    assert!(simple.contains("    s int static,\n"), "{simple}");
+}
+
+#[tokio::test]
+async fn collections() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.c (k int PRIMARY KEY, l list<int>, s set<text>, m map<text, int>, f frozen<list<int>>)").await;
+    h.ok("INSERT INTO ks.c (k, l, s, m, f) VALUES (1, [1, 2], {'b', 'a'}, {'x': 1}, [9, 8])")
+        .await;
+    h.ok("UPDATE ks.c SET l = l + [3], s = s + {'c'}, m['y'] = 2 WHERE k = 1")
+        .await;
+    h.ok("UPDATE ks.c SET l = [0] + l WHERE k = 1").await;
+    let r = h
+        .select("SELECT l, s, m, f FROM ks.c WHERE k = 1", vec![])
+        .await;
+    let ints = |b: &Option<Bytes>| -> Vec<i32> {
+        crate::codec::split_collection(b.as_ref().unwrap())
+            .unwrap()
+            .iter()
+            .map(|x| i32::from_be_bytes(x.as_ref().try_into().unwrap()))
+            .collect()
+    };
+    let texts = |b: &Option<Bytes>| -> Vec<String> {
+        crate::codec::split_collection(b.as_ref().unwrap())
+            .unwrap()
+            .iter()
+            .map(|x| String::from_utf8(x.to_vec()).unwrap())
+            .collect()
+    };
+    assert_eq!(ints(&r[0][0]), vec![0, 1, 2, 3]);
+    assert_eq!(texts(&r[0][1]), vec!["a", "b", "c"]);
+    assert_eq!(
+        crate::codec::split_map(r[0][2].as_ref().unwrap())
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(ints(&r[0][3]), vec![9, 8]);
+    // Element operations and removal.
+    h.ok("UPDATE ks.c SET l[1] = 10, s = s - {'a'}, m = m - {'x'} WHERE k = 1")
+        .await;
+    h.ok("UPDATE ks.c SET l = l - [2] WHERE k = 1").await;
+    h.ok("DELETE m['y'] FROM ks.c WHERE k = 1").await;
+    let r = h
+        .select("SELECT l, s, m FROM ks.c WHERE k = 1", vec![])
+        .await;
+    assert_eq!(ints(&r[0][0]), vec![0, 10, 3]);
+    assert_eq!(texts(&r[0][1]), vec!["b", "c"]);
+    assert_eq!(r[0][2], None, "empty map reads as null");
+    // Overwrite replaces the whole collection.
+    h.ok("UPDATE ks.c SET l = [7] WHERE k = 1").await;
+    let r = h.select("SELECT l FROM ks.c WHERE k = 1", vec![]).await;
+    assert_eq!(ints(&r[0][0]), vec![7]);
+    let e = h.err("UPDATE ks.c SET l[5] = 1 WHERE k = 1", vec![]).await;
+    assert!(e.message.contains("out of bound"));
+}
+
+#[tokio::test]
+async fn counters() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.cnt (k int PRIMARY KEY, c counter, d counter)")
+        .await;
+    h.ok("UPDATE ks.cnt SET c = c + 5, d = d - 1 WHERE k = 1")
+        .await;
+    h.exec(
+        "UPDATE ks.cnt SET c = c + ? WHERE k = ?",
+        vec![bigint(3), int(1)],
+    )
+    .await
+    .unwrap();
+    let r = h
+        .select("SELECT c, d FROM ks.cnt WHERE k = 1", vec![])
+        .await;
+    assert_eq!((cbig(&r[0][0]), cbig(&r[0][1])), (8, -1));
+    assert!(h
+        .err("UPDATE ks.cnt SET c = 1 WHERE k = 1", vec![])
+        .await
+        .message
+        .contains("counter"));
+    assert!(h
+        .err("INSERT INTO ks.cnt (k, c) VALUES (1, 1)", vec![])
+        .await
+        .message
+        .contains("counter"));
+}
+
+#[tokio::test]
+async fn batches() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("BEGIN BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a'); INSERT INTO ks.t (pk, ck, v) VALUES (2, 1, 'b'); UPDATE ks.t SET v = 'c' WHERE pk = 1 AND ck = 2; APPLY BATCH").await;
+    let r = h.select("SELECT pk, ck FROM ks.t", vec![]).await;
+    assert_eq!(r.len(), 3);
+    // A protocol BATCH with a prepared entry and a text entry.
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?)")
+        .unwrap();
+    let b = BatchRequest {
+        batch_type: 1,
+        entries: vec![
+            BatchEntry {
+                statement: BatchQuery::Prepared(Bytes::copy_from_slice(&p.id)),
+                values: vec![int(3), int(1), text("p")],
+            },
+            BatchEntry {
+                statement: BatchQuery::Text(Bytes::from_static(
+                    b"DELETE FROM ks.t WHERE pk = ? AND ck = ?",
+                )),
+                values: vec![int(1), int(1)],
+            },
+        ],
+        consistency: Consistency::One,
+        serial_consistency: None,
+        default_timestamp: None,
+    };
+    let ctx = RequestContext::now();
+    assert_eq!(
+        h.engine.batch(&mut h.session, &b, &ctx).await.unwrap(),
+        ResultMessage::Void
+    );
+    let r = h.select("SELECT pk, ck FROM ks.t", vec![]).await;
+    assert_eq!(r.len(), 3);
+    assert_eq!(
+        h.select("SELECT v FROM ks.t WHERE pk = 3 AND ck = 1", vec![])
+            .await
+            .len(),
+        1
+    );
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await
+        .is_empty());
+    // Unknown prepared id: Unprepared with that id.
+    let b2 = BatchRequest {
+        entries: vec![BatchEntry {
+            statement: BatchQuery::Prepared(Bytes::from_static(&[7; 16])),
+            values: vec![],
+        }],
+        ..b.clone()
+    };
+    let e = h.engine.batch(&mut h.session, &b2, &ctx).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unprepared);
+    // Deadline passed: nothing applied.
+    let late = RequestContext {
+        deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
+        now_micros: crate::now_micros(),
+    };
+    let b3 = BatchRequest {
+        entries: vec![BatchEntry {
+            statement: BatchQuery::Prepared(Bytes::copy_from_slice(&p.id)),
+            values: vec![int(9), int(9), text("late")],
+        }],
+        ..b
+    };
+    let e = h
+        .engine
+        .batch(&mut h.session, &b3, &late)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::WriteTimeout);
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 9", vec![])
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn lightweight_transactions() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let q = "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'first') IF NOT EXISTS";
+    let p = h.engine.prepare(None, q).unwrap();
+    assert!(p.lwt);
+    assert_eq!(p.result_columns[0].name, "[applied]");
+    let r = h.rows_of(q, vec![]).await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    let r = h
+        .rows_of(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'second') IF NOT EXISTS",
+            vec![],
+        )
+        .await;
+    let row = &cells(&r)[0];
+    assert_eq!(row[0].as_deref(), Some(&[0u8][..]));
+    let vi = names(&r).iter().position(|n| n == "v").unwrap();
+    assert_eq!(ctext(&row[vi]), "first");
+    let r = h
+        .rows_of(
+            "UPDATE ks.t SET v = 'third' WHERE pk = 1 AND ck = 1 IF v = 'first'",
+            vec![],
+        )
+        .await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    let r = h
+        .rows_of(
+            "UPDATE ks.t SET v = 'fourth' WHERE pk = 1 AND ck = 1 IF v = 'first'",
+            vec![],
+        )
+        .await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[0u8][..]));
+    let r = h
+        .rows_of("DELETE FROM ks.t WHERE pk = 1 AND ck = 1 IF EXISTS", vec![])
+        .await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    assert!(h
+        .select("SELECT * FROM ks.t WHERE pk = 1", vec![])
+        .await
+        .is_empty());
+}

@@ -1,0 +1,739 @@
+//! INSERT / UPDATE / DELETE / BATCH execution: plans become storage mutations, applied in
+//! one atomic `Storage::apply`, then awaited for durability. Conditional statements read,
+//! check and write under a per-partition lock stripe.
+
+use crate::analyze::{CondPlan, Op, WriteKind, WritePlan};
+use crate::catalog::{invalid, ColumnKind, TableDef};
+use crate::codec;
+use crate::exec::{self, Binder, PartitionKey, R};
+use crate::read::{filter_matches, resolve_filters};
+use crate::result::RowsBuilder;
+use crate::{storage_error, Engine, RequestContext};
+use bytes::Bytes;
+use sluice_cql::ast::BatchKind;
+use sluice_protocol::{ColumnSpec, Consistency, DetailedError, ResultMessage, WriteType};
+use sluice_storage::{
+    CellValue, CellWrite, ClusteringSlice, Liveness, Mutation, RangeDeletion, ReadRow, RowMutation,
+    TableLayout,
+};
+use sluice_types::{CqlType, NativeType};
+use std::ops::Bound;
+
+/// The longest TTL Cassandra accepts (20 years).
+const MAX_TTL: i32 = 630_720_000;
+
+/// The write type reported when a batch of this kind times out.
+pub(crate) fn batch_write_type(kind: BatchKind) -> WriteType {
+    match kind {
+        BatchKind::Logged => WriteType::Batch,
+        BatchKind::Unlogged => WriteType::UnloggedBatch,
+        BatchKind::Counter => WriteType::Counter,
+    }
+}
+
+/// Counter and non-counter mutations cannot be mixed, as in Cassandra.
+pub(crate) fn check_batch_kind<'a>(
+    kind: BatchKind,
+    writes: impl Iterator<Item = &'a WritePlan>,
+) -> Result<(), DetailedError> {
+    for w in writes {
+        let counter = w.table.is_counter();
+        if kind == BatchKind::Counter && !counter {
+            return Err(invalid(
+                "Only counter mutations are allowed in COUNTER batches",
+            ));
+        }
+        if kind != BatchKind::Counter && counter {
+            return Err(invalid(
+                "Counter and non-counter mutations cannot exist in the same batch",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The result columns of a conditional statement: `[applied]` then the table's columns.
+pub(crate) fn lwt_result_specs(t: &TableDef) -> Vec<ColumnSpec> {
+    let mut v = Vec::with_capacity(t.columns.len() + 1);
+    v.push(ColumnSpec {
+        keyspace: t.keyspace.clone(),
+        table: t.name.clone(),
+        name: "[applied]".into(),
+        ty: CqlType::native(NativeType::Boolean),
+    });
+    v.extend(t.columns.iter().map(|c| ColumnSpec {
+        keyspace: t.keyspace.clone(),
+        table: t.name.clone(),
+        name: c.name.clone(),
+        ty: c.ty.clone(),
+    }));
+    v
+}
+
+/// Write timestamp and expiry of one statement.
+struct Stamp {
+    ts: i64,
+    expiry: Option<(u32, u32)>,
+}
+
+fn stamp(
+    w: &WritePlan,
+    b: &Binder,
+    batch_ts: Option<i64>,
+    default_ts: Option<i64>,
+) -> Result<Stamp, DetailedError> {
+    let using_ts = match &w.timestamp {
+        Some(v) => exec::opt_i64(b, v, "[timestamp]")?,
+        None => None,
+    };
+    let ts = using_ts
+        .or(batch_ts)
+        .or(default_ts)
+        .unwrap_or_else(|| b.now_micros());
+    let ttl = match &w.ttl {
+        Some(v) => match exec::opt_i32(b, v, "[ttl]")? {
+            Some(t) if t < 0 => {
+                return Err(invalid(format!(
+                    "A TTL must be greater or equal to 0, but was {t}"
+                )))
+            }
+            Some(t) if t > MAX_TTL => {
+                return Err(invalid(format!(
+                    "ttl is too large. requested ({t}) maximum ({MAX_TTL})"
+                )))
+            }
+            Some(t) => t,
+            None => w.table.options.default_time_to_live,
+        },
+        None => w.table.options.default_time_to_live,
+    };
+    let now_secs = (b.now_micros().max(0) / 1_000_000) as u32;
+    let expiry = (ttl > 0).then(|| (now_secs.saturating_add(ttl as u32), ttl as u32));
+    Ok(Stamp { ts, expiry })
+}
+
+fn cell(col: u16, path: Option<Bytes>, value: CellValue, st: &Stamp) -> CellWrite {
+    CellWrite {
+        column: col,
+        path,
+        value,
+        timestamp: st.ts,
+        expiry: st.expiry,
+    }
+}
+
+fn tombstone(col: u16, path: Option<Bytes>, ts: i64) -> CellWrite {
+    CellWrite {
+        column: col,
+        path,
+        value: CellValue::Tombstone,
+        timestamp: ts,
+        expiry: None,
+    }
+}
+
+/// A 16-byte list element key: `hi` orders the element, `lo` makes it unique.
+fn list_key(hi: u64, lo: u64) -> Bytes {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&hi.to_be_bytes());
+    k[8..].copy_from_slice(&lo.to_be_bytes());
+    Bytes::copy_from_slice(&k)
+}
+
+/// Context to write one row's cells.
+struct RowCtx<'a> {
+    engine: &'a Engine,
+    t: &'a TableDef,
+    pk: &'a PartitionKey,
+    clustering: &'a [Bytes],
+    now_secs: u32,
+}
+
+impl RowCtx<'_> {
+    /// Reads the current elements (path, value) of a list column.
+    fn read_list(&self, col: u16, is_static: bool) -> Result<Vec<(Bytes, Bytes)>, DetailedError> {
+        let slice = if is_static || self.clustering.is_empty() {
+            ClusteringSlice::all()
+        } else {
+            ClusteringSlice {
+                ranges: vec![(
+                    Bound::Included(self.clustering.to_vec()),
+                    Bound::Included(self.clustering.to_vec()),
+                )],
+                reversed: false,
+            }
+        };
+        let read = self
+            .engine
+            .storage
+            .read_partition(
+                &self.t.layout,
+                self.pk.token,
+                &self.pk.key,
+                &slice,
+                None,
+                1,
+                self.now_secs,
+            )
+            .map_err(storage_error)?;
+        let row = if is_static {
+            read.static_row.as_ref()
+        } else {
+            read.rows.first()
+        };
+        Ok(row
+            .map(|r| {
+                r.cells
+                    .iter()
+                    .filter(|c| c.column == col)
+                    .filter_map(|c| Some((c.path.clone()?, c.value.clone())))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+}
+
+fn list_index(b: &Binder, key: &crate::analyze::Val, len: usize) -> Result<usize, DetailedError> {
+    let i =
+        exec::opt_i32(b, key, "list index")?.ok_or_else(|| invalid("Invalid null list index"))?;
+    if i < 0 || i as usize >= len {
+        return Err(invalid(format!(
+            "List index {i} out of bound, list has size {len}"
+        )));
+    }
+    Ok(i as usize)
+}
+
+/// The cells (and collection deletions) one operation writes.
+fn op_cells(
+    rc: &RowCtx,
+    op: &Op,
+    b: &Binder,
+    st: &Stamp,
+    cells: &mut Vec<CellWrite>,
+    coll_dels: &mut Vec<(u16, i64)>,
+) -> Result<(), DetailedError> {
+    let col = &rc.t.columns[op.col()];
+    let id = col.id;
+    let is_static = col.kind == ColumnKind::Static;
+    let ty = &col.ty;
+    let list_seq = |n: usize| rc.engine.next_list_seq_block(n as u64);
+    match op {
+        Op::Set { val, .. } => match b.get(val) {
+            R::Unset => {}
+            R::Null => {
+                if ty.is_multi_cell_collection() {
+                    coll_dels.push((id, st.ts));
+                } else {
+                    cells.push(tombstone(id, None, st.ts));
+                }
+            }
+            R::V(bytes) => {
+                if ty.is_multi_cell_collection() {
+                    coll_dels.push((id, st.ts - 1));
+                    add_elements(rc, ty, id, &bytes, false, st, cells, &list_seq)?;
+                } else {
+                    cells.push(cell(id, None, CellValue::Live(bytes), st));
+                }
+            }
+        },
+        Op::Append { val, .. } | Op::Prepend { val, .. } => {
+            if let R::V(bytes) = b.get(val) {
+                add_elements(
+                    rc,
+                    ty,
+                    id,
+                    &bytes,
+                    matches!(op, Op::Prepend { .. }),
+                    st,
+                    cells,
+                    &list_seq,
+                )?;
+            }
+        }
+        Op::Remove { val, .. } => {
+            if let R::V(bytes) = b.get(val) {
+                let items = codec::split_collection(&bytes)
+                    .ok_or_else(|| invalid("Invalid collection value"))?;
+                match ty {
+                    CqlType::List(et) => {
+                        for (path, v) in rc.read_list(id, is_static)? {
+                            if items
+                                .iter()
+                                .any(|x| sluice_types::compare(et, x, &v).is_eq())
+                            {
+                                cells.push(tombstone(id, Some(path), st.ts));
+                            }
+                        }
+                    }
+                    _ => {
+                        for k in items {
+                            cells.push(tombstone(id, Some(k), st.ts));
+                        }
+                    }
+                }
+            }
+        }
+        Op::SetElement { key, val, .. } => {
+            let value = match b.get(val) {
+                R::Unset => return Ok(()),
+                R::Null => CellValue::Tombstone,
+                R::V(v) => CellValue::Live(v),
+            };
+            let path = match ty {
+                CqlType::List(_) => {
+                    let list = rc.read_list(id, is_static)?;
+                    let i = list_index(b, key, list.len())?;
+                    list[i].0.clone()
+                }
+                _ => b.required(key, "map key")?,
+            };
+            cells.push(cell(id, Some(path), value, st));
+        }
+        Op::DeleteElement { key, .. } => {
+            let path = match ty {
+                CqlType::List(_) => {
+                    let list = rc.read_list(id, is_static)?;
+                    let i = list_index(b, key, list.len())?;
+                    list[i].0.clone()
+                }
+                _ => b.required(key, "collection element")?,
+            };
+            cells.push(tombstone(id, Some(path), st.ts));
+        }
+        Op::Counter { val, negate, .. } => match b.get(val) {
+            R::Unset => {}
+            R::Null => return Err(invalid("Invalid null value for counter increment")),
+            R::V(bytes) => {
+                let d =
+                    codec::as_i64(&bytes).ok_or_else(|| invalid("Invalid counter increment"))?;
+                let d = if *negate {
+                    d.checked_neg()
+                        .ok_or_else(|| invalid("Counter decrement overflow"))?
+                } else {
+                    d
+                };
+                cells.push(CellWrite {
+                    column: id,
+                    path: None,
+                    value: CellValue::CounterDelta(d),
+                    timestamp: st.ts,
+                    expiry: None,
+                });
+            }
+        },
+        Op::Delete { .. } => {
+            if ty.is_multi_cell_collection() {
+                coll_dels.push((id, st.ts));
+            } else {
+                cells.push(tombstone(id, None, st.ts));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_elements(
+    rc: &RowCtx,
+    ty: &CqlType,
+    id: u16,
+    bytes: &Bytes,
+    prepend: bool,
+    st: &Stamp,
+    cells: &mut Vec<CellWrite>,
+    list_seq: &dyn Fn(usize) -> u64,
+) -> Result<(), DetailedError> {
+    let _ = rc;
+    match ty {
+        CqlType::Map(_, _) => {
+            let pairs = codec::split_map(bytes).ok_or_else(|| invalid("Invalid map value"))?;
+            for (k, v) in pairs {
+                cells.push(cell(id, Some(k), CellValue::Live(v), st));
+            }
+        }
+        CqlType::Set(_) => {
+            let items =
+                codec::split_collection(bytes).ok_or_else(|| invalid("Invalid set value"))?;
+            for k in items {
+                cells.push(cell(id, Some(k), CellValue::Live(Bytes::new()), st));
+            }
+        }
+        _ => {
+            let items =
+                codec::split_collection(bytes).ok_or_else(|| invalid("Invalid list value"))?;
+            let base = list_seq(items.len());
+            let now = rc.engine_now_micros();
+            // Appends sort after every prepend; later prepends sort before earlier ones.
+            let hi = if prepend {
+                (1u64 << 62).saturating_sub(now)
+            } else {
+                (1u64 << 63) + now
+            };
+            for (i, v) in items.into_iter().enumerate() {
+                cells.push(cell(
+                    id,
+                    Some(list_key(hi, base + i as u64)),
+                    CellValue::Live(v),
+                    st,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl RowCtx<'_> {
+    fn engine_now_micros(&self) -> u64 {
+        crate::now_micros().max(0) as u64
+    }
+}
+
+impl Engine {
+    /// Reserves `n` consecutive list-element sequence numbers.
+    pub(crate) fn next_list_seq_block(&self, n: u64) -> u64 {
+        let first = self.next_list_seq();
+        for _ in 1..n {
+            self.next_list_seq();
+        }
+        first
+    }
+}
+
+/// Builds the mutations of one write statement.
+fn build_mutations(
+    engine: &Engine,
+    w: &WritePlan,
+    b: &Binder,
+    batch_ts: Option<i64>,
+    default_ts: Option<i64>,
+    out: &mut Vec<Mutation>,
+) -> Result<(), DetailedError> {
+    let t = &*w.table;
+    let st = stamp(w, b, batch_ts, default_ts)?;
+    let keys = exec::partition_keys(b, t, &w.where_)?;
+    let now_secs = (b.now_micros().max(0) / 1_000_000) as u32;
+    let full_key = w.where_.ck_covered == t.clustering.len() && w.where_.ck_slice.is_none();
+    let points = if full_key && !t.clustering.is_empty() {
+        exec::clustering_points(b, t, &w.where_)?
+    } else {
+        vec![Vec::new()]
+    };
+    for p in &points {
+        for (i, v) in p.iter().enumerate() {
+            if v.len() > u16::MAX as usize {
+                let name = &t.columns[t.clustering[i]].name;
+                return Err(invalid(format!(
+                    "Key length exceeds 65535 bytes for {name}"
+                )));
+            }
+        }
+    }
+    for pk in &keys {
+        let mut m = Mutation {
+            table: *t.id.as_bytes(),
+            token: pk.token,
+            partition_key: pk.key.clone(),
+            partition_deletion: None,
+            range_deletions: Vec::new(),
+            static_row: None,
+            rows: Vec::new(),
+        };
+        if w.kind == WriteKind::Delete && w.ops.is_empty() {
+            if !w.where_.restricts_clustering() {
+                m.partition_deletion = Some(st.ts);
+            } else if full_key {
+                for p in &points {
+                    m.rows.push(RowMutation {
+                        clustering: p.clone(),
+                        deletion: Some(st.ts),
+                        ..RowMutation::default()
+                    });
+                }
+            } else {
+                for (start, end) in exec::clustering_ranges(b, t, &w.where_)? {
+                    m.range_deletions.push(RangeDeletion {
+                        start,
+                        end,
+                        timestamp: st.ts,
+                    });
+                }
+            }
+            out.push(m);
+            continue;
+        }
+        let has_static = w
+            .ops
+            .iter()
+            .any(|o| t.columns[o.col()].kind == ColumnKind::Static);
+        if has_static {
+            let rc = RowCtx {
+                engine,
+                t,
+                pk,
+                clustering: &[],
+                now_secs,
+            };
+            let mut row = RowMutation::default();
+            for op in w
+                .ops
+                .iter()
+                .filter(|o| t.columns[o.col()].kind == ColumnKind::Static)
+            {
+                op_cells(
+                    &rc,
+                    op,
+                    b,
+                    &st,
+                    &mut row.cells,
+                    &mut row.collection_deletions,
+                )?;
+            }
+            m.static_row = Some(row);
+        }
+        if !w.static_only {
+            for p in &points {
+                let rc = RowCtx {
+                    engine,
+                    t,
+                    pk,
+                    clustering: p,
+                    now_secs,
+                };
+                let mut row = RowMutation {
+                    clustering: p.clone(),
+                    liveness: (w.kind == WriteKind::Insert).then_some(Liveness {
+                        timestamp: st.ts,
+                        expiry: st.expiry,
+                    }),
+                    ..RowMutation::default()
+                };
+                for op in w
+                    .ops
+                    .iter()
+                    .filter(|o| t.columns[o.col()].kind != ColumnKind::Static)
+                {
+                    op_cells(
+                        &rc,
+                        op,
+                        b,
+                        &st,
+                        &mut row.cells,
+                        &mut row.collection_deletions,
+                    )?;
+                }
+                m.rows.push(row);
+            }
+        }
+        out.push(m);
+    }
+    Ok(())
+}
+
+/// Merges mutations of the same partition so that storage sees each partition once.
+fn merge_mutations(muts: Vec<Mutation>) -> Vec<Mutation> {
+    let mut out: Vec<Mutation> = Vec::with_capacity(muts.len());
+    for m in muts {
+        let Some(existing) = out.iter_mut().find(|e| {
+            e.table == m.table && e.token == m.token && e.partition_key == m.partition_key
+        }) else {
+            out.push(m);
+            continue;
+        };
+        existing.partition_deletion = existing.partition_deletion.max(m.partition_deletion);
+        existing.range_deletions.extend(m.range_deletions);
+        if let Some(s) = m.static_row {
+            match &mut existing.static_row {
+                Some(e) => merge_row(e, s),
+                None => existing.static_row = Some(s),
+            }
+        }
+        for r in m.rows {
+            match existing
+                .rows
+                .iter_mut()
+                .find(|e| e.clustering == r.clustering)
+            {
+                Some(e) => merge_row(e, r),
+                None => existing.rows.push(r),
+            }
+        }
+    }
+    out
+}
+
+fn merge_row(into: &mut RowMutation, r: RowMutation) {
+    into.liveness = match (into.liveness, r.liveness) {
+        (Some(a), Some(b)) => Some(if b.timestamp >= a.timestamp { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    into.deletion = into.deletion.max(r.deletion);
+    into.collection_deletions.extend(r.collection_deletions);
+    into.cells.extend(r.cells);
+}
+
+/// Applies the mutations of several write statements atomically and waits for durability.
+pub(crate) async fn execute_writes(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    batch_ts: Option<i64>,
+    default_ts: Option<i64>,
+    consistency: Consistency,
+    ctx: &RequestContext,
+    write_type: WriteType,
+) -> Result<ResultMessage, DetailedError> {
+    let mut muts = Vec::with_capacity(entries.len());
+    for (w, b) in entries {
+        build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
+    }
+    let muts = merge_mutations(muts);
+    if muts.is_empty() {
+        return Ok(ResultMessage::Void);
+    }
+    // [C]: never start storage work after the deadline.
+    if exec::expired(ctx.deadline) {
+        return Err(exec::write_timeout(consistency, write_type));
+    }
+    apply(engine, entries, muts).await?;
+    Ok(ResultMessage::Void)
+}
+
+async fn apply(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+) -> Result<(), DetailedError> {
+    let layouts: Vec<&TableLayout> = muts
+        .iter()
+        .map(|m| {
+            entries
+                .iter()
+                .find(|(w, _)| *w.table.id.as_bytes() == m.table)
+                .map(|(w, _)| &w.table.layout)
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| invalid("Mutation for an unknown table"))?;
+    let batch: Vec<(&TableLayout, Mutation)> = layouts.into_iter().zip(muts).collect();
+    let ticket = engine.storage.apply(&batch).map_err(storage_error)?;
+    engine
+        .storage
+        .wait_durable(ticket)
+        .await
+        .map_err(storage_error)
+}
+
+/// Executes a conditional statement: read, check, write, under the partition's lock stripe.
+pub(crate) async fn execute_lwt(
+    engine: &Engine,
+    w: &WritePlan,
+    b: &Binder<'_>,
+    params: &sluice_protocol::QueryParameters,
+    ctx: &RequestContext,
+) -> Result<ResultMessage, DetailedError> {
+    let t = &*w.table;
+    let keys = exec::partition_keys(b, t, &w.where_)?;
+    let [pk] = keys.as_slice() else {
+        return Err(invalid(
+            "IN on the partition key is not supported with conditional updates",
+        ));
+    };
+    let full_key = w.where_.ck_covered == t.clustering.len() && w.where_.ck_slice.is_none();
+    let points = if t.clustering.is_empty() || w.static_only && !w.where_.restricts_clustering() {
+        vec![Vec::new()]
+    } else if full_key {
+        exec::clustering_points(b, t, &w.where_)?
+    } else {
+        return Err(invalid("Conditional updates require the full primary key"));
+    };
+    let [ck] = points.as_slice() else {
+        return Err(invalid(
+            "IN on the clustering key columns is not supported with conditional updates",
+        ));
+    };
+    let filters = match &w.condition {
+        Some(CondPlan::Columns(fs)) => resolve_filters(b, fs)?,
+        _ => Vec::new(),
+    };
+    let _guard = engine.lwt_lock(pk.token).lock().await;
+    if exec::expired(ctx.deadline) {
+        return Err(exec::write_timeout(params.consistency, WriteType::Cas));
+    }
+    let now_secs = (b.now_micros().max(0) / 1_000_000) as u32;
+    let slice = if ck.is_empty() {
+        ClusteringSlice::all()
+    } else {
+        ClusteringSlice {
+            ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck.clone()))],
+            reversed: false,
+        }
+    };
+    let read = engine
+        .storage
+        .read_partition(&t.layout, pk.token, &pk.key, &slice, None, 1, now_secs)
+        .map_err(storage_error)?;
+    let row: Option<&ReadRow> = if w.static_only {
+        None
+    } else {
+        read.rows.first()
+    };
+    let stat = read.static_row.as_ref();
+    let exists = if w.static_only {
+        stat.is_some()
+    } else {
+        row.is_some()
+    };
+    let src = crate::read::StoredRow {
+        pk: &pk.components,
+        row,
+        stat,
+        token: pk.token,
+    };
+    let applied = match &w.condition {
+        Some(CondPlan::NotExists) => !exists,
+        Some(CondPlan::Exists) => exists,
+        Some(CondPlan::Columns(_)) => {
+            let mut ok = true;
+            for f in &filters {
+                let v = crate::read::RowSource::value(&src, t, f_col(f));
+                if !filter_matches(t, f, v.as_ref())? {
+                    ok = false;
+                    break;
+                }
+            }
+            ok
+        }
+        None => true,
+    };
+    // The result shows the row as it was, ScyllaDB style (stable metadata).
+    let specs = lwt_result_specs(t);
+    let mut rows = RowsBuilder::new(specs.len());
+    rows.cell(Some(&[applied as u8]));
+    for (ci, c) in t.columns.iter().enumerate() {
+        // Key columns and regular columns are shown only for an existing row; static
+        // columns whenever the partition has them.
+        let shown = exists || c.kind == ColumnKind::Static;
+        let v = if shown {
+            crate::read::RowSource::value(&src, t, ci)
+        } else {
+            None
+        };
+        rows.cell(v.as_deref());
+    }
+    if applied {
+        let mut muts = Vec::new();
+        build_mutations(engine, w, b, None, params.default_timestamp, &mut muts)?;
+        let muts = merge_mutations(muts);
+        if !muts.is_empty() {
+            apply(engine, &[(w, b)], muts).await?;
+        }
+    }
+    Ok(ResultMessage::Rows(rows.finish(
+        &specs,
+        None,
+        params.skip_metadata,
+    )))
+}
+
+fn f_col(f: &crate::read::ResolvedFilter) -> usize {
+    f.col()
+}
