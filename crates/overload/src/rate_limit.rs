@@ -41,8 +41,10 @@
 //!   never rejected in either phase (a smaller burst rejected Poisson bursts of keys with
 //!   small limits that ScyllaDB's `<= 2L` rule accepts). Measured in `sim.rs` (L = 1000,
 //!   constant arrivals, 60 s): the first second admits `2.0L` at 2x, 10x and 100x, where
-//!   ScyllaDB admits `2.0L`, `4.4L` and `7.6L`, and every later second stays within ±10%
-//!   of L, where ScyllaDB admits about `1.6L`, `1.2L`, `1.14L` in seconds 2-4 at 10x.
+//!   ScyllaDB admits `2.0L`, `4.4L` and `7.6L`; seconds 2-4 admit exactly `L` where
+//!   ScyllaDB admits `1.6L`, `1.19L`, `1.14L` at 10x; afterwards both follow the same
+//!   probabilistic rule, whose per-second count has a standard deviation of about `√L`
+//!   (single seconds 887..1121 over 20 seeds; every 5-second rate within ±10%).
 //!
 //! The decision step takes `&mut self` (the table is per shard), allocates nothing and
 //! takes no lock. Tables without a limit must not reach the table at all: [`RateLimiter::check`]
@@ -763,8 +765,13 @@ mod tests {
         // First second: burst (L) + L, where ScyllaDB admits 2L + L·log2(5) ≈ 4.3L;
         // afterwards within ±10%.
         assert!(got[0] <= 2_001, "{got:?}");
-        for (s, &a) in got.iter().enumerate().skip(1) {
-            assert!((900..=1_100).contains(&a), "second {s}: {got:?}");
+        assert_eq!(
+            &got[1..4],
+            &[1_000, 1_000, 1_000],
+            "token bucket while young"
+        );
+        for (s, &a) in got.iter().enumerate().skip(4) {
+            assert!((850..=1_150).contains(&a), "second {s}: {got:?}");
         }
     }
 
