@@ -29,15 +29,22 @@ pub struct SyntaxError {
     pub expected: Option<&'static str>,
     /// The offending token's text (`<EOF>` at the end), at most 64 bytes.
     pub found: String,
+    /// The statement around the offending token, which is in brackets:
+    /// `SELECT * [FORM] t` (empty for errors of the lexer).
+    pub snippet: String,
 }
 
 impl fmt::Display for SyntaxError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "line {}:{} ", self.line, self.column)?;
         match self.expected {
-            Some(e) => write!(f, "mismatched input '{}' expecting {e}", self.found),
-            None => write!(f, "{} at input '{}'", self.message, self.found),
+            Some(e) => write!(f, "mismatched input '{}' expecting {e}", self.found)?,
+            None => write!(f, "{} at input '{}'", self.message, self.found)?,
         }
+        if !self.snippet.is_empty() {
+            write!(f, " ({})", self.snippet)?;
+        }
+        Ok(())
     }
 }
 
@@ -72,6 +79,7 @@ impl SyntaxError {
             message,
             expected,
             found,
+            snippet: String::new(),
         }
     }
 
@@ -332,14 +340,51 @@ impl<'a> Parser<'a> {
     }
 
     fn err_here(&self, message: &'static str, expected: Option<&'static str>) -> SyntaxError {
-        let t = self.tok();
-        SyntaxError::at(
+        self.err_at(self.tok(), message, expected)
+    }
+
+    /// An error at token `t`, with Cassandra's query snippet: up to ten tokens before
+    /// it, the token in brackets, two after, and `...` if the text goes on.
+    fn err_at(
+        &self,
+        t: Token,
+        message: &'static str,
+        expected: Option<&'static str>,
+    ) -> SyntaxError {
+        let mut e = SyntaxError::at(
             self.src,
             t.start as usize,
             t.end as usize,
             message,
             expected,
-        )
+        );
+        let Ok(idx) = self.toks.binary_search_by_key(&t.start, |k| k.start) else {
+            return e;
+        };
+        // The Eof token is last; `last` is the last real token.
+        let last = self.toks.len().saturating_sub(2);
+        let first = self
+            .toks
+            .get(idx.saturating_sub(10))
+            .map_or(0, |k| k.start as usize);
+        let after_end = self
+            .toks
+            .get((idx + 2).min(last))
+            .filter(|_| idx < last)
+            .map_or(t.end as usize, |k| k.end as usize);
+        let s = self.src;
+        let piece = |a: usize, b: usize| s.get(a..b.max(a)).unwrap_or("");
+        let mut snippet = String::with_capacity(after_end.saturating_sub(first) + 8);
+        snippet.push_str(piece(first, t.start as usize));
+        snippet.push('[');
+        snippet.push_str(piece(t.start as usize, t.end as usize));
+        snippet.push(']');
+        snippet.push_str(piece(t.end as usize, after_end));
+        if idx + 2 < last {
+            snippet.push_str("...");
+        }
+        e.snippet = snippet;
+        e
     }
 
     fn no_viable(&self) -> SyntaxError {
@@ -614,13 +659,7 @@ impl<'a> Parser<'a> {
             let ty_tok = self.tok();
             let ty = self.cql_type()?;
             let CqlType::Native(native) = ty else {
-                return Err(SyntaxError::at(
-                    self.src,
-                    ty_tok.start as usize,
-                    ty_tok.end as usize,
-                    "CAST only converts to native types",
-                    None,
-                ));
+                return Err(self.err_at(ty_tok, "CAST only converts to native types", None));
             };
             self.expect(TokenKind::RParen, "')'")?;
             return Ok(Selector::Function {
@@ -834,13 +873,7 @@ impl<'a> Parser<'a> {
             }
             self.expect(TokenKind::RParen, "')'")?;
             if values.len() != columns.len() {
-                return Err(SyntaxError::at(
-                    self.src,
-                    open.start as usize,
-                    open.end as usize,
-                    "Unmatched column names/values",
-                    None,
-                ));
+                return Err(self.err_at(open, "Unmatched column names/values", None));
             }
             (columns, values, false)
         };
@@ -1426,13 +1459,7 @@ impl<'a> Parser<'a> {
                 }
                 self.expect(TokenKind::RParen, "')'")?;
                 if key.is_some() {
-                    return Err(SyntaxError::at(
-                        self.src,
-                        at.start as usize,
-                        at.end as usize,
-                        "Multiple PRIMARY KEYs specified",
-                        None,
-                    ));
+                    return Err(self.err_at(at, "Multiple PRIMARY KEYs specified", None));
                 }
                 key = Some((partition, clustering));
             } else {
@@ -1444,13 +1471,7 @@ impl<'a> Parser<'a> {
                     self.advance();
                     self.expect_kw("key", "KEY")?;
                     if key.is_some() {
-                        return Err(SyntaxError::at(
-                            self.src,
-                            at.start as usize,
-                            at.end as usize,
-                            "Multiple PRIMARY KEYs specified",
-                            None,
-                        ));
+                        return Err(self.err_at(at, "Multiple PRIMARY KEYs specified", None));
                     }
                     key = Some((vec![col_name.clone()], Vec::new()));
                     true

@@ -886,7 +886,7 @@ fn syntax_errors_carry_positions() {
     assert_eq!((e.position, e.line, e.column), (9, 1, 9));
     assert_eq!(
         e.to_string(),
-        "line 1:9 mismatched input 'FORM' expecting FROM"
+        "line 1:9 mismatched input 'FORM' expecting FROM (SELECT * [FORM] t)"
     );
     let e = parse("SELECT *\nFROM t\nWHERE k = = 1").unwrap_err();
     assert_eq!((e.line, e.column), (3, 10));
@@ -897,7 +897,16 @@ fn syntax_errors_carry_positions() {
     let e = parse("SELEC * FROM t").unwrap_err();
     assert_eq!(
         e.to_string(),
-        "line 1:0 no viable alternative at input 'SELEC'"
+        "line 1:0 no viable alternative at input 'SELEC' ([SELEC] * FROM...)"
+    );
+    let e = parse("SELECT a, b, c, d, e, f, g FROM t WHERE k == 1 AND x = 2").unwrap_err();
+    assert_eq!(e.snippet, "e, f, g FROM t WHERE k =[=] 1 AND...");
+    let e = parse("SELECT * FROM t WHERE").unwrap_err();
+    assert_eq!(e.snippet, "SELECT * FROM t WHERE[]");
+    let e = parse("SELECT 'abc").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "line 1:7 unterminated string at input ''abc'"
     );
     let e = parse("SELECT * FROM t LIMIT 1 junk").unwrap_err();
     assert_eq!((e.column, e.found.as_str()), (24, "junk"));
