@@ -4,6 +4,8 @@
 //! encoded straight into the connection's write buffer ([`response`]); hot-path error
 //! frames are built once and copied with the stream id patched ([`preencoded`]).
 
+#![warn(missing_docs)]
+
 pub mod compression;
 pub mod error;
 pub mod frame;
