@@ -391,11 +391,12 @@ impl<'a> Parser<'a> {
         self.err_here("no viable alternative", None)
     }
 
+    /// Enters one nesting level; on failure the depth is unchanged (no `leave` owed).
     fn enter(&mut self) -> PResult<()> {
-        self.depth += 1;
-        if self.depth > MAX_NESTING {
+        if self.depth >= MAX_NESTING {
             return Err(self.err_here("nesting too deep", None));
         }
+        self.depth += 1;
         Ok(())
     }
 
