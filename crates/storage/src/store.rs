@@ -282,6 +282,11 @@ impl Storage {
         let mut entries: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
         let mut stripes = Vec::with_capacity(mutations.len());
         for (layout, m) in mutations {
+            if layout.id != m.table {
+                return Err(StorageError::Corrupt(
+                    "mutation and layout name different tables",
+                ));
+            }
             let prefix = keycodec::partition_prefix(&m.table, m.token, &m.partition_key);
             if prefix.len() + 1 > MAX_KEY_LEN {
                 return Err(StorageError::TooLarge("partition key too large"));
@@ -636,6 +641,15 @@ impl Storage {
                     c.static_counted = true;
                     c.static_slot_free = true;
                     last_pos = Some((c.token, c.partition_key.clone(), None));
+                }
+                if kind == KIND_HEADER && !c.static_counted {
+                    // A header that yields nothing (a deleted partition) is dead weight too.
+                    dead += 1;
+                    if dead > MAX_DEAD_ROWS_PER_READ {
+                        return Err(StorageError::TooLarge(
+                            "scan stepped over too many dead rows",
+                        ));
+                    }
                 }
                 current = Some(c);
                 if kind == KIND_HEADER {

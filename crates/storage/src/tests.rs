@@ -418,6 +418,9 @@ fn malformed_mutations_are_rejected_without_writing() {
         1,
     ));
     assert!(s.apply(&[(&l, m)]).is_err());
+    let mut m = mutation(T2, 7, "p");
+    m.rows.push(insert_row(ck(1, "a"), vec![], 1));
+    assert!(s.apply(&[(&l, m)]).is_err());
     assert!(read_all(&s, &l, 7, "p", 0).rows.is_empty());
 }
 
