@@ -1,7 +1,7 @@
 //! Per-shard admission control: backpressure budgets, CoDel-style delay-based shedding with
 //! adaptive LIFO, and an adaptive concurrency limit on requests in execution.
 //!
-//! The request path this is built for (see `DESIGN.md`, point [A]):
+//! The request path this is built for (see `DESIGN.md`, admission point A):
 //!
 //! ```text
 //! socket ─► InflightBudget (stop reading when over its caps)

@@ -400,6 +400,11 @@ impl RateLimiter {
         if w <= self.window {
             return;
         }
+        if self.window == 0 {
+            // First use: the table is empty, there is nothing to halve or sweep.
+            self.window = w;
+            return;
+        }
         let gap = w - self.window;
         self.history[(self.window % HISTORY as u64) as usize] = self.bucket;
         for x in self.window + 1..w.min(self.window + HISTORY as u64) {
