@@ -93,11 +93,11 @@ fn eval_fn(f: ValFn, now_micros: i64) -> Bytes {
     }
 }
 
-/// Puts named values in marker order; positional values pass through.
-pub(crate) fn order_values(
+/// Puts named values in marker order; positional values pass through without a copy.
+pub(crate) fn order_values<'a>(
     p: &Prepared,
-    params: &QueryParameters,
-) -> Result<Vec<Value>, DetailedError> {
+    params: &'a QueryParameters,
+) -> Result<std::borrow::Cow<'a, [Value]>, DetailedError> {
     let Some(names) = &params.names else {
         if params.values.len() != p.bind_specs.len() {
             return Err(invalid(format!(
@@ -106,7 +106,7 @@ pub(crate) fn order_values(
                 params.values.len()
             )));
         }
-        return Ok(params.values.clone());
+        return Ok(std::borrow::Cow::Borrowed(&params.values));
     };
     let mut out = Vec::with_capacity(p.bind_specs.len());
     for spec in &p.bind_specs {
@@ -116,7 +116,7 @@ pub(crate) fn order_values(
             .ok_or_else(|| invalid(format!("No value for bind variable {}", spec.name)))?;
         out.push(params.values.get(pos).cloned().unwrap_or(Value::Unset));
     }
-    Ok(out)
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 /// Checks every bound value against its receiver type.
@@ -225,6 +225,34 @@ pub(crate) fn partition_keys(
     t: &TableDef,
     w: &Where,
 ) -> Result<Vec<PartitionKey>, DetailedError> {
+    // Fast path: every component is `=` (the common single-partition statement).
+    if !w.pk.is_empty() && w.pk.iter().all(|r| matches!(r, Some(Restr::Eq(_)))) {
+        let mut comps = Vec::with_capacity(w.pk.len());
+        for (k, r) in w.pk.iter().enumerate() {
+            let Some(Restr::Eq(v)) = r else {
+                unreachable!("checked above")
+            };
+            let name = &t.columns[t.partition_key[k]].name;
+            let v = b.required(v, name)?;
+            if v.len() > u16::MAX as usize {
+                return Err(invalid(format!(
+                    "Key length exceeds 65535 bytes for {name}"
+                )));
+            }
+            comps.push(v);
+        }
+        let key = if comps.len() == 1 {
+            comps[0].clone()
+        } else {
+            let refs: Vec<&[u8]> = comps.iter().map(|c| c.as_ref()).collect();
+            Bytes::from(sluice_types::routing_key(&refs))
+        };
+        return Ok(vec![PartitionKey {
+            token: sluice_types::murmur3_token(&key),
+            key,
+            components: comps,
+        }]);
+    }
     let mut parts = Vec::with_capacity(w.pk.len());
     for (k, r) in w.pk.iter().enumerate() {
         let name = &t.columns[t.partition_key[k]].name;
@@ -361,6 +389,20 @@ pub(crate) fn clustering_points(
     t: &TableDef,
     w: &Where,
 ) -> Result<Vec<Vec<Bytes>>, DetailedError> {
+    // Fast path: single-column `=` on each restricted clustering column.
+    if w.ck_points
+        .iter()
+        .all(|p| matches!(p, PointRestr::Single(Restr::Eq(_))))
+    {
+        let mut point = Vec::with_capacity(w.ck_points.len());
+        for (i, p) in w.ck_points.iter().enumerate() {
+            let PointRestr::Single(Restr::Eq(v)) = p else {
+                unreachable!("checked above")
+            };
+            point.push(b.required(v, &t.columns[t.clustering[i]].name)?);
+        }
+        return Ok(vec![point]);
+    }
     let mut parts = Vec::with_capacity(w.ck_points.len());
     let mut start = 0;
     for p in &w.ck_points {

@@ -150,6 +150,8 @@ pub struct Route {
     pub kind: OpKind,
     /// `USING TIMEOUT`, if the statement has one.
     pub timeout: Option<Duration>,
+    /// The table's `per_partition_rate_limit`, for the limiter [B].
+    pub rate_limits: Option<RateLimits>,
 }
 
 /// Why the engine could not open.
@@ -431,6 +433,7 @@ impl Engine {
             table: table.map(|t| *t.id.as_bytes()),
             kind: p.kind,
             timeout,
+            rate_limits: table.and_then(|t| t.options.per_partition_rate_limit),
         };
         if let (Some(t), Some(w)) = (table, where_) {
             if !t.is_virtual() && w.pk_complete() {
@@ -456,6 +459,11 @@ impl Engine {
         params: &QueryParameters,
         ctx: &RequestContext,
     ) -> Result<ResultMessage, DetailedError> {
+        if params.serial_consistency.is_some_and(|c| !c.is_serial()) {
+            return Err(catalog::invalid(
+                "Invalid serial consistency level: only SERIAL and LOCAL_SERIAL are allowed",
+            ));
+        }
         let values = exec::order_values(p, params)?;
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
@@ -478,6 +486,7 @@ impl Engine {
                 }
             }
             Plan::Batch(bp) => {
+                write::check_batch_kind(bp.kind, bp.writes.iter())?;
                 let entries: Vec<_> = bp.writes.iter().map(|w| (w, &b)).collect();
                 let ts = match &bp.timestamp {
                     Some(v) => exec::opt_i64(&b, v, "[timestamp]")?,
@@ -547,6 +556,11 @@ impl Engine {
             2 => sluice_cql::ast::BatchKind::Counter,
             _ => return Err(catalog::invalid("Unknown batch type")),
         };
+        if b.serial_consistency.is_some_and(|c| !c.is_serial()) {
+            return Err(catalog::invalid(
+                "Invalid serial consistency level: only SERIAL and LOCAL_SERIAL are allowed",
+            ));
+        }
         let mut prepared = Vec::with_capacity(b.entries.len());
         for e in &b.entries {
             let p = match &e.statement {
@@ -567,13 +581,15 @@ impl Engine {
                     "Conditional statements in BATCH requests are not supported",
                 ));
             }
-            let params = QueryParameters {
-                values: e.values.clone(),
-                ..QueryParameters::default()
-            };
-            let values = exec::order_values(&p, &params)?;
-            exec::validate_values(&p, &values)?;
-            prepared.push((p, values));
+            if e.values.len() != p.bind_specs.len() {
+                return Err(catalog::invalid(format!(
+                    "There were {} markers(?) in CQL but {} bound variables",
+                    p.bind_specs.len(),
+                    e.values.len()
+                )));
+            }
+            exec::validate_values(&p, &e.values)?;
+            prepared.push((p, &e.values));
         }
         let binders: Vec<exec::Binder> = prepared
             .iter()
