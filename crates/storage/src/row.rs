@@ -92,6 +92,21 @@ pub struct PartitionHeader {
 /// (bounded header size, and every read of the partition decodes them).
 pub const MAX_RANGE_TOMBSTONES: usize = 4096;
 
+/// True when range `outer` contains every key of range `inner`.
+fn covers(outer: &ByteRange, inner: &ByteRange) -> bool {
+    let lo_ok = match (&outer.lo, &inner.lo) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(o), Some(i)) => o <= i,
+    };
+    let hi_ok = match (&outer.hi, &inner.hi) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(o), Some(i)) => o >= i,
+    };
+    lo_ok && hi_ok
+}
+
 fn expired(expiry: Option<(u32, u32)>, now_secs: u32) -> bool {
     matches!(expiry, Some((at, _)) if at <= now_secs)
 }
@@ -489,14 +504,19 @@ impl PartitionHeader {
     pub fn merge(&mut self, incoming: PartitionHeader) {
         self.deletion = max_opt(self.deletion, incoming.deletion);
         for rt in incoming.range_tombstones {
-            match self
+            // Keep the set small: a tombstone covered by a wider one that is at least as
+            // new adds nothing (e.g. queue-style `DELETE ... WHERE c < ?` with a growing
+            // bound keeps one tombstone instead of one per delete).
+            if self
                 .range_tombstones
-                .iter_mut()
-                .find(|t| t.range == rt.range)
+                .iter()
+                .any(|t| t.timestamp >= rt.timestamp && covers(&t.range, &rt.range))
             {
-                Some(existing) => existing.timestamp = existing.timestamp.max(rt.timestamp),
-                None => self.range_tombstones.push(rt),
+                continue;
             }
+            self.range_tombstones
+                .retain(|t| !(rt.timestamp >= t.timestamp && covers(&rt.range, &t.range)));
+            self.range_tombstones.push(rt);
         }
         if let Some(d) = self.deletion {
             // A partition deletion covers every older range tombstone.
@@ -853,6 +873,35 @@ mod tests {
         for cut in 0..buf.len() {
             assert!(PartitionHeader::decode_value(&buf[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn covered_range_tombstones_coalesce() {
+        let rt = |lo: Option<u8>, hi: Option<u8>, timestamp: i64| PartitionHeader {
+            range_tombstones: vec![StoredRangeTombstone {
+                range: ByteRange {
+                    lo: lo.map(|b| vec![b]),
+                    hi: hi.map(|b| vec![b]),
+                },
+                timestamp,
+            }],
+            ..Default::default()
+        };
+        let mut h = PartitionHeader::default();
+        // Queue-style deletes with a growing upper bound keep a single tombstone.
+        for (i, hi) in (10u8..60).enumerate() {
+            h.merge(rt(None, Some(hi), 100 + i as i64));
+        }
+        assert_eq!(h.range_tombstones.len(), 1);
+        assert_eq!(h.deletion_for(&[58]), Some(149));
+        // A narrower but newer tombstone is kept: it shadows more inside its range.
+        h.merge(rt(Some(5), Some(6), 500));
+        assert_eq!(h.range_tombstones.len(), 2);
+        assert_eq!(h.deletion_for(&[5]), Some(500));
+        assert_eq!(h.deletion_for(&[7]), Some(149));
+        // A narrower, older one adds nothing.
+        h.merge(rt(Some(20), Some(30), 120));
+        assert_eq!(h.range_tombstones.len(), 2);
     }
 
     #[test]
