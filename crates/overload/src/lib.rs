@@ -3,6 +3,40 @@
 //! Every type here takes the current time as an argument (see [`clock`]) and performs no I/O,
 //! so the server wires them into its request path and the simulations in [`sim`] drive the
 //! very same code with a fake clock.
+//!
+//! How a shard uses them, in request-path order:
+//!
+//! ```
+//! use sluice_overload::*;
+//! use std::time::Duration;
+//!
+//! let clock = SystemClock::new();
+//! let budget = InflightBudget::new(InflightCaps::default());
+//! let conn = ConnBudget::default();
+//! let mut admission = AdmissionController::<u16>::new(AdmissionConfig::default());
+//! let mut limiter = RateLimiter::new(RateLimiterConfig::default());
+//! let table_stats = TableLimitStats::default();
+//!
+//! // Frame header read (stream id 7, 120-byte body): backpressure, deadline, queue.
+//! assert!(budget.try_acquire(&conn, 120).is_ok()); // Err: stop reading this socket
+//! let arrival = clock.now();
+//! let deadline = deadline_for(RequestKind::Write, Some(Duration::from_millis(10)), arrival);
+//! admission.enqueue(7, arrival, deadline).expect("full: answer Overloaded from the header");
+//!
+//! // Worker: take the next request; shed and expired ones are answered without decoding.
+//! let q = admission
+//!     .dispatch(clock.now(), |_stream, _verdict| { /* Overloaded or timeout frame */ })
+//!     .expect("queued above");
+//! // Decoded: the partition's token is known; tables without a limit pass `None`.
+//! let key = LimitKey { token: -42, table: 3, op: OpType::Write };
+//! let random = 0x1234_5678; // drawn once per operation by the coordinator
+//! let d = limiter.check(key, Some(100), random, clock.wall(), &table_stats);
+//! assert_eq!(d, Decision::Accept);
+//! // ... execute, answer, then:
+//! admission.on_complete(clock.now().saturating_duration_since(arrival), clock.now());
+//! budget.release(&conn, 120);
+//! # let _ = q;
+//! ```
 
 pub mod admission;
 pub mod clock;
