@@ -173,17 +173,10 @@ fn merge_cell(old: Option<StoredCell>, incoming: StoredCell) -> StoredCell {
     }
 }
 
-/// A row mutation converted to storage form, prepared before any lock is taken.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PreparedRow {
-    /// The incoming changes as a row (cells sorted and reconciled among themselves).
-    pub row: StoredRow,
-}
-
-impl PreparedRow {
-    /// Converts a mutation: sorts and reconciles its cells, so that the locked merge is a
-    /// linear pass.
-    pub fn from_mutation(m: &RowMutation) -> PreparedRow {
+impl StoredRow {
+    /// Converts a row mutation to storage form before any lock is taken: cells sorted and
+    /// reconciled among themselves, so that the locked merge is a linear pass.
+    pub fn from_mutation(m: &RowMutation) -> StoredRow {
         let mut cells: Vec<StoredCell> = m
             .cells
             .iter()
@@ -232,7 +225,7 @@ impl PreparedRow {
             cells: merged,
         };
         row.purge_shadowed();
-        PreparedRow { row }
+        row
     }
 }
 
@@ -715,11 +708,10 @@ mod tests {
     }
 
     fn row_with(cells: Vec<CellWrite>) -> StoredRow {
-        PreparedRow::from_mutation(&RowMutation {
+        StoredRow::from_mutation(&RowMutation {
             cells,
             ..Default::default()
         })
-        .row
     }
 
     fn value_of(row: &StoredRow, column: ColumnId) -> Option<Bytes> {
@@ -759,44 +751,35 @@ mod tests {
     #[test]
     fn row_deletion_purges_older_data_and_collection_deletion_hides_elements() {
         let mut row = StoredRow::default();
-        row.merge(
-            PreparedRow::from_mutation(&RowMutation {
-                liveness: Some(Liveness {
-                    timestamp: 5,
-                    expiry: None,
-                }),
-                cells: vec![
-                    cell(1, live(b"x"), 5),
-                    CellWrite {
-                        path: Some(Bytes::from_static(b"k1")),
-                        ..cell(3, live(b"v1"), 5)
-                    },
-                    CellWrite {
-                        path: Some(Bytes::from_static(b"k2")),
-                        ..cell(3, live(b"v2"), 8)
-                    },
-                ],
-                ..Default::default()
-            })
-            .row,
-        );
-        row.merge(
-            PreparedRow::from_mutation(&RowMutation {
-                collection_deletions: vec![(3, 6)],
-                ..Default::default()
-            })
-            .row,
-        );
+        row.merge(StoredRow::from_mutation(&RowMutation {
+            liveness: Some(Liveness {
+                timestamp: 5,
+                expiry: None,
+            }),
+            cells: vec![
+                cell(1, live(b"x"), 5),
+                CellWrite {
+                    path: Some(Bytes::from_static(b"k1")),
+                    ..cell(3, live(b"v1"), 5)
+                },
+                CellWrite {
+                    path: Some(Bytes::from_static(b"k2")),
+                    ..cell(3, live(b"v2"), 8)
+                },
+            ],
+            ..Default::default()
+        }));
+        row.merge(StoredRow::from_mutation(&RowMutation {
+            collection_deletions: vec![(3, 6)],
+            ..Default::default()
+        }));
         let view = row.live_view(None, 0).unwrap();
         let paths: Vec<_> = view.cells.iter().filter_map(|c| c.path.clone()).collect();
         assert_eq!(paths, vec![Bytes::from_static(b"k2")]);
-        row.merge(
-            PreparedRow::from_mutation(&RowMutation {
-                deletion: Some(7),
-                ..Default::default()
-            })
-            .row,
-        );
+        row.merge(StoredRow::from_mutation(&RowMutation {
+            deletion: Some(7),
+            ..Default::default()
+        }));
         // Only the element written at 8 survives; the marker and column 1 are gone for good.
         assert_eq!(row.cells.len(), 1);
         assert!(row.liveness.is_none());
@@ -808,7 +791,7 @@ mod tests {
 
     #[test]
     fn ttl_expiry_hides_cells_and_liveness() {
-        let mut row = PreparedRow::from_mutation(&RowMutation {
+        let mut row = StoredRow::from_mutation(&RowMutation {
             liveness: Some(Liveness {
                 timestamp: 1,
                 expiry: Some((100, 10)),
@@ -818,8 +801,7 @@ mod tests {
                 ..cell(1, live(b"x"), 1)
             }],
             ..Default::default()
-        })
-        .row;
+        });
         assert!(row.live_view(None, 99).is_some());
         assert_eq!(row.live_view(None, 100), None);
         row.merge(row_with(vec![cell(2, live(b"y"), 2)]));
@@ -831,7 +813,7 @@ mod tests {
 
     #[test]
     fn rows_and_headers_round_trip_and_reject_truncation() {
-        let row = PreparedRow::from_mutation(&RowMutation {
+        let row = StoredRow::from_mutation(&RowMutation {
             clustering: vec![Bytes::from_static(b"ck")],
             liveness: Some(Liveness {
                 timestamp: 3,
@@ -848,8 +830,7 @@ mod tests {
                 cell(5, CellValue::Tombstone, 3),
                 cell(6, CellValue::CounterDelta(-7), 3),
             ],
-        })
-        .row;
+        });
         let mut buf = Vec::new();
         row.encode(&mut buf).unwrap();
         assert_eq!(StoredRow::decode_value(&buf).unwrap(), row);

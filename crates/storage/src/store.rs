@@ -17,9 +17,7 @@
 use crate::journal_sync::{JournalSyncer, SideSyncError};
 use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
-use crate::row::{
-    PartitionHeader, PreparedRow, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES,
-};
+use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
 use crate::{
     CommitTicket, Durability, ScanPage, ScanStart, ScannedPartition, StorageConfig, StorageError,
 };
@@ -307,7 +305,7 @@ impl Storage {
                 }
             }
             if let Some(s) = &m.static_row {
-                header.static_row = Some(PreparedRow::from_mutation(s).row);
+                header.static_row = Some(StoredRow::from_mutation(s));
             }
             if !header.is_empty() {
                 let mut key = prefix.clone();
@@ -331,7 +329,7 @@ impl Storage {
                 if key.len() > MAX_KEY_LEN {
                     return Err(StorageError::TooLarge("clustering key too large"));
                 }
-                let row = PreparedRow::from_mutation(r).row;
+                let row = StoredRow::from_mutation(r);
                 match entries.get_mut(&key) {
                     Some(Pending::Row(existing)) => existing.merge(row),
                     _ => {
