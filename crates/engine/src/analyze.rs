@@ -164,6 +164,10 @@ pub(crate) enum SelItem {
     Count(usize),
     /// `max(c)`.
     Max(usize),
+    /// `sum(c)` on a numeric column.
+    Sum(usize),
+    /// `avg(c)` on a numeric column.
+    Avg(usize),
     /// `min(c)`.
     Min(usize),
 }
@@ -172,7 +176,12 @@ impl SelItem {
     fn is_aggregate(&self) -> bool {
         matches!(
             self,
-            SelItem::CountAll | SelItem::Count(_) | SelItem::Max(_) | SelItem::Min(_)
+            SelItem::CountAll
+                | SelItem::Count(_)
+                | SelItem::Max(_)
+                | SelItem::Min(_)
+                | SelItem::Sum(_)
+                | SelItem::Avg(_)
         )
     }
 }
@@ -1036,6 +1045,31 @@ impl<'a> Analyzer<'a> {
                         Ok(SelItem::Token)
                     }
                     "max" => Ok(SelItem::Max(arg_col(args)?)),
+                    "sum" | "avg" => {
+                        let c = arg_col(args)?;
+                        if !matches!(
+                            table.columns[c].ty,
+                            CqlType::Native(
+                                NativeType::Tinyint
+                                    | NativeType::Smallint
+                                    | NativeType::Int
+                                    | NativeType::Bigint
+                                    | NativeType::Counter
+                                    | NativeType::Float
+                                    | NativeType::Double
+                            )
+                        ) {
+                            return Err(invalid(format!(
+                                "Invalid call to function {name}: column {} is not of a supported numeric type",
+                                table.columns[c].name
+                            )));
+                        }
+                        Ok(if name == "sum" {
+                            SelItem::Sum(c)
+                        } else {
+                            SelItem::Avg(c)
+                        })
+                    }
                     "min" => Ok(SelItem::Min(arg_col(args)?)),
                     other => Err(invalid(format!("Unknown function '{other}'"))),
                 }
@@ -1095,6 +1129,14 @@ impl<'a> Analyzer<'a> {
                     ),
                     SelItem::Min(c) => (
                         format!("system.min({})", t.columns[*c].name),
+                        t.columns[*c].ty.clone(),
+                    ),
+                    SelItem::Sum(c) => (
+                        format!("system.sum({})", t.columns[*c].name),
+                        t.columns[*c].ty.clone(),
+                    ),
+                    SelItem::Avg(c) => (
+                        format!("system.avg({})", t.columns[*c].name),
                         t.columns[*c].ty.clone(),
                     ),
                 };
@@ -1700,5 +1742,6 @@ pub(crate) fn analyze(
         table_keyspace: keyspace_ref,
         plan,
         last_used: std::sync::atomic::AtomicU64::new(0),
+        schema_version: schema.version,
     })
 }

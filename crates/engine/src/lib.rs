@@ -199,6 +199,8 @@ pub struct Prepared {
     pub table_keyspace: Option<String>,
     pub(crate) plan: Plan,
     pub(crate) last_used: AtomicU64,
+    /// The schema version the plan was analysed against.
+    pub(crate) schema_version: Uuid,
 }
 
 impl Prepared {
@@ -341,6 +343,12 @@ impl Engine {
             Ordering::Relaxed,
         );
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // A plan analysed against a schema that changed meanwhile is used once, not cached:
+        // DDL swaps the schema before it invalidates under this lock, so this check cannot
+        // miss a change.
+        if p.schema_version != self.schema_version() && !matches!(p.plan, Plan::Dynamic(_)) {
+            return;
+        }
         if cache.len() >= STATEMENT_CACHE_CAPACITY && !cache.contains_key(&p.id) {
             // Evict the least recently used quarter in one go (amortised O(1) per insert).
             let mut stamps: Vec<u64> = cache

@@ -212,6 +212,8 @@ struct Agg {
     count: i64,
     per_item: Vec<Option<Bytes>>,
     counts: Vec<i64>,
+    /// Per item: integer and floating sums (`sum`/`avg`); `counts` holds the value count.
+    sums: Vec<(i128, f64)>,
     first: bool,
 }
 
@@ -241,6 +243,7 @@ impl<'a> Out<'a> {
                 count: 0,
                 per_item: vec![None; items.len()],
                 counts: vec![0; items.len()],
+                sums: vec![(0, 0.0); items.len()],
                 first: true,
             }),
             now_secs,
@@ -289,6 +292,19 @@ impl<'a> Out<'a> {
                             }
                         }
                     }
+                    SelItem::Sum(c) | SelItem::Avg(c) => {
+                        if let Some(v) = r.value(t, *c) {
+                            let (si, sf) = &mut agg.sums[i];
+                            let ty = &t.columns[*c].ty;
+                            let num = numeric_float(ty, &v).map_or_else(|| numeric(&v), Num::Float);
+                            match num {
+                                Num::Int(x) => *si += x as i128,
+                                Num::Float(x) => *sf += x,
+                                Num::None => continue,
+                            }
+                            agg.counts[i] += 1;
+                        }
+                    }
                     SelItem::CountAll => {}
                     other => {
                         if agg.first {
@@ -312,6 +328,17 @@ impl<'a> Out<'a> {
                 let v = match item {
                     SelItem::CountAll => Some(codec::bigint(agg.count)),
                     SelItem::Count(_) => Some(codec::bigint(agg.counts[i])),
+                    SelItem::Sum(c) | SelItem::Avg(c) => {
+                        let (si, sf) = agg.sums[i];
+                        let n = agg.counts[i].max(1);
+                        let avg = matches!(item, SelItem::Avg(_));
+                        let (si, sf) = if avg {
+                            (si / n as i128, sf / n as f64)
+                        } else {
+                            (si, sf)
+                        };
+                        Some(encode_numeric(&self.t.columns[*c].ty, si, sf))
+                    }
                     _ => agg.per_item[i].clone(),
                 };
                 self.rows.cell(v.as_deref());
@@ -329,7 +356,56 @@ fn scalar(t: &TableDef, item: &SelItem, r: &dyn RowSource, now_secs: u32) -> Opt
             .and_then(|x| x.expiry)
             .map(|(exp, _)| codec::int(exp.saturating_sub(now_secs) as i32)),
         SelItem::Token => Some(codec::bigint(r.token())),
-        SelItem::CountAll | SelItem::Count(_) | SelItem::Max(_) | SelItem::Min(_) => None,
+        SelItem::CountAll
+        | SelItem::Count(_)
+        | SelItem::Max(_)
+        | SelItem::Min(_)
+        | SelItem::Sum(_)
+        | SelItem::Avg(_) => None,
+    }
+}
+
+/// A numeric cell, decoded by width (the analyser only admits numeric columns).
+enum Num {
+    Int(i64),
+    Float(f64),
+    None,
+}
+
+fn numeric(v: &[u8]) -> Num {
+    match v.len() {
+        1 => Num::Int(v[0] as i8 as i64),
+        2 => Num::Int(i16::from_be_bytes([v[0], v[1]]) as i64),
+        4 => Num::Int(i32::from_be_bytes([v[0], v[1], v[2], v[3]]) as i64),
+        8 => Num::Int(i64::from_be_bytes([
+            v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+        ])),
+        _ => Num::None,
+    }
+}
+
+fn numeric_float(ty: &CqlType, v: &[u8]) -> Option<f64> {
+    match ty {
+        CqlType::Native(sluice_types::NativeType::Float) => {
+            Some(f32::from_be_bytes(v.try_into().ok()?) as f64)
+        }
+        CqlType::Native(sluice_types::NativeType::Double) => {
+            Some(f64::from_be_bytes(v.try_into().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// Encodes a sum or average in the column's type (integers wrap as Cassandra's do).
+fn encode_numeric(ty: &CqlType, i: i128, f: f64) -> Bytes {
+    use sluice_types::NativeType as N;
+    match ty {
+        CqlType::Native(N::Tinyint) => Bytes::copy_from_slice(&(i as i8).to_be_bytes()),
+        CqlType::Native(N::Smallint) => Bytes::copy_from_slice(&(i as i16).to_be_bytes()),
+        CqlType::Native(N::Int) => Bytes::copy_from_slice(&(i as i32).to_be_bytes()),
+        CqlType::Native(N::Float) => Bytes::copy_from_slice(&(f as f32).to_be_bytes()),
+        CqlType::Native(N::Double) => codec::double(f),
+        _ => codec::bigint(i as i64),
     }
 }
 

@@ -1345,3 +1345,268 @@ async fn lightweight_transactions() {
         .await
         .is_empty());
 }
+
+#[tokio::test]
+async fn composite_keys_descending_order_and_multi_column_relations() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.w (a int, b text, c int, d int, v int, PRIMARY KEY ((a, b), c, d)) WITH CLUSTERING ORDER BY (c DESC, d ASC)").await;
+    for c in 0..5 {
+        for d in 0..3 {
+            h.exec(
+                "INSERT INTO ks.w (a, b, c, d, v) VALUES (1, 'x', ?, ?, ?)",
+                vec![int(c), int(d), int(c * 10 + d)],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let pairs = |rows: Vec<Vec<Option<Bytes>>>| -> Vec<(i32, i32)> {
+        rows.iter().map(|r| (cint(&r[0]), cint(&r[1]))).collect()
+    };
+    let r = h
+        .select(
+            "SELECT c, d FROM ks.w WHERE a = 1 AND b = 'x' AND c > 2",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        pairs(r),
+        vec![(4, 0), (4, 1), (4, 2), (3, 0), (3, 1), (3, 2)]
+    );
+    let r = h
+        .select(
+            "SELECT c, d FROM ks.w WHERE a = 1 AND b = 'x' AND c = 3 AND d >= 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(pairs(r), vec![(3, 1), (3, 2)]);
+    let r = h
+        .select(
+            "SELECT c, d FROM ks.w WHERE a = 1 AND b = 'x' AND c IN (1, 3) AND d = 0",
+            vec![],
+        )
+        .await;
+    assert_eq!(pairs(r), vec![(3, 0), (1, 0)]);
+    let r = h
+        .select(
+            "SELECT c, d FROM ks.w WHERE a = 1 AND b = 'x' AND (c, d) IN ((1, 2), (4, 0))",
+            vec![],
+        )
+        .await;
+    assert_eq!(pairs(r), vec![(4, 0), (1, 2)]);
+    let r = h
+        .select(
+            "SELECT c, d FROM ks.w WHERE a = 1 AND b = 'x' AND c >= 1 AND c < 3 ORDER BY c ASC",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        pairs(r),
+        vec![(1, 2), (1, 1), (1, 0), (2, 2), (2, 1), (2, 0)]
+    );
+    // pk_indexes follow partition-key order, whatever the WHERE order.
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "SELECT v FROM ks.w WHERE b = ? AND a = ? AND c = ? AND d = ?",
+        )
+        .unwrap();
+    assert_eq!(p.pk_indexes, vec![1, 0]);
+    let route = h
+        .engine
+        .route(&p, &[text("x"), int(1), int(1), int(1)])
+        .unwrap();
+    let key = sluice_types::routing_key(&[&1i32.to_be_bytes(), b"x"]);
+    assert_eq!(route.token, Some(sluice_types::murmur3_token(&key)));
+    let r = h
+        .select(
+            "SELECT v FROM ks.w WHERE b = ? AND a = ? AND c = ? AND d = ?",
+            vec![text("x"), int(1), int(2), int(1)],
+        )
+        .await;
+    assert_eq!(cint(&r[0][0]), 21);
+    // Keys read back from a scan decode the composite key.
+    let r = h.select("SELECT a, b FROM ks.w LIMIT 1", vec![]).await;
+    assert_eq!((cint(&r[0][0]), ctext(&r[0][1])), (1, "x".to_string()));
+    // IN on the partition key is not routable, and has no pk_indexes.
+    let p = h
+        .engine
+        .prepare(None, "SELECT v FROM ks.w WHERE a IN ? AND b = ?")
+        .unwrap();
+    assert!(p.pk_indexes.is_empty());
+    assert_eq!(p.bind_specs[0].name, "in(a)");
+    let list = Value::Set(crate::codec::collection([
+        &1i32.to_be_bytes()[..],
+        &2i32.to_be_bytes()[..],
+    ]));
+    let r = h
+        .select(
+            "SELECT v FROM ks.w WHERE a IN ? AND b = ?",
+            vec![list, text("x")],
+        )
+        .await;
+    assert_eq!(r.len(), 15);
+    let e = h.err("SELECT v FROM ks.w WHERE a = 1", vec![]).await;
+    assert!(e.message.contains("ALLOW FILTERING"), "{}", e.message);
+    let e = h
+        .err(
+            "SELECT v FROM ks.w WHERE a = 1 AND b = 'x' AND c > 1 ORDER BY d ASC",
+            vec![],
+        )
+        .await;
+    assert_eq!(e.code, ErrorCode::Invalid);
+}
+
+#[tokio::test]
+async fn named_values_and_filters() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let params = QueryParameters {
+        values: vec![text("named"), int(2), int(1)],
+        names: Some(vec!["v".into(), "ck".into(), "pk".into()]),
+        ..QueryParameters::default()
+    };
+    h.exec_params("INSERT INTO ks.t (pk, ck, v) VALUES (:pk, :ck, :v)", params)
+        .await
+        .unwrap();
+    let r = h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 2", vec![])
+        .await;
+    assert_eq!(ctext(&r[0][0]), "named");
+    h.ok("CREATE TABLE ks.tags (k int PRIMARY KEY, tags set<text>, attrs map<text, int>)")
+        .await;
+    h.ok("INSERT INTO ks.tags (k, tags, attrs) VALUES (1, {'red', 'big'}, {'w': 3})")
+        .await;
+    h.ok("INSERT INTO ks.tags (k, tags, attrs) VALUES (2, {'blue'}, {'h': 4})")
+        .await;
+    let r = h
+        .select(
+            "SELECT k FROM ks.tags WHERE tags CONTAINS 'red' ALLOW FILTERING",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(), vec![1]);
+    let r = h
+        .select(
+            "SELECT k FROM ks.tags WHERE attrs CONTAINS KEY 'h' ALLOW FILTERING",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(), vec![2]);
+    let r = h
+        .select(
+            "SELECT k FROM ks.tags WHERE k IN (1, 2) AND attrs CONTAINS 4 ALLOW FILTERING",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.iter().map(|r| cint(&r[0])).collect::<Vec<_>>(), vec![2]);
+}
+
+#[tokio::test]
+async fn scans_with_statics_per_partition_limit_and_distinct_page_correctly() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    for pk in 0..40 {
+        h.exec("UPDATE ks.t SET s = ? WHERE pk = ?", vec![int(pk), int(pk)])
+            .await
+            .unwrap();
+        if pk % 4 != 0 {
+            for ck in 0..5 {
+                h.exec(
+                    "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, 'x')",
+                    vec![int(pk), int(ck)],
+                )
+                .await
+                .unwrap();
+            }
+        }
+    }
+    // 30 partitions with rows (2 each under the limit) and 10 static-only partitions.
+    let expect = 30 * 2 + 10;
+    let all = h
+        .select("SELECT pk, ck, s FROM ks.t PER PARTITION LIMIT 2", vec![])
+        .await;
+    assert_eq!(all.len(), expect);
+    for page in [1, 3, 7, 64] {
+        let (rows, _) = page_through(
+            &mut h,
+            "SELECT pk, ck, s FROM ks.t PER PARTITION LIMIT 2",
+            vec![],
+            page,
+        )
+        .await;
+        assert_eq!(rows, all, "page size {page}");
+    }
+    let (rows, _) = page_through(&mut h, "SELECT DISTINCT pk, s FROM ks.t", vec![], 9).await;
+    assert_eq!(rows.len(), 40);
+    assert!(rows.iter().all(|r| cint(&r[0]) == cint(&r[1])));
+    let (rows, _) = page_through(
+        &mut h,
+        "SELECT pk, ck FROM ks.t WHERE ck = 3 ALLOW FILTERING",
+        vec![],
+        4,
+    )
+    .await;
+    assert_eq!(rows.len(), 30);
+    let (rows, _) = page_through(
+        &mut h,
+        "SELECT pk, ck FROM ks.t WHERE pk IN (1, 2, 3, 4) PER PARTITION LIMIT 3",
+        vec![],
+        2,
+    )
+    .await;
+    assert_eq!(rows.len(), 3 + 3 + 3 + 1);
+}
+
+#[tokio::test]
+async fn aggregates() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.n (k int, c int, i int, d double, PRIMARY KEY (k, c))")
+        .await;
+    for c in 1..=4 {
+        h.exec(
+            "INSERT INTO ks.n (k, c, i, d) VALUES (1, ?, ?, ?)",
+            vec![
+                int(c),
+                int(c * 10),
+                Value::Set(Bytes::copy_from_slice(&(c as f64 / 2.0).to_be_bytes())),
+            ],
+        )
+        .await
+        .unwrap();
+    }
+    h.ok("INSERT INTO ks.n (k, c) VALUES (1, 5)").await;
+    let r = h
+        .rows_of(
+            "SELECT sum(i), avg(i), sum(d), count(i), count(*), min(i) FROM ks.n WHERE k = 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        names(&r),
+        [
+            "system.sum(i)",
+            "system.avg(i)",
+            "system.sum(d)",
+            "system.count(i)",
+            "count",
+            "system.min(i)"
+        ]
+    );
+    let row = &cells(&r)[0];
+    assert_eq!(cint(&row[0]), 100);
+    assert_eq!(cint(&row[1]), 25);
+    assert_eq!(
+        f64::from_be_bytes(row[2].as_ref().unwrap().as_ref().try_into().unwrap()),
+        5.0
+    );
+    assert_eq!((cbig(&row[3]), cbig(&row[4]), cint(&row[5])), (4, 5, 10));
+    assert!(h
+        .err("SELECT sum(v) FROM ks.t", vec![])
+        .await
+        .message
+        .contains("numeric"));
+}
