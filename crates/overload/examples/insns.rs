@@ -9,7 +9,7 @@
 //!
 //! Modes: `hot` (one partition far over its limit), `wide` (50,000 partitions), `nolimit`
 //! (a table without a limit), `reject_full` (admission queue full), `cycle` (enqueue,
-//! dispatch, complete).
+//! dispatch, complete). Optional third argument: simulated nanoseconds per operation.
 
 use sluice_overload::admission::{AdmissionConfig, AdmissionController};
 use sluice_overload::{
@@ -22,6 +22,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "hot".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    // Simulated time per operation (default 100 µs: 10,000 ops/s on the shard).
+    let step: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 1);
     let stats = TableLimitStats::default();
     let mut ctl = AdmissionController::<u64>::new(AdmissionConfig {
@@ -37,7 +39,7 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        t += 100_000; // 10,000 ops/s: the hot partition runs at 100x its limit of 100
+        t += step; // by default the hot partition runs at 100x its limit of 100
         let key = |token| LimitKey {
             token,
             table: 1,
@@ -63,5 +65,9 @@ fn main() {
             }
         };
     }
-    println!("{mode} {n} {acc}");
+    println!(
+        "{mode} {n} {acc} {:?} live={}",
+        rl.stats(),
+        rl.live_entries()
+    );
 }
