@@ -444,6 +444,7 @@ mod tests {
                 seed,
                 ..AdmissionSim::default()
             });
+            eprintln!("admission load=0.5 seed={seed}: {r:?}");
             assert_eq!((r.shed, r.expired), (0, 0), "{r:?}");
             assert_eq!(r.good, r.served);
             assert!((r.goodput_ratio - 0.5).abs() < 0.02, "{r:?}");
