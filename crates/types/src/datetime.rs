@@ -473,6 +473,31 @@ pub fn write_duration(d: Duration, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(s in "\\PC{0,30}", t in "[-+PTYMWDHS0-9:. zZmousµn]{0,24}") {
+            for text in [&s, &t] {
+                let _ = parse_timestamp(text);
+                let _ = parse_date(text);
+                let _ = parse_time(text);
+                if let Some(d) = parse_duration(text) {
+                    // Whatever parses prints back to something that parses to the same value.
+                    let mut out = String::new();
+                    write_duration(d, &mut out);
+                    prop_assert_eq!(parse_duration(&out), Some(d));
+                }
+            }
+        }
+
+        #[test]
+        fn timestamps_round_trip(ms in -62_167_219_200_000i64..253_402_300_799_999) {
+            let mut out = String::new();
+            write_timestamp(ms, &mut out);
+            prop_assert_eq!(parse_timestamp(&out), Some(ms));
+        }
+    }
 
     #[test]
     fn civil_round_trip() {
