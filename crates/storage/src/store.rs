@@ -51,6 +51,8 @@ struct DurableState {
     upto: u64,
     /// An fsync failed: fjall is poisoned and nothing further becomes durable.
     failed: bool,
+    /// Storage is closed: tickets above `upto` will never become durable.
+    closed: bool,
 }
 
 /// Requests to the sync thread.
@@ -223,6 +225,7 @@ impl Storage {
         let (durable, _) = watch::channel(DurableState {
             upto: 0,
             failed: false,
+            closed: false,
         });
         let commit = Arc::new(CommitShared {
             db: db.clone(),
@@ -420,13 +423,15 @@ impl Storage {
         }
         let mut rx = self.inner.commit.durable.subscribe();
         let state = rx
-            .wait_for(|d| d.failed || d.upto >= ticket.0)
+            .wait_for(|d| d.failed || d.closed || d.upto >= ticket.0)
             .await
             .map_err(|_| StorageError::Closed)?;
         if state.upto >= ticket.0 {
             Ok(())
-        } else {
+        } else if state.failed {
             Err(StorageError::Io("journal fsync failed"))
+        } else {
+            Err(StorageError::Closed)
         }
     }
 
@@ -766,10 +771,19 @@ impl Storage {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        // The sync thread makes everything applied so far durable before it exits, which
-        // also releases every waiter.
+        // The sync thread makes everything applied so far durable before it exits.
         self.inner.stop_sync_thread();
-        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+        let upto = self.inner.commit.applied.load(Ordering::Acquire);
+        let result = self.inner.db.persist(PersistMode::SyncAll).map_err(io);
+        // Release every waiter: what was applied before this final fsync is durable; a
+        // write that raced with close gets `Closed`, never a hang.
+        self.inner.commit.durable.send_modify(|d| {
+            if result.is_ok() {
+                d.upto = d.upto.max(upto);
+            }
+            d.closed = true;
+        });
+        result
     }
 }
 

@@ -717,6 +717,11 @@ fn close_makes_pending_tickets_durable_and_refuses_writes() {
         .unwrap();
     rt.block_on(s.wait_durable(t)).unwrap();
     assert_eq!(s.apply(&[(&l, m)]), Err(StorageError::Closed));
+    // A ticket the closed storage never made durable fails instead of hanging.
+    assert_eq!(
+        rt.block_on(s.wait_durable(CommitTicket(t.0 + 1))),
+        Err(StorageError::Closed)
+    );
 }
 
 const CRASH_DIR_ENV: &str = "SLUICE_STORAGE_CRASH_DIR";
