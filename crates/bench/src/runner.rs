@@ -9,6 +9,9 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::{sleep_until, timeout, Instant};
 
+/// How far past the end of its step a lagging generator keeps issuing.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
+
 /// One stream of traffic within a step.
 #[derive(Clone, Debug)]
 pub struct StreamSpec {
@@ -124,10 +127,28 @@ pub async fn run_step<T: Target>(
         );
         let (target, rec, sem, cfg) = (target.clone(), rec.clone(), sem.clone(), cfg.clone());
         dispatchers.push(tokio::spawn(async move {
-            for offset in sched {
+            let mut burst = 0u32;
+            // A generator that falls this far behind gives up on the rest of the step and
+            // counts it as unsent, rather than stretching the step indefinitely.
+            let give_up = start + duration + GIVE_UP_AFTER;
+            let mut sched = sched;
+            while let Some(offset) = sched.next() {
                 let intended = start + offset;
+                if burst > 0 && burst.is_multiple_of(64) && Instant::now() > give_up {
+                    let rest = 1 + sched.by_ref().count() as u64;
+                    lock(&rec).on_unsent(Instant::now(), class, rest);
+                    break;
+                }
                 if Instant::now() < intended {
+                    burst = 0;
                     sleep_until(intended).await;
+                } else {
+                    // Behind schedule: yield now and then so that completions (and, on a
+                    // single-threaded runtime, the requests themselves) still make progress.
+                    burst += 1;
+                    if burst.is_multiple_of(64) {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 let now = Instant::now();
                 let lagged = now.saturating_duration_since(intended) > cfg.lag_tolerance;

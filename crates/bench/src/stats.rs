@@ -20,7 +20,7 @@ pub struct Counts {
     pub offered: u64,
     /// Requests actually handed to the target.
     pub sent: u64,
-    /// Requests handed over later than the lag tolerance after their intended time.
+    /// Requests sent later than the lag tolerance after their intended time.
     pub lagged: u64,
     /// Requests not sent at all because the generator's in-flight cap was reached.
     pub unsent: u64,
@@ -248,12 +248,27 @@ impl Recorder {
         .flatten()
         {
             c.offered += 1;
-            c.lagged += u64::from(lagged);
             if sent {
                 c.sent += 1;
+                c.lagged += u64::from(lagged);
             } else {
                 c.unsent += 1;
             }
+        }
+    }
+
+    /// Records `n` requests that the generator dropped without sending them.
+    pub fn on_unsent(&mut self, now: Instant, class: usize, n: u64) {
+        self.roll(now);
+        for c in [
+            self.cur.get_mut(class).map(|x| &mut x.0),
+            self.totals.get_mut(class).map(|x| &mut x.0),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            c.offered += n;
+            c.unsent += n;
         }
     }
 
@@ -314,7 +329,10 @@ mod tests {
         assert_eq!(rows[0].t, 10);
         assert_eq!(rows[0].classes[0].counts.offered, 1);
         assert_eq!(rows[0].classes[1].counts.unsent, 1);
-        assert_eq!(rows[0].classes[1].counts.lagged, 1);
+        assert_eq!(
+            rows[0].classes[1].counts.lagged, 0,
+            "unsent is not also lagged"
+        );
         assert_eq!(rows[1].classes[0].counts.ok, 1);
         let p99 = rows[1].classes[0].latency.p99_us as f64;
         assert!((p99 - 1.5e6).abs() < 1.5e4, "p99 {p99}");

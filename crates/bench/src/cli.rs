@@ -1,0 +1,533 @@
+//! Command-line entry points: `sluice bench ...` and `sluice demo`.
+
+use crate::driver::{Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
+use crate::report::{html_compare, html_report, standalone_svg, text_table, RunReport, Settings};
+use crate::runner::RunConfig;
+use crate::scenario::{self, HotPlan, Plan, Workload};
+use crate::schedule::Arrival;
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Parses `250us`, `10ms`, `2s` or `1.5s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected e.g. 10ms, 2s, 250us"))?;
+    let secs = match unit {
+        "us" => v / 1e6,
+        "ms" => v / 1e3,
+        "s" | "" => v,
+        _ => return Err(format!("invalid duration unit in '{s}': use us, ms or s")),
+    };
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!("duration '{s}' out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Which experiment to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Find C: highest rate with p99 under the SLO and errors under 0.1%.
+    Capacity,
+    /// One-partition writes with USING TIMEOUT, offered load from 0.5xC to 5xC.
+    Ramp,
+    /// Uniform writes, reads and a 50/50 mix at 0.5, 1, 2, 3, 5 and 10xC.
+    Sweep,
+    /// Uniform reads; then an attacker on one wide partition; then per_partition_rate_limit.
+    HotPartition,
+    /// The generator's own ceiling against an in-process target that answers at once.
+    Ceiling,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Capacity => "capacity",
+            Scenario::Ramp => "ramp",
+            Scenario::Sweep => "sweep",
+            Scenario::HotPartition => "hot-partition",
+            Scenario::Ceiling => "ceiling",
+        }
+    }
+}
+
+/// Arguments of `sluice bench`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Scenario to run (omit when using --compare).
+    #[arg(value_enum)]
+    pub scenario: Option<Scenario>,
+    /// CQL contact points, host:port (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9042")]
+    pub nodes: Vec<String>,
+    /// Connections per host.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Capacity C in requests/s; measured with the `capacity` search first when omitted.
+    #[arg(long)]
+    pub capacity: Option<f64>,
+    /// Workload of the `capacity` scenario.
+    #[arg(long, value_enum, default_value = "write")]
+    pub workload: Workload,
+    /// Arrival process.
+    #[arg(long, value_enum, default_value = "constant")]
+    pub arrival: Arrival,
+    /// Goodput deadline from the intended send time [default: 20ms for ramp, 100ms otherwise].
+    #[arg(long, value_parser = parse_duration)]
+    pub deadline: Option<Duration>,
+    /// Client-side timeout of the driver [default: the deadline].
+    #[arg(long, value_parser = parse_duration)]
+    pub client_timeout: Option<Duration>,
+    /// Requests sent later than this after their intended time count as generator lag.
+    #[arg(long, value_parser = parse_duration, default_value = "2ms")]
+    pub lag_tolerance: Duration,
+    /// Duration of each step.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub step: Duration,
+    /// Duration of each capacity-search probe [default: --step].
+    #[arg(long, value_parser = parse_duration)]
+    pub probe_step: Option<Duration>,
+    /// Idle time between steps so that queues drain.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub cooldown: Duration,
+    /// p99 latency objective of the capacity search.
+    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
+    pub slo: Duration,
+    /// First rate of the capacity search, requests/s.
+    #[arg(long, default_value_t = 1000.0)]
+    pub start_rate: f64,
+    /// Multiples of C [default: ramp 0.5,1,2,3,5; sweep 0.5,1,2,3,5,10].
+    #[arg(long, value_delimiter = ',')]
+    pub multiples: Option<Vec<f64>>,
+    /// Partitions of the uniform key space (populated before read workloads).
+    #[arg(long, default_value_t = 10_000)]
+    pub partitions: u64,
+    /// `USING TIMEOUT` on the ramp's writes ("0ms" to leave it out).
+    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
+    pub using_timeout: Duration,
+    /// Uniform read rate of hot-partition [default: 0.5xC].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Attacker rate as a multiple of the uniform rate (hot-partition).
+    #[arg(long, default_value_t = 8.0)]
+    pub attack_multiplier: f64,
+    /// Rows in the attacker's partition, i.e. data per read relative to the others.
+    #[arg(long, default_value_t = 10)]
+    pub attack_rows: i32,
+    /// max_reads_per_second applied in the last hot-partition phase.
+    #[arg(long, default_value_t = 100)]
+    pub hot_limit: u32,
+    /// Client retry policy: none (measure the server) or stock (retry on next host).
+    #[arg(long, value_enum, default_value = "none")]
+    pub retry_policy: RetryMode,
+    /// Retries per request with --retry-policy stock.
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Cap on requests in flight; arrivals above it are counted as unsent.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_in_flight: usize,
+    /// Seed for arrivals and keys.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Label of this run in reports [default: the contact points].
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Write raw per-second data and step summaries as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a self-contained HTML report.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write the charts as a standalone SVG file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Compare two JSON runs side by side in the --report (no load is generated).
+    #[arg(long, num_args = 2, value_names = ["A_JSON", "B_JSON"])]
+    pub compare: Option<Vec<PathBuf>>,
+    /// No per-second progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl BenchArgs {
+    fn deadline(&self, s: Scenario) -> Duration {
+        self.deadline.unwrap_or(if s == Scenario::Ramp {
+            // Longer than the server's 10 ms timeout, so that its timeout answers are seen.
+            Duration::from_millis(20)
+        } else {
+            Duration::from_millis(100)
+        })
+    }
+
+    fn plan(&self, s: Scenario) -> Plan {
+        let deadline = self.deadline(s);
+        Plan {
+            run: RunConfig {
+                arrival: self.arrival,
+                deadline,
+                client_timeout: self.client_timeout.unwrap_or(deadline),
+                lag_tolerance: self.lag_tolerance,
+                max_in_flight: self.max_in_flight,
+                seed: self.seed,
+                progress: !self.quiet,
+            },
+            step: self.step,
+            probe_step: self.probe_step.unwrap_or(self.step),
+            cooldown: self.cooldown,
+            slo: self.slo,
+            start_rate: self.start_rate,
+            partitions: self.partitions.max(1),
+        }
+    }
+
+    fn new_report(&self, s: Scenario, plan: &Plan, classes: &[&str]) -> RunReport {
+        RunReport {
+            label: self.label.clone().unwrap_or_else(|| self.nodes.join(",")),
+            scenario: s.name().into(),
+            target: if s == Scenario::Ceiling {
+                "in-process (answers at once)".into()
+            } else {
+                self.nodes.join(",")
+            },
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            settings: Settings {
+                arrival: format!("{:?}", self.arrival).to_lowercase(),
+                deadline_ms: plan.run.deadline.as_secs_f64() * 1e3,
+                client_timeout_ms: plan.run.client_timeout.as_secs_f64() * 1e3,
+                lag_tolerance_ms: plan.run.lag_tolerance.as_secs_f64() * 1e3,
+                connections: self.connections,
+                retry_policy: match self.retry_policy {
+                    RetryMode::None => "none".into(),
+                    RetryMode::Stock => format!("stock ({} retries)", self.retries),
+                },
+                step_secs: plan.step.as_secs_f64(),
+            },
+            classes: classes.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+fn write_outputs(args: &BenchArgs, r: &RunReport) -> anyhow::Result<()> {
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_vec_pretty(r)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.report {
+        std::fs::write(p, html_report(r)).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.svg {
+        std::fs::write(p, standalone_svg(r)).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn print_summary(r: &RunReport) {
+    println!("\n== {} / {} ({}) ==", r.label, r.scenario, r.target);
+    if let Some(c) = r.capacity {
+        println!("capacity C = {c:.0} requests/s");
+    }
+    print!("{}", text_table(r));
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}
+
+fn load(p: &Path) -> anyhow::Result<RunReport> {
+    let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", p.display()))
+}
+
+/// Runs `sluice bench` with parsed arguments.
+pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(files) = &args.compare {
+        let [a, b] = files.as_slice() else {
+            bail!("--compare takes exactly two JSON files");
+        };
+        let Some(out) = &args.report else {
+            bail!("--compare needs --report OUT.html");
+        };
+        let (a, b) = (load(a)?, load(b)?);
+        print_summary(&a);
+        print_summary(&b);
+        std::fs::write(out, html_compare(&a, &b))
+            .with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+        return Ok(());
+    }
+    let Some(s) = args.scenario else {
+        bail!("name a scenario (capacity, ramp, sweep, hot-partition, ceiling) or use --compare");
+    };
+    let plan = args.plan(s);
+    let report = match s {
+        Scenario::Ceiling => {
+            let mut r = args.new_report(s, &plan, &["generator"]);
+            let c = scenario::ceiling(&mut r, &plan).await;
+            r.notes.push(format!(
+                "generator ceiling on this machine: {c:.0} requests/s issued and accounted (in-process target, no network or driver cost); do not read any figure above it"
+            ));
+            r
+        }
+        _ => run_against_cql(&args, s, &plan).await?,
+    };
+    print_summary(&report);
+    write_outputs(&args, &report)
+}
+
+async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::Result<RunReport> {
+    let opts = DriverOptions {
+        nodes: args.nodes.clone(),
+        connections: args.connections,
+        client_timeout: plan.run.client_timeout,
+        retry: args.retry_policy,
+        retries: args.retries,
+    };
+    let conn = Connection::open(&opts).await?;
+    let classes: &[&str] = if s == Scenario::HotPartition {
+        &["uniform", "attacker"]
+    } else {
+        &["requests"]
+    };
+    let mut r = args.new_report(s, plan, classes);
+    let hot = s == Scenario::HotPartition;
+    let table = if hot { "hot_kv" } else { "kv" };
+    // The hot-partition table is recreated so that no rate limit from an earlier run remains.
+    conn.create_table(table, hot).await?;
+    let using_timeout =
+        (s == Scenario::Ramp && !args.using_timeout.is_zero()).then_some(args.using_timeout);
+    let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
+    r.notes.extend(notes);
+    let target = Arc::new(target);
+    if matches!(s, Scenario::Sweep | Scenario::HotPartition)
+        || (s == Scenario::Capacity && args.workload != Workload::Write)
+    {
+        eprintln!("populating {} partitions...", plan.partitions);
+        let failed = target.populate(0..plan.partitions as i64, 1).await;
+        if hot {
+            let rows = args.attack_rows.max(1);
+            let f = target
+                .populate(scenario::HOT_PK..scenario::HOT_PK + 1, rows)
+                .await;
+            if f > 0 {
+                r.notes
+                    .push(format!("{f} writes to the hot partition failed"));
+            }
+        }
+        if failed > 0 {
+            r.notes.push(format!("{failed} populate writes failed"));
+        }
+    }
+    let stream = match s {
+        Scenario::Ramp => scenario::ramp_stream(),
+        Scenario::Capacity => scenario::uniform_stream(args.workload, plan.partitions),
+        _ => scenario::uniform_stream(Workload::Write, plan.partitions),
+    };
+    let c = match (args.capacity, s) {
+        (_, Scenario::Capacity) => {
+            let c = scenario::capacity(&target, &mut r, plan, &stream, "").await;
+            r.capacity = c;
+            if c.is_none() {
+                r.notes
+                    .push("no rate met the SLO; lower --start-rate or relax --slo".into());
+            }
+            return Ok(r);
+        }
+        (Some(c), _) => c,
+        (None, _) => {
+            eprintln!("measuring capacity C first (pass --capacity to skip)...");
+            let c = scenario::capacity(&target, &mut r, plan, &stream, "capacity ")
+                .await
+                .context("capacity search found no rate that meets the SLO; pass --capacity")?;
+            eprintln!("C = {c:.0} requests/s");
+            c
+        }
+    };
+    r.capacity = Some(c);
+    match s {
+        Scenario::Ramp => {
+            let m = args
+                .multiples
+                .clone()
+                .unwrap_or(vec![0.5, 1.0, 2.0, 3.0, 5.0]);
+            scenario::ramp(&target, &mut r, plan, c, &m).await;
+        }
+        Scenario::Sweep => {
+            let m = args
+                .multiples
+                .clone()
+                .unwrap_or(vec![0.5, 1.0, 2.0, 3.0, 5.0, 10.0]);
+            scenario::sweep(&target, &mut r, plan, c, &m).await;
+        }
+        Scenario::HotPartition => {
+            let hp = HotPlan {
+                uniform_rate: args.rate.unwrap_or(c * 0.5),
+                attack_multiplier: args.attack_multiplier,
+            };
+            let limit = args.hot_limit;
+            let conn = &conn;
+            scenario::hot_partition(&target, &mut r, plan, &hp, async move || {
+                conn.ddl(&format!(
+                    "ALTER TABLE {KEYSPACE}.{table} WITH per_partition_rate_limit = {{'max_reads_per_second': {limit}}}"
+                ))
+                .await
+            })
+            .await;
+        }
+        Scenario::Capacity | Scenario::Ceiling => {}
+    }
+    Ok(r)
+}
+
+/// Arguments of `sluice demo`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Where to write the HTML report.
+    #[arg(long, default_value = "report.html")]
+    pub out: PathBuf,
+    /// Seconds per ramp step (5 steps, plus a short capacity search).
+    #[arg(long, value_parser = parse_duration, default_value = "6s")]
+    pub step: Duration,
+}
+
+/// Starts a Sluice node from `serve_exe` in a temporary directory, runs a short `ramp` against it,
+/// writes the report and prints where it is. The node is stopped on return.
+pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    eprintln!(
+        "starting {} on {addr} (data in {})",
+        serve_exe.display(),
+        dir.path().display()
+    );
+    let child = std::process::Command::new(serve_exe)
+        .args(["serve", "--listen", &addr, "--data-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", serve_exe.display()))?;
+    // Kills the node however this function returns.
+    struct Node(std::process::Child);
+    impl Drop for Node {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut node = Node(child);
+    let up = async {
+        loop {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), up)
+        .await
+        .is_err()
+    {
+        if let Ok(Some(st)) = node.0.try_wait() {
+            bail!("the node exited ({st}) before listening on {addr}");
+        }
+        bail!("the node did not listen on {addr} within 30 s");
+    }
+    let out = std::path::absolute(&args.out).unwrap_or(args.out.clone());
+    let bench = BenchArgs {
+        scenario: Some(Scenario::Ramp),
+        nodes: vec![addr],
+        connections: 2,
+        capacity: None,
+        workload: Workload::Write,
+        arrival: Arrival::Constant,
+        deadline: None,
+        client_timeout: None,
+        lag_tolerance: Duration::from_millis(2),
+        step: args.step,
+        // Capacity probes are shorter than the ramp steps to keep the demo near a minute.
+        probe_step: Some((args.step / 3).max(Duration::from_secs(1))),
+        cooldown: Duration::from_millis(500),
+        slo: Duration::from_millis(10),
+        start_rate: 2000.0,
+        multiples: None,
+        partitions: 10_000,
+        using_timeout: Duration::from_millis(10),
+        rate: None,
+        attack_multiplier: 8.0,
+        attack_rows: 10,
+        hot_limit: 100,
+        retry_policy: RetryMode::None,
+        retries: 3,
+        max_in_flight: 100_000,
+        seed: 1,
+        label: Some("sluice (demo)".into()),
+        json: None,
+        report: Some(out.clone()),
+        svg: None,
+        compare: None,
+        quiet: false,
+    };
+    let plan = bench.plan(Scenario::Ramp);
+    let r = run_against_cql(&bench, Scenario::Ramp, &plan).await;
+    drop(node);
+    let r = r?;
+    print_summary(&r);
+    write_outputs(&bench, &r)?;
+    println!("report: {}", out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("1e9s").is_err());
+    }
+
+    #[test]
+    fn cli_defaults_and_scenario_deadlines() {
+        let t = T::try_parse_from(["x", "ramp", "--nodes", "a:1,b:2", "--capacity", "5000"])
+            .expect("parse");
+        assert_eq!(t.a.scenario, Some(Scenario::Ramp));
+        assert_eq!(t.a.nodes, vec!["a:1", "b:2"]);
+        let p = t.a.plan(Scenario::Ramp);
+        assert_eq!(p.run.deadline, Duration::from_millis(20));
+        assert_eq!(p.run.client_timeout, p.run.deadline);
+        assert_eq!(t.a.retry_policy, RetryMode::None);
+        let t = T::try_parse_from(["x", "--compare", "a.json", "b.json", "--report", "x.html"])
+            .expect("parse");
+        assert_eq!(t.a.compare.map(|v| v.len()), Some(2));
+        assert!(T::try_parse_from(["x", "warp"]).is_err());
+    }
+}

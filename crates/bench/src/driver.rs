@@ -1,0 +1,301 @@
+//! The real target: any CQL endpoint through the Rust `scylla` driver, with prepared statements,
+//! no retries by default and the driver's client timeout set to the request deadline.
+
+use crate::target::{Op, OpKind, Reply, Target};
+use anyhow::Context;
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::client::PoolSize;
+use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
+use scylla::policies::retry::{
+    FallthroughRetryPolicy, RequestInfo, RetryDecision, RetryPolicy, RetrySession,
+};
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::Consistency;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// Keyspace every scenario uses.
+pub const KEYSPACE: &str = "sluice_bench";
+
+/// Bytes in every written value.
+pub const VALUE_LEN: usize = 64;
+
+/// Retry behaviour of the client.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RetryMode {
+    /// Never retry: the benchmark measures the server, not the client's policy.
+    None,
+    /// What stock drivers do: retry at once on the next host, up to N times.
+    Stock,
+}
+
+/// Connection settings.
+#[derive(Clone, Debug)]
+pub struct DriverOptions {
+    /// Contact points, `host:port`.
+    pub nodes: Vec<String>,
+    /// Connections per host.
+    pub connections: usize,
+    /// The driver's client-side timeout.
+    pub client_timeout: Duration,
+    /// Retry policy.
+    pub retry: RetryMode,
+    /// Retries per request under `RetryMode::Stock`.
+    pub retries: u32,
+}
+
+/// Retries immediately on the next host, up to `max` times, for the errors stock drivers retry.
+#[derive(Debug)]
+struct StockRetry {
+    max: u32,
+    retries: Arc<AtomicU64>,
+}
+
+struct StockRetrySession {
+    left: u32,
+    retries: Arc<AtomicU64>,
+}
+
+impl RetryPolicy for StockRetry {
+    fn new_session(&self) -> Box<dyn RetrySession> {
+        Box::new(StockRetrySession {
+            left: self.max,
+            retries: self.retries.clone(),
+        })
+    }
+}
+
+impl RetrySession for StockRetrySession {
+    fn decide_should_retry(&mut self, info: RequestInfo) -> RetryDecision {
+        let retriable = match info.error {
+            RequestAttemptError::BrokenConnectionError(_)
+            | RequestAttemptError::UnableToAllocStreamId => true,
+            RequestAttemptError::DbError(db, _) => matches!(
+                db,
+                DbError::Overloaded
+                    | DbError::ServerError
+                    | DbError::TruncateError
+                    | DbError::IsBootstrapping
+                    | DbError::Unavailable { .. }
+                    | DbError::ReadTimeout { .. }
+                    | DbError::WriteTimeout { .. }
+            ),
+            _ => false,
+        };
+        if retriable && self.left > 0 {
+            self.left -= 1;
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            RetryDecision::RetryNextTarget(None)
+        } else {
+            RetryDecision::DontRetry
+        }
+    }
+
+    fn reset(&mut self) {}
+}
+
+/// Maps a driver error onto the outcome classes.
+pub fn classify_error(e: &ExecutionError) -> Reply {
+    match e {
+        ExecutionError::RequestTimeout(_) => Reply::ClientTimeout,
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(db, _)) => match db {
+            DbError::RateLimitReached { .. } => Reply::RateLimited,
+            DbError::Overloaded => Reply::Overloaded,
+            DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. } => Reply::ServerTimeout,
+            _ => Reply::Other,
+        },
+        _ => Reply::Other,
+    }
+}
+
+/// An open session plus the retry counter its policy feeds.
+pub struct Connection {
+    /// The driver session.
+    pub session: Arc<Session>,
+    retries: Arc<AtomicU64>,
+}
+
+impl Connection {
+    /// Connects with the given options (no speculative execution, consistency ONE).
+    pub async fn open(opts: &DriverOptions) -> anyhow::Result<Self> {
+        let retries = Arc::new(AtomicU64::new(0));
+        let policy: Arc<dyn RetryPolicy> = match opts.retry {
+            RetryMode::None => Arc::new(FallthroughRetryPolicy::new()),
+            RetryMode::Stock => Arc::new(StockRetry {
+                max: opts.retries,
+                retries: retries.clone(),
+            }),
+        };
+        let profile = ExecutionProfile::builder()
+            .request_timeout(Some(opts.client_timeout))
+            .retry_policy(policy)
+            .speculative_execution_policy(None)
+            .consistency(Consistency::One)
+            .build();
+        let conns = NonZeroUsize::new(opts.connections.max(1)).unwrap_or(NonZeroUsize::MIN);
+        let session = SessionBuilder::new()
+            .known_nodes(&opts.nodes)
+            .pool_size(PoolSize::PerHost(conns))
+            .default_execution_profile_handle(profile.into_handle())
+            .build()
+            .await
+            .with_context(|| format!("connecting to {}", opts.nodes.join(",")))?;
+        Ok(Self {
+            session: Arc::new(session),
+            retries,
+        })
+    }
+
+    /// Runs a schema statement with a generous timeout (schema changes are not measured).
+    pub async fn ddl(&self, cql: &str) -> Result<(), String> {
+        let mut st = scylla::statement::Statement::new(cql);
+        st.set_request_timeout(Some(Duration::from_secs(60)));
+        self.session
+            .query_unpaged(st, ())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Creates the keyspace and a `(pk bigint, ck int, v blob)` table; drops it first if `fresh`.
+    pub async fn create_table(&self, table: &str, fresh: bool) -> anyhow::Result<()> {
+        self.ddl(&format!(
+            "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
+             {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+        ))
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("creating keyspace")?;
+        if fresh {
+            self.ddl(&format!("DROP TABLE IF EXISTS {KEYSPACE}.{table}"))
+                .await
+                .map_err(anyhow::Error::msg)
+                .context("dropping table")?;
+        }
+        self.ddl(&format!(
+            "CREATE TABLE IF NOT EXISTS {KEYSPACE}.{table} \
+             (pk bigint, ck int, v blob, PRIMARY KEY (pk, ck))"
+        ))
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("creating table")
+    }
+}
+
+/// Prepared reads and writes on one table.
+pub struct CqlTarget {
+    session: Arc<Session>,
+    write: PreparedStatement,
+    read: PreparedStatement,
+    value: [u8; VALUE_LEN],
+    sent: AtomicU64,
+    retries: Arc<AtomicU64>,
+}
+
+impl CqlTarget {
+    /// Prepares the statements; `using_timeout` adds `USING TIMEOUT` to writes. Returns notes
+    /// about what the server did not support (the run goes on without it).
+    pub async fn prepare(
+        conn: &Connection,
+        table: &str,
+        using_timeout: Option<Duration>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        let mut notes = Vec::new();
+        let plain = format!("INSERT INTO {KEYSPACE}.{table} (pk, ck, v) VALUES (?, ?, ?)");
+        let write = match using_timeout {
+            Some(t) => {
+                let cql = format!("{plain} USING TIMEOUT {}ms", t.as_millis());
+                match conn.session.prepare(cql).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        notes.push(format!(
+                            "USING TIMEOUT unsupported by the server ({e}); writes carry only the client deadline"
+                        ));
+                        conn.session.prepare(plain).await?
+                    }
+                }
+            }
+            None => conn.session.prepare(plain).await?,
+        };
+        let read = conn
+            .session
+            .prepare(format!(
+                "SELECT pk, ck, v FROM {KEYSPACE}.{table} WHERE pk = ?"
+            ))
+            .await?;
+        let mut t = Self {
+            session: conn.session.clone(),
+            write,
+            read,
+            value: [0x5a; VALUE_LEN],
+            sent: AtomicU64::new(0),
+            retries: conn.retries.clone(),
+        };
+        // Idempotent, so that a stock retry policy may retry them as real applications do.
+        t.write.set_is_idempotent(true);
+        t.read.set_is_idempotent(true);
+        Ok((t, notes))
+    }
+
+    /// Writes `rows` rows in each of `pks`, 128 at a time (closed loop: setup, not measured).
+    pub async fn populate(self: &Arc<Self>, pks: std::ops::Range<i64>, rows: i32) -> u64 {
+        let mut set = JoinSet::new();
+        let mut failed = 0u64;
+        for pk in pks {
+            for ck in 0..rows.max(1) {
+                while set.len() >= 128 {
+                    if let Some(Ok(r)) = set.join_next().await {
+                        failed += u64::from(r != Reply::Ok);
+                    }
+                }
+                let t = self.clone();
+                set.spawn(async move {
+                    t.execute(Op {
+                        kind: OpKind::Write,
+                        pk,
+                        ck,
+                    })
+                    .await
+                });
+            }
+        }
+        while let Some(r) = set.join_next().await {
+            failed += u64::from(!matches!(r, Ok(Reply::Ok)));
+        }
+        failed
+    }
+}
+
+impl Target for CqlTarget {
+    async fn execute(&self, op: Op) -> Reply {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        let r = match op.kind {
+            OpKind::Write => self
+                .session
+                .execute_unpaged(&self.write, (op.pk, op.ck, &self.value[..]))
+                .await
+                .map(|_| ()),
+            OpKind::Read => self
+                .session
+                .execute_unpaged(&self.read, (op.pk,))
+                .await
+                .map(|_| ()),
+        };
+        match r {
+            Ok(()) => Reply::Ok,
+            Err(e) => classify_error(&e),
+        }
+    }
+
+    fn attempts(&self) -> Option<u64> {
+        Some(self.sent.load(Ordering::Relaxed) + self.retries.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,440 @@
+//! Scenarios modelled on published experiments: capacity search, ScyllaDB's ramp (exception)
+//! experiment, an overload sweep, ScyllaDB's hot-partition (rate limit) experiment, and the
+//! generator's own ceiling.
+
+use crate::fake::Immediate;
+use crate::report::RunReport;
+use crate::runner::{run_step, RunConfig, StreamSpec};
+use crate::target::{KeyDist, Target};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Workload mix of a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// 100% single-row writes.
+    Write,
+    /// 100% single-partition reads.
+    Read,
+    /// 50% reads, 50% writes.
+    Mix,
+}
+
+impl Workload {
+    /// Fraction of reads.
+    pub fn read_fraction(self) -> f64 {
+        match self {
+            Workload::Write => 0.0,
+            Workload::Read => 1.0,
+            Workload::Mix => 0.5,
+        }
+    }
+
+    /// Name used in step labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Write => "write",
+            Workload::Read => "read",
+            Workload::Mix => "mix",
+        }
+    }
+}
+
+/// Scenario-independent knobs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Generator settings.
+    pub run: RunConfig,
+    /// Duration of each step.
+    pub step: Duration,
+    /// Duration of each capacity-search probe.
+    pub probe_step: Duration,
+    /// Idle time between steps (lets queues drain; not recorded).
+    pub cooldown: Duration,
+    /// Latency objective of the capacity search (p99 of successes).
+    pub slo: Duration,
+    /// First rate the capacity search tries.
+    pub start_rate: f64,
+    /// Uniform key space.
+    pub partitions: u64,
+}
+
+/// Partition key that single-partition scenarios use (outside the uniform key space).
+pub const HOT_PK: i64 = -1;
+
+fn label_multiple(m: f64) -> String {
+    format!("{}xC", crate::report_num(m))
+}
+
+/// Outcome of one capacity probe.
+fn passes(report: &RunReport, plan: &Plan) -> (bool, bool) {
+    let Some(step) = report.steps.last() else {
+        return (false, false);
+    };
+    let Some(c) = step.classes.first() else {
+        return (false, false);
+    };
+    let completed = c.counts.completed().max(1);
+    let errors = c.counts.failed() as f64 / completed as f64;
+    let generator_limited = step.lag_fraction() > 0.01;
+    let slo_us = plan.slo.as_micros() as u64;
+    let ok = c.counts.ok > 0 && c.latency.p99_us <= slo_us && errors < 0.001;
+    (ok && !generator_limited, generator_limited)
+}
+
+/// Runs one capacity probe step at `rate`.
+async fn probe<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    stream: &StreamSpec,
+    rate: f64,
+    prefix: &str,
+) {
+    let spec = StreamSpec {
+        rate,
+        ..stream.clone()
+    };
+    let t = report.next_second();
+    let run = run_step(target, &[spec], plan.probe_step, &plan.run, t).await;
+    report.push_step(
+        &format!("{prefix}{rate:.0}/s"),
+        None,
+        plan.probe_step.as_secs_f64(),
+        run,
+    );
+    tokio::time::sleep(plan.cooldown).await;
+}
+
+/// Finds C: the highest offered rate whose p99 stays under the SLO with errors under 0.1%.
+///
+/// Rates grow by 1.5x until a step fails, then three bisection steps (geometric means)
+/// narrow the gap to about 5%, as the measurement protocol asks.
+pub async fn capacity<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    stream: &StreamSpec,
+    prefix: &str,
+) -> Option<f64> {
+    let mut last_pass: Option<f64> = None;
+    let mut first_fail: Option<f64> = None;
+    let mut rate = plan.start_rate.max(1.0);
+    let mut probes = 0;
+    while first_fail.is_none() && probes < 30 {
+        probe(target, report, plan, stream, rate, prefix).await;
+        probes += 1;
+        let (ok, generator_limited) = passes(report, plan);
+        if generator_limited {
+            report.notes.push(format!(
+                "capacity search stopped at {rate:.0}/s: the generator could not keep up"
+            ));
+            return last_pass;
+        }
+        if ok {
+            last_pass = Some(rate);
+            rate *= 1.5;
+        } else {
+            first_fail = Some(rate);
+        }
+    }
+    let fail = first_fail?;
+    let Some(mut lo) = last_pass else {
+        report
+            .notes
+            .push(format!("capacity search: even {fail:.0}/s missed the SLO"));
+        return None;
+    };
+    let mut hi = fail;
+    for _ in 0..3 {
+        let mid = (lo * hi).sqrt();
+        probe(target, report, plan, stream, mid, prefix).await;
+        let (ok, generator_limited) = passes(report, plan);
+        if ok {
+            lo = mid;
+        } else {
+            hi = mid;
+            if generator_limited {
+                break;
+            }
+        }
+    }
+    Some(lo)
+}
+
+/// Runs one step per multiple of `c` with the given streams (rates are multiplied).
+async fn steps<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    name: &str,
+    c: f64,
+    multiples: &[f64],
+    stream: &StreamSpec,
+) {
+    for &m in multiples {
+        let spec = StreamSpec {
+            rate: c * m,
+            ..stream.clone()
+        };
+        let t = report.next_second();
+        let run = run_step(target, &[spec], plan.step, &plan.run, t).await;
+        report.push_step(
+            &format!("{name} {}", label_multiple(m)),
+            Some(m),
+            plan.step.as_secs_f64(),
+            run,
+        );
+        tokio::time::sleep(plan.cooldown).await;
+    }
+}
+
+/// The ramp stream: writes spread over 1000 rows of one partition.
+pub fn ramp_stream() -> StreamSpec {
+    StreamSpec {
+        rate: 0.0,
+        read_fraction: 0.0,
+        keys: KeyDist::Single { pk: HOT_PK },
+        rows: 1000,
+    }
+}
+
+/// A uniform stream of the given workload.
+pub fn uniform_stream(w: Workload, partitions: u64) -> StreamSpec {
+    StreamSpec {
+        rate: 0.0,
+        read_fraction: w.read_fraction(),
+        keys: KeyDist::Uniform { partitions },
+        rows: 1,
+    }
+}
+
+/// ScyllaDB's exception experiment: one-partition writes ramping from 0.5·C to 5·C.
+pub async fn ramp<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    c: f64,
+    multiples: &[f64],
+) {
+    steps(target, report, plan, "ramp", c, multiples, &ramp_stream()).await;
+}
+
+/// Goodput at multiples of C for uniform writes, uniform reads and a 50/50 mix.
+pub async fn sweep<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    c: f64,
+    multiples: &[f64],
+) {
+    for w in [Workload::Write, Workload::Read, Workload::Mix] {
+        let s = uniform_stream(w, plan.partitions);
+        steps(target, report, plan, w.name(), c, multiples, &s).await;
+    }
+    report.fill_goodput_vs_c();
+}
+
+/// Settings of the hot-partition experiment.
+#[derive(Clone, Debug)]
+pub struct HotPlan {
+    /// Rate of the uniform (victim) read workload.
+    pub uniform_rate: f64,
+    /// Attacker rate as a multiple of the uniform rate (open-loop stand-in for 8x concurrency).
+    pub attack_multiplier: f64,
+}
+
+/// ScyllaDB's rate-limit experiment in three phases: uniform reads alone; plus an attacker
+/// reading one wide partition; plus `per_partition_rate_limit` applied by `apply_limit`.
+///
+/// Classes: 0 = uniform, 1 = attacker. A failing `apply_limit` (e.g. Cassandra, which has no
+/// such option) is recorded as unsupported and the third phase runs anyway.
+pub async fn hot_partition<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    hot: &HotPlan,
+    apply_limit: impl AsyncFnOnce() -> Result<(), String>,
+) {
+    let uniform = StreamSpec {
+        rate: hot.uniform_rate,
+        read_fraction: 1.0,
+        keys: KeyDist::Uniform {
+            partitions: plan.partitions,
+        },
+        rows: 1,
+    };
+    let attacker = StreamSpec {
+        rate: hot.uniform_rate * hot.attack_multiplier,
+        read_fraction: 1.0,
+        keys: KeyDist::Single { pk: HOT_PK },
+        rows: 1,
+    };
+    let idle = StreamSpec {
+        rate: 0.0,
+        ..attacker.clone()
+    };
+    for (label, streams) in [
+        ("baseline", vec![uniform.clone(), idle]),
+        ("attack", vec![uniform.clone(), attacker.clone()]),
+    ] {
+        let t = report.next_second();
+        let run = run_step(target, &streams, plan.step, &plan.run, t).await;
+        report.push_step(label, None, plan.step.as_secs_f64(), run);
+    }
+    match apply_limit().await {
+        Ok(()) => {}
+        Err(e) => report.notes.push(format!(
+            "per_partition_rate_limit unsupported by the server ({e}); the 'limited' phase runs without it"
+        )),
+    }
+    let t = report.next_second();
+    let run = run_step(target, &[uniform, attacker], plan.step, &plan.run, t).await;
+    report.push_step("limited", None, plan.step.as_secs_f64(), run);
+}
+
+/// Measures the generator's ceiling: requests/s it can issue and account against a target that
+/// answers at once. Returns the median per-second completions of the saturated step.
+pub async fn ceiling(report: &mut RunReport, plan: &Plan) -> f64 {
+    let target = Arc::new(Immediate::default());
+    let flood = StreamSpec {
+        // Far above any achievable rate: the dispatcher is always behind and sends flat out.
+        rate: 50_000_000.0,
+        ..uniform_stream(Workload::Write, plan.partitions)
+    };
+    let mut cfg = plan.run.clone();
+    cfg.progress = false;
+    let run = run_step(&target, &[flood], plan.step, &cfg, 0).await;
+    let mut per_sec: Vec<u64> = run
+        .seconds
+        .iter()
+        .map(|s| s.total().completed())
+        .filter(|n| *n > 0)
+        .collect();
+    per_sec.sort_unstable();
+    let ceiling = per_sec.get(per_sec.len() / 2).copied().unwrap_or(0) as f64;
+    report.push_step("saturated", None, plan.step.as_secs_f64(), run);
+    report.notes.clear();
+    // Check that 80% of the ceiling is sustained on schedule.
+    let check = StreamSpec {
+        rate: ceiling * 0.8,
+        ..uniform_stream(Workload::Write, plan.partitions)
+    };
+    let t = report.next_second();
+    let run = run_step(&target, &[check], plan.step, &cfg, t).await;
+    report.push_step("0.8x ceiling", None, plan.step.as_secs_f64(), run);
+    ceiling
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{FakeConfig, FakeServer};
+    use crate::schedule::Arrival;
+
+    fn plan() -> Plan {
+        Plan {
+            run: RunConfig {
+                arrival: Arrival::Constant,
+                deadline: Duration::from_millis(50),
+                client_timeout: Duration::from_millis(50),
+                lag_tolerance: Duration::from_millis(2),
+                max_in_flight: 100_000,
+                seed: 5,
+                progress: false,
+            },
+            step: Duration::from_secs(2),
+            probe_step: Duration::from_secs(2),
+            cooldown: Duration::from_millis(200),
+            slo: Duration::from_millis(20),
+            start_rate: 200.0,
+            partitions: 100,
+        }
+    }
+
+    fn report(classes: &[&str]) -> RunReport {
+        RunReport {
+            classes: classes.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn capacity_search_finds_the_service_rate() {
+        // 1 ms service: the queue is stable up to 1000/s and grows without bound beyond it.
+        let fake = Arc::new(FakeServer::new(FakeConfig {
+            service: Duration::from_millis(1),
+            ..Default::default()
+        }));
+        let p = plan();
+        let mut r = report(&["uniform"]);
+        let s = uniform_stream(Workload::Write, 100);
+        let c = capacity(&fake, &mut r, &p, &s, "").await.expect("capacity");
+        assert!((850.0..=1000.0).contains(&c), "C = {c}");
+        assert!(r.steps.len() >= 6);
+        // Steps are laid end to end on the run's timeline.
+        assert_eq!(r.steps[1].start_s, r.steps[0].start_s + 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweep_reports_goodput_relative_to_capacity() {
+        // With admission (queue delay capped at 10 ms), goodput stays at capacity past it.
+        let fake = Arc::new(FakeServer::new(FakeConfig {
+            service: Duration::from_millis(1),
+            max_queue_delay: Some(Duration::from_millis(10)),
+            ..Default::default()
+        }));
+        let p = plan();
+        let mut r = report(&["uniform"]);
+        sweep(&fake, &mut r, &p, 1000.0, &[0.5, 1.0, 3.0]).await;
+        assert_eq!(r.steps.len(), 9);
+        let half = &r.steps[0];
+        assert_eq!(half.label, "write 0.5xC");
+        let v = half.goodput_vs_c.expect("ratio");
+        assert!((0.45..=0.55).contains(&v), "0.5xC ratio {v}");
+        let three = &r.steps[2];
+        assert!(three.goodput_vs_c.expect("ratio") >= 0.95);
+        assert!(three.classes[0].counts.overloaded > 3000);
+        assert!(r.steps[5].label.starts_with("read"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hot_partition_phases_separate_victim_and_attacker() {
+        // The fake's limit stays on for all phases, which isolates the accounting per class.
+        let fake = Arc::new(FakeServer::new(FakeConfig {
+            partition_limit: Some(50),
+            ..Default::default()
+        }));
+        let p = plan();
+        let mut r = report(&["uniform", "attacker"]);
+        let hot = HotPlan {
+            uniform_rate: 100.0,
+            attack_multiplier: 8.0,
+        };
+        hot_partition(&fake, &mut r, &p, &hot, async || {
+            Err("no such option".into())
+        })
+        .await;
+        assert_eq!(r.steps.len(), 3);
+        assert_eq!(r.steps[0].classes[1].counts.offered, 0);
+        let attack = &r.steps[1];
+        assert_eq!(attack.classes[0].counts.ok, 200);
+        assert_eq!(attack.classes[1].counts.offered, 1600);
+        // 50/s in fixed windows; a 2 s step spans parts of three windows.
+        let hot_ok = attack.classes[1].counts.ok;
+        assert!((100..=150).contains(&hot_ok), "attacker accepted {hot_ok}");
+        assert_eq!(attack.classes[1].counts.rate_limited, 1600 - hot_ok);
+        assert!(r.notes.iter().any(|n| n.contains("unsupported")));
+    }
+
+    #[tokio::test]
+    async fn ceiling_reports_a_positive_rate() {
+        // Real time (a ceiling is a wall-clock figure), kept short.
+        let mut p = plan();
+        p.step = Duration::from_millis(300);
+        let mut r = report(&["generator"]);
+        let c = ceiling(&mut r, &p).await;
+        assert!(c > 0.0);
+        assert_eq!(r.steps.len(), 2);
+    }
+}
