@@ -880,11 +880,13 @@ impl<'a> Parser<'a> {
         };
         let mut using = Using::default();
         let mut if_not_exists = false;
-        // Cassandra wants IF NOT EXISTS before USING; accept either order.
+        let mut seen_using = false;
+        // Cassandra wants IF NOT EXISTS before USING; accept either order, each once.
         for _ in 0..2 {
             if !if_not_exists && self.is_kw("if") {
                 if_not_exists = self.if_not_exists()?;
-            } else if self.eat_kw("using") {
+            } else if !seen_using && self.eat_kw("using") {
+                seen_using = true;
                 self.using_clause(&mut using)?;
             }
         }

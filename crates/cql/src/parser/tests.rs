@@ -520,6 +520,14 @@ fn insert_forms() {
         Term::Literal(Literal::Float("-Infinity".into()))
     );
     assert_eq!(ins.values[3], string("it's"));
+    let Statement::Insert(ins) = st("INSERT INTO t (a) VALUES (1) USING TTL 5 IF NOT EXISTS")
+    else {
+        panic!()
+    };
+    assert!(ins.if_not_exists);
+    assert_eq!(ins.using.ttl, Some(int("5")));
+    assert!(parse("INSERT INTO t (a) VALUES (1) USING TTL 5 USING TIMESTAMP 6").is_err());
+    assert!(parse("INSERT INTO t (a) VALUES (1) USING TTL 5 AND TTL 6").is_err());
     let e = parse("INSERT INTO t (a, b) VALUES (1)").unwrap_err();
     assert_eq!(e.message, "Unmatched column names/values");
 }
