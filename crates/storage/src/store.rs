@@ -573,7 +573,8 @@ impl Storage {
                 None => table_end.clone(),
             },
         };
-        let mut resumed: Option<(Vec<u8>, PartitionHeader)> = None;
+        // The partition being assembled (a resumed one starts the page).
+        let mut current: Option<ScanCursor> = None;
         let lo: Vec<u8> = match start {
             ScanStart::Token(Bound::Unbounded) => table.to_vec(),
             ScanStart::Token(Bound::Included(t)) => token_key(*t),
@@ -594,7 +595,13 @@ impl Storage {
                     keycodec::encode_clustering(&layout.clustering, ck, &mut lo)?;
                     lo.push(0x00);
                 }
-                resumed = Some((prefix, header));
+                current = Some(ScanCursor::new(
+                    prefix,
+                    *token,
+                    partition_key.clone(),
+                    header,
+                    now_secs,
+                ));
                 lo
             }
         };
@@ -611,29 +618,46 @@ impl Storage {
         let mut dead = 0usize;
         // Position after the last item returned: (token, partition key, last clustering key).
         let mut last_pos: Option<(i64, Bytes, Option<Vec<Bytes>>)> = None;
-        let mut current: Option<ScanCursor> =
-            resumed.map(|(prefix, header)| ScanCursor::new(prefix, header, now_secs));
         let mut stopped = false;
         for guard in snapshot.range(&self.inner.data, (Bound::Included(lo), upper)) {
             let (key, value) = guard.into_inner().map_err(io)?;
-            let (token, pk, kind, clustering) = keycodec::split_data_key(&key)?;
-            let prefix_len = key.len() - clustering.len() - 1;
-            let partition_prefix = key.get(..prefix_len).unwrap_or(&[]);
-            if current
+            // Escaped partition keys are prefix-free: a key that starts with the current
+            // partition's prefix belongs to it, and needs no decoding.
+            let same = current
                 .as_ref()
-                .is_none_or(|c| c.prefix.as_slice() != partition_prefix)
-            {
-                if let Some(done) = current.take() {
-                    page.partitions.extend(done.finish());
+                .filter(|c| key.starts_with(&c.prefix))
+                .map(|c| c.prefix.len());
+            let (kind, clustering) = match same {
+                Some(n) => match key.get(n..) {
+                    Some([kind, rest @ ..]) => (*kind, rest),
+                    _ => return Err(StorageError::Corrupt("data key without kind")),
+                },
+                None => {
+                    if let Some(done) = current.take() {
+                        page.partitions.extend(done.finish());
+                    }
+                    let (token, pk, kind, clustering) = keycodec::split_data_key(&key)?;
+                    let prefix_len = key.len() - clustering.len() - 1;
+                    let header = if kind == KIND_HEADER {
+                        PartitionHeader::decode_value(&value)?
+                    } else {
+                        PartitionHeader::default()
+                    };
+                    let prefix = key.get(..prefix_len).unwrap_or(&[]).to_vec();
+                    current = Some(ScanCursor::new(
+                        prefix,
+                        token,
+                        Bytes::from(pk),
+                        header,
+                        now_secs,
+                    ));
+                    (kind, clustering)
                 }
-                let header = if kind == KIND_HEADER {
-                    PartitionHeader::decode_value(&value)?
-                } else {
-                    PartitionHeader::default()
-                };
-                let mut c = ScanCursor::new(partition_prefix.to_vec(), header, now_secs);
-                c.token = token;
-                c.partition_key = Bytes::from(pk);
+            };
+            let Some(c) = current.as_mut() else {
+                return Err(StorageError::Corrupt("scan lost its partition"));
+            };
+            if same.is_none() {
                 if c.read.static_row.is_some() {
                     // A partition whose static row is live is at least one result row.
                     if rows_out >= row_limit {
@@ -645,26 +669,22 @@ impl Storage {
                     c.static_slot_free = true;
                     last_pos = Some((c.token, c.partition_key.clone(), None));
                 }
-                if kind == KIND_HEADER && !c.static_counted {
-                    // A header that yields nothing (a deleted partition) is dead weight too.
-                    dead += 1;
-                    if dead > MAX_DEAD_ROWS_PER_READ {
-                        return Err(StorageError::TooLarge(
-                            "scan stepped over too many dead rows",
-                        ));
-                    }
-                }
-                current = Some(c);
                 if kind == KIND_HEADER {
+                    if !c.static_counted {
+                        // A header that yields nothing (a deleted partition) is dead weight.
+                        dead += 1;
+                        if dead > MAX_DEAD_ROWS_PER_READ {
+                            return Err(StorageError::TooLarge(
+                                "scan stepped over too many dead rows",
+                            ));
+                        }
+                    }
                     continue;
                 }
             }
             if kind != KIND_ROW {
                 return Err(StorageError::Corrupt("unexpected entry kind in data key"));
             }
-            let Some(c) = current.as_mut() else {
-                return Err(StorageError::Corrupt("scan lost its partition"));
-            };
             let row = StoredRow::decode_value(&value)?;
             match row.live_view(c.header.deletion_for(clustering), now_secs) {
                 Some(view) => {
@@ -838,17 +858,17 @@ struct ScanCursor {
 impl ScanCursor {
     /// A cursor for the partition with this key prefix. For a resumed partition the
     /// static row is attached (to fill static columns) but not counted.
-    fn new(prefix: Vec<u8>, header: PartitionHeader, now_secs: u32) -> ScanCursor {
+    fn new(
+        prefix: Vec<u8>,
+        token: i64,
+        partition_key: Bytes,
+        header: PartitionHeader,
+        now_secs: u32,
+    ) -> ScanCursor {
         let static_row = header
             .static_row
             .as_ref()
             .and_then(|s| s.live_view(header.deletion, now_secs));
-        let mut key = prefix.clone();
-        key.push(KIND_HEADER);
-        let (token, partition_key) = match keycodec::split_data_key(&key) {
-            Ok((t, pk, _, _)) => (t, Bytes::from(pk)),
-            Err(_) => (0, Bytes::new()),
-        };
         ScanCursor {
             prefix,
             header,
