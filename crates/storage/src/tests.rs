@@ -903,8 +903,8 @@ mod model_check {
         vec![int(k.0), int(k.1)]
     }
 
-    fn to_mutation(op: &Op) -> Mutation {
-        let mut m = mutation(T1, 11, "part");
+    fn to_mutation(op: &Op, token: i64, pk: &str) -> Mutation {
+        let mut m = mutation(T1, token, pk);
         match op {
             Op::Insert { key, ts } => m.rows.push(insert_row(ckey(*key), vec![], *ts)),
             Op::Write {
@@ -1042,7 +1042,7 @@ mod model_check {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
         fn storage_matches_log_model(
             ops in proptest::collection::vec(op(), 1..40),
@@ -1052,7 +1052,13 @@ mod model_check {
             reversed: bool,
             limit in 1usize..6,
         ) {
-            let (_d, s) = open(periodic());
+            // One database for all cases (opening one per case dominates the run time);
+            // each case writes its own partition.
+            static DB: std::sync::OnceLock<(tempfile::TempDir, Storage)> = std::sync::OnceLock::new();
+            static NEXT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+            let s = &DB.get_or_init(|| open(periodic())).1;
+            let token = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let pk = format!("part{token}");
             let l = layout2();
             // Apply in random groups: several mutations of one partition in one apply
             // exercise the pre-lock merge as well as the stored merge.
@@ -1062,12 +1068,12 @@ mod model_check {
                     break;
                 }
                 let (now, later) = rest.split_at(n.min(rest.len()));
-                let batch: Vec<_> = now.iter().map(|op| (&l, to_mutation(op))).collect();
+                let batch: Vec<_> = now.iter().map(|op| (&l, to_mutation(op, token, &pk))).collect();
                 s.apply(&batch).unwrap();
                 rest = later;
             }
             let expected = model(&ops);
-            let got = read_all(&s, &l, 11, "part", 0);
+            let got = read_all(s, &l, token, &pk, 0);
             prop_assert_eq!(observed(&got), expected.clone());
 
             // A c1 slice, paged with `after`, forward or reversed.
@@ -1082,7 +1088,7 @@ mod model_check {
             let mut seen = Vec::new();
             let mut after: Option<Vec<Bytes>> = None;
             loop {
-                let page = s.read_partition(&l, 11, b"part", &slice, after.as_deref(), limit, 0).unwrap();
+                let page = s.read_partition(&l, token, pk.as_bytes(), &slice, after.as_deref(), limit, 0).unwrap();
                 prop_assert!(page.rows.len() <= limit);
                 seen.extend(observed(&page));
                 if !page.more {
