@@ -644,6 +644,53 @@ fn concurrent_read_modify_write_is_linearizable() {
 }
 
 #[test]
+fn multi_partition_batches_in_opposite_orders_do_not_deadlock() {
+    let (_d, s) = open(periodic());
+    let l = layout_no_ck(T2);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let s = s.clone();
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for i in 0..200i64 {
+                    // Each batch adds 1 to 8 partition counters, visited in opposite
+                    // orders by odd and even threads.
+                    let mut parts: Vec<i64> = (0..8).collect();
+                    if t % 2 == 1 {
+                        parts.reverse();
+                    }
+                    let muts: Vec<_> = parts
+                        .iter()
+                        .map(|&p| {
+                            let mut m = mutation(T2, p * 1_000_003, &format!("c{p}"));
+                            m.rows.push(RowMutation {
+                                cells: vec![CellWrite {
+                                    value: CellValue::CounterDelta(1),
+                                    ..cell(1, "", i)
+                                }],
+                                ..Default::default()
+                            });
+                            (&l, m)
+                        })
+                        .collect();
+                    s.apply(&muts).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for p in 0..8i64 {
+        let r = read_all(&s, &l, p * 1_000_003, &format!("c{p}"), 0);
+        assert_eq!(
+            value(&r.rows[0], 1),
+            Some(Bytes::copy_from_slice(&800i64.to_be_bytes()))
+        );
+    }
+}
+
+#[test]
 fn group_commit_shares_fsyncs() {
     let (_d, s) = open(Durability::Batch);
     let l = layout_no_ck(T2);
