@@ -41,6 +41,9 @@ pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
 /// Rows deleted per fjall batch by `truncate` (bounded batch memory).
 const TRUNCATE_CHUNK: usize = 1024;
 
+/// Journal size on disk before fjall flushes memtables so that old journals can go.
+const MAX_JOURNAL_BYTES: u64 = 512 << 20;
+
 const DATA_KEYSPACE: &str = "data";
 const META_KEYSPACE: &str = "meta";
 
@@ -214,6 +217,10 @@ impl Storage {
             .cache_size(config.cache_bytes)
             // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
             .manual_journal_persist(false)
+            // Bounded recovery time and disk: past this journal size fjall flushes
+            // memtables so that old journals can go (each memtable is bounded by fjall's
+            // per-keyspace limit).
+            .max_journaling_size(MAX_JOURNAL_BYTES)
             .open()
             .map_err(io)?;
         let data = db
