@@ -898,12 +898,14 @@ mod model_check {
         Insert {
             key: (i32, i32),
             ts: i64,
+            expires: Option<u32>,
         },
         Write {
             key: (i32, i32),
             col: u16,
             value: u8,
             ts: i64,
+            expires: Option<u32>,
         },
         CellDelete {
             key: (i32, i32),
@@ -932,13 +934,21 @@ mod model_check {
         ]
     }
 
+    /// Reads happen at `NOW`: expiry 1 is in the past, 3 in the future.
+    const NOW: u32 = 2;
+
+    fn expires() -> impl Strategy<Value = Option<u32>> {
+        prop_oneof![2 => Just(None), 1 => Just(Some(1)), 1 => Just(Some(3))]
+    }
+
     fn op() -> impl Strategy<Value = Op> {
         let key = (-2i32..3, -2i32..3);
         let ts = 0i64..12;
         prop_oneof![
-            3 => (key.clone(), ts.clone()).prop_map(|(key, ts)| Op::Insert { key, ts }),
-            6 => (key.clone(), 0u16..3, 0u8..3, ts.clone())
-                .prop_map(|(key, col, value, ts)| Op::Write { key, col, value, ts }),
+            3 => (key.clone(), ts.clone(), expires())
+                .prop_map(|(key, ts, expires)| Op::Insert { key, ts, expires }),
+            6 => (key.clone(), 0u16..3, 0u8..3, ts.clone(), expires())
+                .prop_map(|(key, col, value, ts, expires)| Op::Write { key, col, value, ts, expires }),
             2 => (key.clone(), 0u16..3, ts.clone()).prop_map(|(key, col, ts)| Op::CellDelete { key, col, ts }),
             2 => (key, ts.clone()).prop_map(|(key, ts)| Op::RowDelete { key, ts }),
             2 => (bound(), bound(), ts.clone()).prop_map(|(lo, hi, ts)| Op::RangeDelete { lo, hi, ts }),
@@ -953,12 +963,20 @@ mod model_check {
     fn to_mutation(op: &Op, token: i64, pk: &str) -> Mutation {
         let mut m = mutation(T1, token, pk);
         match op {
-            Op::Insert { key, ts } => m.rows.push(insert_row(ckey(*key), vec![], *ts)),
+            Op::Insert { key, ts, expires } => m.rows.push(RowMutation {
+                clustering: ckey(*key),
+                liveness: Some(Liveness {
+                    timestamp: *ts,
+                    expiry: expires.map(|at| (at, 10)),
+                }),
+                ..Default::default()
+            }),
             Op::Write {
                 key,
                 col,
                 value,
                 ts,
+                expires,
             } => m.rows.push(RowMutation {
                 clustering: ckey(*key),
                 cells: vec![CellWrite {
@@ -966,7 +984,7 @@ mod model_check {
                     path: None,
                     value: CellValue::Live(Bytes::from(vec![*value])),
                     timestamp: *ts,
-                    expiry: None,
+                    expiry: expires.map(|at| (at, 10)),
                 }],
                 ..Default::default()
             }),
@@ -1035,12 +1053,26 @@ mod model_check {
                 })
                 .max();
             let alive = |ts: i64| deletion.is_none_or(|d| ts > d);
-            let has_liveness = ops
+            // Liveness is last-write-wins too; on equal timestamps an expiring one wins,
+            // the later expiry first.
+            let liveness = ops
                 .iter()
-                .any(|op| matches!(op, Op::Insert { key: k, ts } if *k == key && alive(*ts)));
+                .filter_map(|op| match op {
+                    Op::Insert {
+                        key: k,
+                        ts,
+                        expires,
+                    } if *k == key => Some((*ts, expires.is_some(), expires.unwrap_or(0))),
+                    _ => None,
+                })
+                .max();
+            let has_liveness =
+                liveness.is_some_and(|(ts, expiring, at)| alive(ts) && (!expiring || at > NOW));
             let mut cells = Vec::new();
             for col in 0..3u16 {
-                // Winner: highest timestamp; on ties a tombstone, then the greater value.
+                // Winner: highest timestamp; on ties a tombstone, then the greater value,
+                // then the later expiry (none = latest). An expired winner still hides
+                // older values, as the tombstone it has become.
                 let winner = ops
                     .iter()
                     .filter_map(|op| match op {
@@ -1049,15 +1081,18 @@ mod model_check {
                             col: c,
                             value,
                             ts,
-                        } if *k == key && *c == col => Some((*ts, 0u8, *value)),
+                            expires,
+                        } if *k == key && *c == col => {
+                            Some((*ts, 0u8, *value, expires.unwrap_or(u32::MAX)))
+                        }
                         Op::CellDelete { key: k, col: c, ts } if *k == key && *c == col => {
-                            Some((*ts, 1u8, 0))
+                            Some((*ts, 1u8, 0, 0))
                         }
                         _ => None,
                     })
                     .max();
-                if let Some((ts, 0, value)) = winner {
-                    if alive(ts) {
+                if let Some((ts, 0, value, at)) = winner {
+                    if alive(ts) && at > NOW {
                         cells.push((col, value, ts));
                     }
                 }
@@ -1120,7 +1155,7 @@ mod model_check {
                 rest = later;
             }
             let expected = model(&ops);
-            let got = read_all(s, &l, token, &pk, 0);
+            let got = read_all(s, &l, token, &pk, NOW);
             prop_assert_eq!(observed(&got), expected.clone());
 
             // A c1 slice, paged with `after`, forward or reversed.
@@ -1135,7 +1170,7 @@ mod model_check {
             let mut seen = Vec::new();
             let mut after: Option<Vec<Bytes>> = None;
             loop {
-                let page = s.read_partition(&l, token, pk.as_bytes(), &slice, after.as_deref(), limit, 0).unwrap();
+                let page = s.read_partition(&l, token, pk.as_bytes(), &slice, after.as_deref(), limit, NOW).unwrap();
                 prop_assert!(page.rows.len() <= limit);
                 seen.extend(observed(&page));
                 if !page.more {
