@@ -10,6 +10,7 @@ use sluice_storage::{
 };
 use sluice_types::{CqlType, NativeType};
 use std::hint::black_box;
+use std::ops::Bound;
 use std::time::Duration;
 
 fn layout() -> TableLayout {
@@ -82,7 +83,12 @@ fn bench(c: &mut Criterion) {
             .apply(&[(&layout, single_row(token, 0, 1))])
             .expect("apply");
     }
-    let slice = ClusteringSlice::all();
+    // A full primary key, as `SELECT ... WHERE pk = ? AND ck = ?` reads it.
+    let ck = vec![Bytes::copy_from_slice(&0i64.to_be_bytes())];
+    let slice = ClusteringSlice {
+        ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck))],
+        reversed: false,
+    };
     let mut token = 0i64;
     c.bench_function("read_partition_point", |b| {
         b.iter(|| {

@@ -476,6 +476,19 @@ impl Storage {
             None => None,
         };
         for (start, end) in &slice.ranges {
+            // A full primary key (or a table without clustering columns) is a point read:
+            // a `get` uses the bloom filters and skips building a range iterator.
+            let point = match (start, end) {
+                (Bound::Included(a), Bound::Included(b))
+                    if a == b && a.len() == layout.clustering.len() && !a.is_empty() =>
+                {
+                    Some(keycodec::clustering_bytes(&layout.clustering, a)?)
+                }
+                (Bound::Unbounded, Bound::Unbounded) if layout.clustering.is_empty() => {
+                    Some(Vec::new())
+                }
+                _ => None,
+            };
             let mut range = keycodec::prefix_bounds_to_range(&layout.clustering, start, end)?;
             if let Some(ck) = &resume {
                 let cut = if slice.reversed {
@@ -495,10 +508,14 @@ impl Storage {
                 range = range.intersect(&cut);
             }
             if !range.is_empty() {
-                ranges.push(range);
+                match point {
+                    // The `after` cut removed the point: nothing to read in this range.
+                    Some(k) if !range.contains(&k) => {}
+                    _ => ranges.push((range, point)),
+                }
             }
         }
-        ranges.sort_by(|a, b| match (&a.lo, &b.lo) {
+        ranges.sort_by(|(a, _), (b, _)| match (&a.lo, &b.lo) {
             (None, None) => std::cmp::Ordering::Equal,
             (None, Some(_)) => std::cmp::Ordering::Less,
             (Some(_), None) => std::cmp::Ordering::Greater,
@@ -516,15 +533,33 @@ impl Storage {
             more: false,
         };
         let mut dead = 0usize;
-        'ranges: for range in &ranges {
-            let iter = snapshot.range(&self.inner.data, full_range(&row_prefix, range));
-            let iter: Box<dyn Iterator<Item = fjall::Guard>> = if slice.reversed {
-                Box::new(iter.rev())
-            } else {
-                Box::new(iter)
+        'ranges: for (range, point) in &ranges {
+            let iter: Box<
+                dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
+            > = match point {
+                Some(k) => {
+                    let mut key = row_prefix.clone();
+                    key.extend_from_slice(k);
+                    let found = snapshot.get(&self.inner.data, &key).map_err(io)?;
+                    Box::new(
+                        found
+                            .map(|v| Ok((fjall::UserKey::from(key), v)))
+                            .into_iter(),
+                    )
+                }
+                None => {
+                    let iter = snapshot
+                        .range(&self.inner.data, full_range(&row_prefix, range))
+                        .map(|g| g.into_inner().map_err(io));
+                    if slice.reversed {
+                        Box::new(iter.rev())
+                    } else {
+                        Box::new(iter)
+                    }
+                }
             };
-            for guard in iter {
-                let (key, value) = guard.into_inner().map_err(io)?;
+            for entry in iter {
+                let (key, value) = entry?;
                 let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
                 let row = StoredRow::decode_value(&value)?;
                 match row.live_view(header.deletion_for(clustering), now_secs) {

@@ -207,6 +207,26 @@ fn clustering_order_asc_desc_and_prefix_slices() {
     assert_eq!(keys(&page2), vec![ck(0, "b"), ck(0, "c")]);
     assert!(!page2.more);
 
+    // Point reads of full keys (several points in one slice, one missing).
+    let points = ClusteringSlice {
+        ranges: [ck(1, "b"), ck(1, "zz"), ck(3, "a")]
+            .into_iter()
+            .map(|k| (Bound::Included(k.clone()), Bound::Included(k)))
+            .collect(),
+        reversed: false,
+    };
+    let r = s
+        .read_partition(&l, 7, b"p", &points, None, usize::MAX, 0)
+        .unwrap();
+    assert_eq!(keys(&r), vec![ck(1, "b"), ck(3, "a")]);
+    assert_eq!(value(&r.rows[1], 1), Some(text("3a")));
+    let r = s
+        .read_partition(&l, 7, b"p", &points, Some(&ck(1, "b")), usize::MAX, 0)
+        .unwrap();
+    assert_eq!(keys(&r), vec![ck(3, "a")]);
+    let r = s.read_partition(&l, 7, b"p", &points, None, 1, 0).unwrap();
+    assert_eq!((keys(&r), r.more), (vec![ck(1, "b")], true));
+
     // Forward paging over the whole partition visits every row once.
     let mut seen = Vec::new();
     let mut after: Option<Vec<Bytes>> = None;
