@@ -1707,7 +1707,10 @@ pub(crate) fn analyze(
             let (timestamp, timeout) =
                 a.batch_using(&b.using, writes.first().map(|w| &*w.table))?;
             if writes.iter().any(|w| w.condition.is_some()) {
-                return Err(invalid("Conditional BATCH statements are not supported"));
+                lwt = true;
+                if let Some(first) = writes.first() {
+                    result_columns = crate::write::lwt_result_specs(&first.table);
+                }
             }
             (
                 Plan::Batch(Box::new(BatchPlan {

@@ -5,6 +5,8 @@
 //! statement touches before anything runs, so that it can pick the owning shard, apply the
 //! per-partition limiter and set the deadline.
 
+#![warn(missing_docs)]
+
 pub mod analyze;
 pub mod catalog;
 pub mod codec;
@@ -478,12 +480,22 @@ impl Engine {
         match &p.plan {
             Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx),
             Plan::Write(w) => {
+                let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {
-                    write::execute_lwt(self, w, &b, params, ctx).await
+                    write::execute_conditional(
+                        self,
+                        &entries,
+                        None,
+                        params.default_timestamp,
+                        params.consistency,
+                        params.skip_metadata,
+                        ctx,
+                    )
+                    .await
                 } else {
                     write::execute_writes(
                         self,
-                        &[(w.as_ref(), &b)],
+                        &entries,
                         None,
                         params.default_timestamp,
                         params.consistency,
@@ -500,6 +512,18 @@ impl Engine {
                     Some(v) => exec::opt_i64(&b, v, "[timestamp]")?,
                     None => None,
                 };
+                if p.lwt {
+                    return write::execute_conditional(
+                        self,
+                        &entries,
+                        ts,
+                        params.default_timestamp,
+                        params.consistency,
+                        params.skip_metadata,
+                        ctx,
+                    )
+                    .await;
+                }
                 write::execute_writes(
                     self,
                     &entries,
@@ -584,11 +608,6 @@ impl Engine {
             let Plan::Write(_) = &p.plan else {
                 return Err(catalog::invalid("Invalid statement in batch: only UPDATE, INSERT and DELETE statements are allowed."));
             };
-            if p.lwt {
-                return Err(catalog::invalid(
-                    "Conditional statements in BATCH requests are not supported",
-                ));
-            }
             if e.values.len() != p.bind_specs.len() {
                 return Err(catalog::invalid(format!(
                     "There were {} markers(?) in CQL but {} bound variables",
@@ -612,6 +631,18 @@ impl Engine {
             })
             .collect();
         write::check_batch_kind(kind, entries.iter().map(|(w, _)| *w))?;
+        if prepared.iter().any(|(p, _)| p.lwt) {
+            return write::execute_conditional(
+                self,
+                &entries,
+                None,
+                b.default_timestamp,
+                b.consistency,
+                false,
+                ctx,
+            )
+            .await;
+        }
         write::execute_writes(
             self,
             &entries,

@@ -1610,3 +1610,65 @@ async fn aggregates() {
         .message
         .contains("numeric"));
 }
+
+#[tokio::test]
+async fn conditional_batches_apply_all_or_nothing() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let q = "BEGIN BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a') IF NOT EXISTS; INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'b'); APPLY BATCH";
+    let r = h.rows_of(q, vec![]).await;
+    assert_eq!(r.row_count, 1);
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    assert_eq!(
+        h.select("SELECT ck FROM ks.t WHERE pk = 1", vec![])
+            .await
+            .len(),
+        2
+    );
+    // The condition fails now: nothing of the batch is written.
+    let q2 = "BEGIN BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'x') IF NOT EXISTS; INSERT INTO ks.t (pk, ck, v) VALUES (1, 3, 'c'); APPLY BATCH";
+    let r = h.rows_of(q2, vec![]).await;
+    let row = &cells(&r)[0];
+    assert_eq!(row[0].as_deref(), Some(&[0u8][..]));
+    assert_eq!(
+        h.select("SELECT ck FROM ks.t WHERE pk = 1", vec![])
+            .await
+            .len(),
+        2
+    );
+    let e = h
+        .err("BEGIN BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 9, 'a') IF NOT EXISTS; INSERT INTO ks.t (pk, ck, v) VALUES (2, 2, 'b'); APPLY BATCH", vec![])
+        .await;
+    assert!(e.message.contains("partitions"), "{}", e.message);
+    // A protocol BATCH with a conditional prepared entry.
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "UPDATE ks.t SET v = ? WHERE pk = ? AND ck = ? IF v = ?",
+        )
+        .unwrap();
+    let b = BatchRequest {
+        batch_type: 0,
+        entries: vec![BatchEntry {
+            statement: BatchQuery::Prepared(Bytes::copy_from_slice(&p.id)),
+            values: vec![text("new"), int(1), int(2), text("b")],
+        }],
+        consistency: Consistency::One,
+        serial_consistency: Some(Consistency::Serial),
+        default_timestamp: None,
+    };
+    match h
+        .engine
+        .batch(&mut h.session, &b, &RequestContext::now())
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..])),
+        other => panic!("{other:?}"),
+    }
+    let r = h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 2", vec![])
+        .await;
+    assert_eq!(ctext(&r[0][0]), "new");
+}

@@ -622,21 +622,10 @@ async fn apply(
         .map_err(storage_error)
 }
 
-/// Executes a conditional statement: read, check, write, under the partition's lock stripe.
-pub(crate) async fn execute_lwt(
-    engine: &Engine,
-    w: &WritePlan,
-    b: &Binder<'_>,
-    params: &sluice_protocol::QueryParameters,
-    ctx: &RequestContext,
-) -> Result<ResultMessage, DetailedError> {
+/// The single row a conditional statement checks: its clustering key (empty for the
+/// static row or tables without clustering columns).
+fn condition_row(w: &WritePlan, b: &Binder) -> Result<Vec<Bytes>, DetailedError> {
     let t = &*w.table;
-    let keys = exec::partition_keys(b, t, &w.where_)?;
-    let [pk] = keys.as_slice() else {
-        return Err(invalid(
-            "IN on the partition key is not supported with conditional updates",
-        ));
-    };
     let full_key = w.where_.ck_covered == t.clustering.len() && w.where_.ck_slice.is_none();
     let points = if t.clustering.is_empty() || w.static_only && !w.where_.restricts_clustering() {
         vec![Vec::new()]
@@ -645,25 +634,34 @@ pub(crate) async fn execute_lwt(
     } else {
         return Err(invalid("Conditional updates require the full primary key"));
     };
-    let [ck] = points.as_slice() else {
-        return Err(invalid(
+    match <[Vec<Bytes>; 1]>::try_from(points) {
+        Ok([ck]) => Ok(ck),
+        Err(_) => Err(invalid(
             "IN on the clustering key columns is not supported with conditional updates",
-        ));
-    };
+        )),
+    }
+}
+
+/// Checks one statement's condition against the current row; returns whether it holds
+/// and the row's cells as shown in the result (table columns, ScyllaDB style).
+fn check_condition(
+    engine: &Engine,
+    w: &WritePlan,
+    b: &Binder,
+    pk: &PartitionKey,
+    now_secs: u32,
+) -> Result<(bool, Vec<Option<Bytes>>), DetailedError> {
+    let t = &*w.table;
+    let ck = condition_row(w, b)?;
     let filters = match &w.condition {
         Some(CondPlan::Columns(fs)) => resolve_filters(b, fs)?,
         _ => Vec::new(),
     };
-    let _guard = engine.lwt_lock(pk.token).lock().await;
-    if exec::expired(ctx.deadline) {
-        return Err(exec::write_timeout(params.consistency, WriteType::Cas));
-    }
-    let now_secs = (b.now_micros().max(0) / 1_000_000) as u32;
     let slice = if ck.is_empty() {
         ClusteringSlice::all()
     } else {
         ClusteringSlice {
-            ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck.clone()))],
+            ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck))],
             reversed: false,
         }
     };
@@ -694,7 +692,7 @@ pub(crate) async fn execute_lwt(
         Some(CondPlan::Columns(_)) => {
             let mut ok = true;
             for f in &filters {
-                let v = crate::read::RowSource::value(&src, t, f_col(f));
+                let v = crate::read::RowSource::value(&src, t, f.col());
                 if !filter_matches(t, f, v.as_ref())? {
                     ok = false;
                     break;
@@ -704,36 +702,93 @@ pub(crate) async fn execute_lwt(
         }
         None => true,
     };
-    // The result shows the row as it was, ScyllaDB style (stable metadata).
+    // Key and regular columns are shown only for an existing row; static columns
+    // whenever the partition has them.
+    let cells = t
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| {
+            if exists || c.kind == ColumnKind::Static {
+                crate::read::RowSource::value(&src, t, ci)
+            } else {
+                None
+            }
+        })
+        .collect();
+    Ok((applied, cells))
+}
+
+/// Executes conditional statements (one, or a conditional batch on one partition): read,
+/// check every condition, and write everything only if all hold, under the partition's
+/// lock stripe. The result has one row per conditional statement: `[applied]` then the
+/// row as it was (ScyllaDB's stable layout).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn execute_conditional(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    batch_ts: Option<i64>,
+    default_ts: Option<i64>,
+    consistency: Consistency,
+    skip_metadata: bool,
+    ctx: &RequestContext,
+) -> Result<ResultMessage, DetailedError> {
+    let mut partition: Option<PartitionKey> = None;
+    let mut table = None;
+    for (w, b) in entries {
+        let keys = exec::partition_keys(b, &w.table, &w.where_)?;
+        let [pk] = keys.as_slice() else {
+            return Err(invalid(
+                "IN on the partition key is not supported with conditional updates",
+            ));
+        };
+        if table.is_some_and(|id| id != w.table.id)
+            || partition.as_ref().is_some_and(|p| p.key != pk.key)
+        {
+            return Err(invalid(
+                "Batch with conditions cannot span multiple tables or partitions",
+            ));
+        }
+        table = Some(w.table.id);
+        partition = Some(pk.clone());
+    }
+    let (Some(pk), Some((first, _))) = (partition, entries.first()) else {
+        return Ok(ResultMessage::Void);
+    };
+    let t = &*first.table;
+    let _guard = engine.lwt_lock(pk.token).lock().await;
+    if exec::expired(ctx.deadline) {
+        return Err(exec::write_timeout(consistency, WriteType::Cas));
+    }
+    let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
+    let mut applied = true;
+    let mut shown = Vec::new();
+    for (w, b) in entries.iter().filter(|(w, _)| w.condition.is_some()) {
+        let (ok, cells) = check_condition(engine, w, b, &pk, now_secs)?;
+        applied &= ok;
+        shown.push(cells);
+    }
     let specs = lwt_result_specs(t);
     let mut rows = RowsBuilder::new(specs.len());
-    rows.cell(Some(&[applied as u8]));
-    for (ci, c) in t.columns.iter().enumerate() {
-        // Key columns and regular columns are shown only for an existing row; static
-        // columns whenever the partition has them.
-        let shown = exists || c.kind == ColumnKind::Static;
-        let v = if shown {
-            crate::read::RowSource::value(&src, t, ci)
-        } else {
-            None
-        };
-        rows.cell(v.as_deref());
+    for cells in &shown {
+        rows.cell(Some(&[applied as u8]));
+        for c in cells {
+            rows.cell(c.as_deref());
+        }
     }
     if applied {
         let mut muts = Vec::new();
-        build_mutations(engine, w, b, None, params.default_timestamp, &mut muts)?;
+        for (w, b) in entries {
+            build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
+        }
         let muts = merge_mutations(muts);
         if !muts.is_empty() {
-            apply(engine, &[(w, b)], muts).await?;
+            apply(engine, entries, muts).await?;
         }
     }
     Ok(ResultMessage::Rows(rows.finish(
         &specs,
         None,
-        params.skip_metadata,
+        skip_metadata,
     )))
-}
-
-fn f_col(f: &crate::read::ResolvedFilter) -> usize {
-    f.col()
 }
