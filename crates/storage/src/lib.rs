@@ -53,6 +53,19 @@ pub enum StorageError {
     Closed,
 }
 
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageError::Io(m) => write!(f, "storage I/O error: {m}"),
+            StorageError::Corrupt(m) => write!(f, "storage corruption: {m}"),
+            StorageError::TooLarge(m) => write!(f, "too large for storage: {m}"),
+            StorageError::Closed => f.write_str("storage is closed"),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {}
+
 /// Where a token-range scan resumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScanStart {
