@@ -71,13 +71,18 @@ impl JournalSyncer {
             id += 1;
         }
         if self.current.as_ref().is_none_or(|(cur, _)| *cur != id) {
-            let file = File::open(journal_path(&self.folder, id)).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    SideSyncError::NotFound
-                } else {
-                    SideSyncError::Io
-                }
-            })?;
+            // Opened for writing (never written through) so that the sync also works where
+            // flushing needs write access; nothing is created or truncated.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(journal_path(&self.folder, id))
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        SideSyncError::NotFound
+                    } else {
+                        SideSyncError::Io
+                    }
+                })?;
             self.current = Some((id, file));
         }
         match &self.current {

@@ -400,6 +400,14 @@ fn static_row_read_and_deleted() {
 }
 
 #[test]
+fn open_creates_missing_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_at(&dir.path().join("a/b/data"), Durability::Batch);
+    s.meta_put(b"k", b"v").unwrap();
+    s.close().unwrap();
+}
+
+#[test]
 fn meta_store_and_reopen_persist() {
     let dir = tempfile::tempdir().unwrap();
     {
