@@ -218,7 +218,7 @@ pub struct Engine {
     node: NodeInfo,
     schema: RwLock<Arc<Schema>>,
     ddl_lock: Mutex<()>,
-    cache: Mutex<HashMap<[u8; 16], Arc<Prepared>>>,
+    cache: RwLock<HashMap<[u8; 16], Arc<Prepared>>>,
     cache_clock: AtomicU64,
     events: broadcast::Sender<SchemaChange>,
     list_clock: AtomicU64,
@@ -268,7 +268,7 @@ impl Engine {
             node,
             schema: RwLock::new(Arc::new(schema)),
             ddl_lock: Mutex::new(()),
-            cache: Mutex::new(HashMap::new()),
+            cache: RwLock::new(HashMap::new()),
             cache_clock: AtomicU64::new(1),
             events,
             list_clock: AtomicU64::new(0),
@@ -329,22 +329,26 @@ impl Engine {
         Ok(prepared)
     }
 
+    /// Cache hit path: a shared read lock, and no shared-counter write, so that shards
+    /// executing the same statements do not contend. Recency is an epoch advanced on
+    /// inserts; a statement's stamp is written only when the epoch moved.
     fn lookup(&self, id: &[u8; 16]) -> Option<Arc<Prepared>> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         let p = cache.get(id)?.clone();
-        p.last_used.store(
-            self.cache_clock.fetch_add(1, Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        drop(cache);
+        let epoch = self.cache_clock.load(Ordering::Relaxed);
+        if p.last_used.load(Ordering::Relaxed) != epoch {
+            p.last_used.store(epoch, Ordering::Relaxed);
+        }
         Some(p)
     }
 
     fn insert_cached(&self, p: Arc<Prepared>) {
         p.last_used.store(
-            self.cache_clock.fetch_add(1, Ordering::Relaxed),
+            self.cache_clock.fetch_add(1, Ordering::Relaxed) + 1,
             Ordering::Relaxed,
         );
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         // A plan analysed against a schema that changed meanwhile is used once, not cached:
         // DDL swaps the schema before it invalidates under this lock, so this check cannot
         // miss a change.
@@ -366,7 +370,7 @@ impl Engine {
 
     /// Drops cached statements that read or write any of these tables (or keyspace).
     fn invalidate(&self, tables: &[Uuid], keyspace: Option<&str>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         cache.retain(|_, p| {
             let by_table = p.table_id.is_some_and(|t| tables.contains(&t));
             let by_ks = keyspace.is_some_and(|k| p.table_keyspace.as_deref() == Some(k));
@@ -378,6 +382,11 @@ impl Engine {
             };
             !(by_table || by_ks || batch_hit)
         });
+    }
+
+    /// How many statements the cache holds (bounded by its capacity).
+    pub fn cached_statements(&self) -> usize {
+        self.cache.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The statement prepared under this id, for EXECUTE.

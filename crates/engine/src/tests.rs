@@ -1672,3 +1672,27 @@ async fn conditional_batches_apply_all_or_nothing() {
         .await;
     assert_eq!(ctext(&r[0][0]), "new");
 }
+
+#[tokio::test]
+async fn statement_cache_is_bounded_and_keeps_recent_statements() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let hot = h
+        .engine
+        .prepare(None, "SELECT v FROM ks.t WHERE pk = ?")
+        .unwrap();
+    for i in 0..(crate::STATEMENT_CACHE_CAPACITY + 500) {
+        h.engine
+            .prepare(None, &format!("SELECT v FROM ks.t WHERE pk = {i}"))
+            .unwrap();
+        if i % 1000 == 0 {
+            assert!(
+                h.engine.prepared(&hot.id).is_some(),
+                "hot statement evicted at {i}"
+            );
+        }
+        assert!(h.engine.cached_statements() <= crate::STATEMENT_CACHE_CAPACITY);
+    }
+    assert!(h.engine.prepared(&hot.id).is_some());
+    assert!(h.engine.cached_statements() >= crate::STATEMENT_CACHE_CAPACITY / 2);
+}
