@@ -372,7 +372,10 @@ fn encode_native(ty: NativeType, value: &[u8], out: &mut Vec<u8>) -> Result<(), 
         | NativeType::Text
         | NativeType::Blob
         | NativeType::Inet
-        | NativeType::Duration => unreachable!("handled above"),
+        | NativeType::Duration => {
+            // Returned early above; kept total without a panic path.
+            escape_into(value, out)
+        }
     }
     Ok(())
 }
