@@ -1068,6 +1068,15 @@ impl Value {
     }
 }
 
+impl std::fmt::Display for Value {
+    /// The value as a CQL literal (see [`Value::write_cql`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = String::new();
+        self.write_cql(&mut s);
+        f.write_str(&s)
+    }
+}
+
 fn write_seq<'v>(
     open: char,
     close: char,

@@ -521,6 +521,11 @@ fn formats_collections() {
     .to_bytes();
     assert_eq!(fmt(&udt, &u), "{street: 'x', \"Zip\": 9}");
     assert_eq!(fmt(&list(n(NativeType::Int)), &[0, 0, 0, 1]), "0x00000001");
+    let v = Value::Map(vec![(
+        Value::Text("a'b".into()),
+        Value::List(vec![Value::Double(0.5)]),
+    )]);
+    assert_eq!(v.to_string(), "{'a''b': [0.5]}");
 }
 
 #[test]
