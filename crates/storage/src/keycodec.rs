@@ -817,6 +817,17 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Malformed values and keys are errors, never panics.
+        #[test]
+        fn arbitrary_bytes_never_panic(ty in any_type(), bytes: Vec<u8>) {
+            let mut out = Vec::new();
+            let _ = encode_value(&ty, &bytes, &mut out);
+            let _ = split_data_key(&bytes);
+            let _ = unescape(&bytes);
+        }
+    }
+
     #[test]
     fn decimal_equal_values_encode_equally() {
         let ty = nat(NativeType::Decimal);

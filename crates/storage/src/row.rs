@@ -856,6 +856,15 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Stored bytes are checked: garbage decodes to an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes: Vec<u8>) {
+            let _ = StoredRow::decode_value(&bytes);
+            let _ = PartitionHeader::decode_value(&bytes);
+        }
+    }
+
     #[test]
     fn covered_range_tombstones_coalesce() {
         let rt = |lo: Option<u8>, hi: Option<u8>, timestamp: i64| PartitionHeader {
