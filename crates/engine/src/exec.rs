@@ -167,7 +167,9 @@ pub(crate) fn timeout_of(b: &Binder, v: &Val) -> Result<Option<Duration>, Detail
                     "Timeout must be a positive duration without months",
                 ));
             }
-            let nanos = (d.days as u64) * 86_400_000_000_000 + d.nanos as u64;
+            let nanos = (d.days as u64)
+                .saturating_mul(86_400_000_000_000)
+                .saturating_add(d.nanos as u64);
             Ok(Some(Duration::from_nanos(nanos)))
         }
         _ => Err(invalid("Invalid timeout duration")),

@@ -1696,3 +1696,63 @@ async fn statement_cache_is_bounded_and_keeps_recent_statements() {
     assert!(h.engine.prepared(&hot.id).is_some());
     assert!(h.engine.cached_statements() >= crate::STATEMENT_CACHE_CAPACITY / 2);
 }
+
+#[tokio::test]
+async fn extreme_values_do_not_panic() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.c2 (k int PRIMARY KEY, l list<int>)")
+        .await;
+    h.exec(
+        "UPDATE ks.c2 USING TIMESTAMP ? SET l = [1] WHERE k = 1",
+        vec![bigint(i64::MIN)],
+    )
+    .await
+    .unwrap();
+    let p = h
+        .engine
+        .prepare(None, "SELECT * FROM ks.t USING TIMEOUT ?")
+        .unwrap();
+    // A huge duration (2^31-1 days) saturates instead of overflowing.
+    let mut d = Vec::new();
+    sluice_types::value::encode_duration(
+        sluice_types::datetime::Duration {
+            months: 0,
+            days: i32::MAX,
+            nanos: i64::MAX,
+        },
+        &mut d,
+    );
+    let route = h.engine.route(&p, &[Value::Set(Bytes::from(d))]).unwrap();
+    assert!(route.timeout.unwrap() > Duration::from_secs(1 << 33));
+    // Random paging states and bound values are rejected, never panic.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for len in 0..64 {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let params = QueryParameters {
+            page_size: Some(5),
+            paging_state: Some(Bytes::from(bytes.clone())),
+            ..QueryParameters::default()
+        };
+        let _ = h.exec_params("SELECT * FROM ks.t", params).await;
+        let _ = h
+            .exec(
+                "SELECT * FROM ks.t WHERE pk IN ?",
+                vec![Value::Set(Bytes::from(bytes.clone()))],
+            )
+            .await;
+        let _ = h
+            .exec(
+                "SELECT * FROM ks.t WHERE pk = 1 AND (ck) > ?",
+                vec![Value::Set(Bytes::from(bytes))],
+            )
+            .await;
+    }
+}

@@ -230,7 +230,8 @@ fn op_cells(
             }
             R::V(bytes) => {
                 if ty.is_multi_cell_collection() {
-                    coll_dels.push((id, st.ts - 1));
+                    // The old elements go at ts-1 so that the new ones (at ts) survive.
+                    coll_dels.push((id, st.ts.saturating_sub(1)));
                     add_elements(rc, ty, id, &bytes, false, st, cells, &list_seq)?;
                 } else {
                     cells.push(cell(id, None, CellValue::Live(bytes), st));
