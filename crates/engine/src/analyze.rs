@@ -203,6 +203,8 @@ pub(crate) struct SelectPlan {
     pub per_partition_limit: Option<Val>,
     /// Read in reverse clustering order.
     pub reversed: bool,
+    /// The statement has an ORDER BY (rows of several partitions must then be merged).
+    pub ordered: bool,
     /// SELECT DISTINCT.
     pub distinct: bool,
     /// USING TIMEOUT.
@@ -976,6 +978,7 @@ impl<'a> Analyzer<'a> {
             limit,
             per_partition_limit,
             reversed: reversed.unwrap_or(false),
+            ordered: reversed.is_some(),
             distinct: s.distinct,
             timeout,
         })

@@ -517,6 +517,14 @@ pub(crate) fn execute_select(
             }
         }
         next
+    } else if s.where_.pk_complete() && s.ordered && !s.aggregate && {
+        exec::partition_keys(b, t, &s.where_)?.len() > 1
+    } {
+        if page_size.is_some() {
+            return Err(invalid("Cannot page queries with both ORDER BY and a IN restriction on the partition key; you must either remove the ORDER BY or the IN and sort client side, or disable paging for this query"));
+        }
+        read_in_ordered(engine, s, b, &mut out, limit, ppl, now_secs)?;
+        None
     } else if s.where_.pk_complete() {
         read_partitions(
             engine,
@@ -556,6 +564,90 @@ pub(crate) fn execute_select(
         .rows
         .finish(&p.result_columns, paging_state, params.skip_metadata);
     Ok(ResultMessage::Rows(rows))
+}
+
+/// `pk IN (...) ORDER BY ck`: reads every partition, then merges rows in clustering
+/// order (unpaged only, as in Cassandra).
+fn read_in_ordered(
+    engine: &Engine,
+    s: &SelectPlan,
+    b: &Binder,
+    out: &mut Out,
+    limit: Option<usize>,
+    ppl: Option<usize>,
+    now_secs: u32,
+) -> Result<(), DetailedError> {
+    let t = &*s.table;
+    let keys = exec::partition_keys(b, t, &s.where_)?;
+    let ranges = exec::clustering_ranges(b, t, &s.where_)?;
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    let slice = ClusteringSlice {
+        ranges,
+        reversed: s.reversed,
+    };
+    let mut all: Vec<(Vec<Bytes>, Vec<Option<Bytes>>)> = Vec::new();
+    for pk in &keys {
+        let mut ppl_left = ppl;
+        let mut after: Option<Vec<Bytes>> = None;
+        loop {
+            let read = engine
+                .storage
+                .read_partition(
+                    &t.layout,
+                    pk.token,
+                    &pk.key,
+                    &slice,
+                    after.as_deref(),
+                    CHUNK,
+                    now_secs,
+                )
+                .map_err(storage_error)?;
+            for row in &read.rows {
+                after = Some(row.clustering.clone());
+                if ppl_left == Some(0) {
+                    break;
+                }
+                let src = StoredRow {
+                    pk: &pk.components,
+                    row: Some(row),
+                    stat: read.static_row.as_ref(),
+                    token: pk.token,
+                };
+                if !out.passes(&src)? {
+                    continue;
+                }
+                let cells = out
+                    .items
+                    .iter()
+                    .map(|i| scalar(t, i, &src, now_secs))
+                    .collect();
+                all.push((row.clustering.clone(), cells));
+                if let Some(p) = &mut ppl_left {
+                    *p -= 1;
+                }
+            }
+            if !read.more || ppl_left == Some(0) {
+                break;
+            }
+        }
+    }
+    // A stable sort keeps partition order among equal clustering keys.
+    all.sort_by(|x, y| {
+        let o = exec::compare_clustering(t, &x.0, &y.0);
+        if s.reversed {
+            o.reverse()
+        } else {
+            o
+        }
+    });
+    for (_, cells) in all.iter().take(limit.unwrap_or(usize::MAX)) {
+        for c in cells {
+            out.rows.cell(c.as_deref());
+        }
+    }
+    Ok(())
 }
 
 /// Whether a partition with no rows yields its static row alone.

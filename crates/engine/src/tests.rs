@@ -1756,3 +1756,51 @@ async fn extreme_values_do_not_panic() {
             .await;
     }
 }
+
+#[tokio::test]
+async fn in_with_order_by_merges_partitions() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    for (pk, ck) in [(1, 5), (1, 1), (2, 3), (2, 4), (3, 2)] {
+        h.exec(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, 'x')",
+            vec![int(pk), int(ck)],
+        )
+        .await
+        .unwrap();
+    }
+    let r = h
+        .select(
+            "SELECT pk, ck FROM ks.t WHERE pk IN (1, 2, 3) ORDER BY ck DESC LIMIT 4",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        r.iter().map(|r| cint(&r[1])).collect::<Vec<_>>(),
+        vec![5, 4, 3, 2]
+    );
+    let r = h
+        .select(
+            "SELECT pk, ck FROM ks.t WHERE pk IN (1, 2, 3) ORDER BY ck ASC",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        r.iter().map(|r| cint(&r[1])).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    let params = QueryParameters {
+        page_size: Some(10),
+        ..QueryParameters::default()
+    };
+    let e = h
+        .exec_params(
+            "SELECT pk, ck FROM ks.t WHERE pk IN (1, 2) ORDER BY ck DESC",
+            params,
+        )
+        .await
+        .unwrap_err();
+    assert!(e
+        .message
+        .contains("Cannot page queries with both ORDER BY and a IN"));
+}
