@@ -89,6 +89,9 @@ pub struct BenchArgs {
     /// Requests sent later than this after their intended time count as generator lag.
     #[arg(long, value_parser = parse_duration, default_value = "2ms")]
     pub lag_tolerance: Duration,
+    /// Share of requests sent late or not at all above which a capacity probe stops the search.
+    #[arg(long, default_value_t = 0.01)]
+    pub max_lag: f64,
     /// Duration of each step.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub step: Duration,
@@ -185,6 +188,7 @@ impl BenchArgs {
             slo: self.slo,
             start_rate: self.start_rate,
             partitions: self.partitions.max(1),
+            max_lag: self.max_lag,
         }
     }
 
@@ -459,6 +463,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         deadline: None,
         client_timeout: None,
         lag_tolerance: Duration::from_millis(2),
+        max_lag: 0.01,
         step: args.step,
         // Capacity probes are shorter than the ramp steps to keep the demo near a minute.
         probe_step: Some((args.step / 3).max(Duration::from_secs(1))),

@@ -299,3 +299,50 @@ impl Target for CqlTarget {
         Some(self.sent.load(Ordering::Relaxed) + self.retries.load(Ordering::Relaxed))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scylla::errors::{OperationType, WriteType};
+    use scylla::statement::Consistency;
+
+    fn db(e: DbError) -> ExecutionError {
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(e, String::new()))
+    }
+
+    #[test]
+    fn driver_errors_map_onto_outcome_classes() {
+        assert_eq!(
+            classify_error(&ExecutionError::RequestTimeout(Duration::from_millis(5))),
+            Reply::ClientTimeout
+        );
+        assert_eq!(
+            classify_error(&db(DbError::RateLimitReached {
+                op_type: OperationType::Write,
+                rejected_by_coordinator: true,
+            })),
+            Reply::RateLimited
+        );
+        assert_eq!(classify_error(&db(DbError::Overloaded)), Reply::Overloaded);
+        assert_eq!(
+            classify_error(&db(DbError::WriteTimeout {
+                consistency: Consistency::One,
+                received: 0,
+                required: 1,
+                write_type: WriteType::Simple,
+            })),
+            Reply::ServerTimeout
+        );
+        assert_eq!(
+            classify_error(&db(DbError::ReadTimeout {
+                consistency: Consistency::One,
+                received: 0,
+                required: 1,
+                data_present: false,
+            })),
+            Reply::ServerTimeout
+        );
+        assert_eq!(classify_error(&db(DbError::SyntaxError)), Reply::Other);
+        assert_eq!(classify_error(&ExecutionError::EmptyPlan), Reply::Other);
+    }
+}

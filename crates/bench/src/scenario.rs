@@ -57,6 +57,8 @@ pub struct Plan {
     pub start_rate: f64,
     /// Uniform key space.
     pub partitions: u64,
+    /// Share of late or unsent requests above which a capacity probe is generator-limited.
+    pub max_lag: f64,
 }
 
 /// Partition key that single-partition scenarios use (outside the uniform key space).
@@ -76,7 +78,7 @@ fn passes(report: &RunReport, plan: &Plan) -> (bool, bool) {
     };
     let completed = c.counts.completed().max(1);
     let errors = c.counts.failed() as f64 / completed as f64;
-    let generator_limited = step.lag_fraction() > 0.01;
+    let generator_limited = step.lag_fraction() > plan.max_lag;
     let slo_us = plan.slo.as_micros() as u64;
     let ok = c.counts.ok > 0 && c.latency.p99_us <= slo_us && errors < 0.001;
     (ok && !generator_limited, generator_limited)
@@ -349,6 +351,7 @@ mod tests {
             slo: Duration::from_millis(20),
             start_rate: 200.0,
             partitions: 100,
+            max_lag: 0.01,
         }
     }
 
