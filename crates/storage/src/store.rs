@@ -75,6 +75,9 @@ struct CommitShared {
     wake: Condvar,
     durable: watch::Sender<DurableState>,
     fsyncs: AtomicU64,
+    /// Test hook: a test holding the write side stops the sync thread before its next fsync.
+    #[cfg(test)]
+    gate: std::sync::RwLock<()>,
 }
 
 impl CommitShared {
@@ -84,6 +87,8 @@ impl CommitShared {
 
     /// Fsyncs the journal if tickets are pending and publishes the new durable point.
     fn sync_pending(&self, syncer: &mut JournalSyncer) {
+        #[cfg(test)]
+        let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let upto = self.applied.load(Ordering::Acquire);
         let current = *self.durable.borrow();
         if current.failed || upto <= current.upto {
@@ -242,6 +247,8 @@ impl Storage {
             wake: Condvar::new(),
             durable,
             fsyncs: AtomicU64::new(0),
+            #[cfg(test)]
+            gate: std::sync::RwLock::new(()),
         });
         let thread_commit = commit.clone();
         let durability = config.durability;
@@ -445,6 +452,16 @@ impl Storage {
     /// Number of journal fsyncs done by the sync thread (for tests and metrics).
     pub fn fsync_count(&self) -> u64 {
         self.inner.commit.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: holds the sync thread before its next fsync while the guard lives.
+    #[cfg(test)]
+    pub(crate) fn hold_sync(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.inner
+            .commit
+            .gate
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after
