@@ -21,6 +21,21 @@ pub(crate) enum Val {
     Bind(usize),
     /// A non-deterministic function (`now()`, `uuid()`, `currentTimestamp()`...).
     Func(ValFn),
+    /// A collection or tuple literal holding markers or functions.
+    Composite(Box<(CompositeKind, Vec<Val>)>),
+}
+
+/// How a composite literal is serialized.
+#[derive(Debug, Clone)]
+pub(crate) enum CompositeKind {
+    /// A list (elements in order).
+    List,
+    /// A set of this element type (sorted, deduplicated).
+    Set(CqlType),
+    /// A map with this key type (items are key, value, key, value...; sorted by key).
+    Map(CqlType),
+    /// A tuple (null items allowed).
+    Tuple,
 }
 
 /// Functions whose value is computed at execution time.
@@ -433,15 +448,58 @@ impl<'a> Analyzer<'a> {
             Term::Cast(_, inner) => self.term(inner, name, ty, table),
             other => {
                 if contains_marker(other) {
-                    return Err(invalid(
-                        "Bind markers inside collection or tuple literals are not supported",
-                    ));
+                    return self.composite(other, name, ty, table);
                 }
                 let v = sluice_cql::literal::literal_to_bytes(ty, other)
                     .map_err(|e| invalid(e.to_string()))?;
                 Ok(Val::Const(v))
             }
         }
+    }
+
+    /// A collection or tuple literal with bind markers or functions inside: typed element
+    /// by element, serialized at execution.
+    fn composite(
+        &mut self,
+        term: &Term,
+        name: &str,
+        ty: &CqlType,
+        table: &TableDef,
+    ) -> Result<Val, DetailedError> {
+        let mismatch = || invalid(format!("Invalid literal for {name} of type {ty}"));
+        let (kind, items) = match (ty.unfrozen(), term) {
+            (CqlType::List(e), Term::List(items)) => {
+                let mut v = Vec::with_capacity(items.len());
+                for i in items {
+                    v.push(self.term(i, name, e, table)?);
+                }
+                (CompositeKind::List, v)
+            }
+            (CqlType::Set(e), Term::Set(items) | Term::List(items)) => {
+                let mut v = Vec::with_capacity(items.len());
+                for i in items {
+                    v.push(self.term(i, name, e, table)?);
+                }
+                (CompositeKind::Set((**e).clone()), v)
+            }
+            (CqlType::Map(k, vt), Term::Map(pairs)) => {
+                let mut v = Vec::with_capacity(pairs.len() * 2);
+                for (a, b) in pairs {
+                    v.push(self.term(a, name, k, table)?);
+                    v.push(self.term(b, name, vt, table)?);
+                }
+                (CompositeKind::Map((**k).clone()), v)
+            }
+            (CqlType::Tuple(types), Term::Tuple(items)) if items.len() <= types.len() => {
+                let mut v = Vec::with_capacity(items.len());
+                for (i, t) in items.iter().zip(types) {
+                    v.push(self.term(i, name, t, table)?);
+                }
+                (CompositeKind::Tuple, v)
+            }
+            _ => return Err(mismatch()),
+        };
+        Ok(Val::Composite(Box::new((kind, items))))
     }
 
     /// Analyses a WHERE clause. `filtering_ok`: system tables and ALLOW FILTERING.

@@ -57,7 +57,46 @@ impl<'a> Binder<'a> {
                 Some(Value::Unset) | None => R::Unset,
             },
             Val::Func(f) => R::V(eval_fn(*f, self.now_micros)),
+            Val::Composite(c) => self.composite(&c.0, &c.1),
         }
+    }
+
+    /// Serializes a composite literal. Null or unset elements of collections are dropped
+    /// (collections cannot hold nulls); tuple items may be null.
+    fn composite(&self, kind: &crate::analyze::CompositeKind, items: &[Val]) -> R {
+        use crate::analyze::CompositeKind as K;
+        let vals: Vec<Option<Bytes>> = items
+            .iter()
+            .map(|v| match self.get(v) {
+                R::V(b) => Some(b),
+                R::Null | R::Unset => None,
+            })
+            .collect();
+        R::V(match kind {
+            K::Tuple => {
+                let refs: Vec<Option<&[u8]>> = vals.iter().map(|v| v.as_deref()).collect();
+                codec::tuple(&refs)
+            }
+            K::List => codec::collection(vals.iter().flatten().map(|b| b.as_ref())),
+            K::Set(ty) => {
+                let mut e: Vec<&Bytes> = vals.iter().flatten().collect();
+                e.sort_by(|a, b| sluice_types::compare(ty, a, b));
+                e.dedup_by(|a, b| sluice_types::compare(ty, a, b).is_eq());
+                codec::collection(e.into_iter().map(|b| b.as_ref()))
+            }
+            K::Map(kty) => {
+                let mut pairs: Vec<(&Bytes, &Bytes)> = vals
+                    .chunks(2)
+                    .filter_map(|p| match p {
+                        [Some(k), Some(v)] => Some((k, v)),
+                        _ => None,
+                    })
+                    .collect();
+                pairs.sort_by(|a, b| sluice_types::compare(kty, a.0, b.0));
+                pairs.dedup_by(|a, b| sluice_types::compare(kty, a.0, b.0).is_eq());
+                codec::map(pairs.into_iter().map(|(k, v)| (k.as_ref(), v.as_ref())))
+            }
+        })
     }
 
     /// Resolves a value that must be present and non-null (key components).

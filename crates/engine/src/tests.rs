@@ -1804,3 +1804,58 @@ async fn in_with_order_by_merges_partitions() {
         .message
         .contains("Cannot page queries with both ORDER BY and a IN"));
 }
+
+#[tokio::test]
+async fn bind_markers_inside_collection_and_tuple_literals() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.cl (k int PRIMARY KEY, l list<int>, s frozen<set<int>>, m map<text, int>, t tuple<int, text>)").await;
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "INSERT INTO ks.cl (k, l, s, m, t) VALUES (?, [?, ?], {?, ?, 1}, {'a': ?}, (?, ?))",
+        )
+        .unwrap();
+    assert_eq!(p.bind_specs.len(), 8);
+    assert_eq!(p.bind_specs[1].ty.to_string(), "int");
+    h.exec(
+        "INSERT INTO ks.cl (k, l, s, m, t) VALUES (?, [?, ?], {?, ?, 1}, {'a': ?}, (?, ?))",
+        vec![
+            int(1),
+            int(5),
+            int(6),
+            int(3),
+            int(3),
+            int(7),
+            int(8),
+            text("x"),
+        ],
+    )
+    .await
+    .unwrap();
+    let r = h
+        .select("SELECT l, s, m, t FROM ks.cl WHERE k = 1", vec![])
+        .await;
+    let ints = |b: &Option<Bytes>| -> Vec<i32> {
+        crate::codec::split_collection(b.as_ref().unwrap())
+            .unwrap()
+            .iter()
+            .map(|x| i32::from_be_bytes(x.as_ref().try_into().unwrap()))
+            .collect()
+    };
+    assert_eq!(ints(&r[0][0]), vec![5, 6]);
+    assert_eq!(
+        ints(&r[0][1]),
+        vec![1, 3],
+        "frozen set sorted and deduplicated"
+    );
+    assert_eq!(
+        crate::codec::split_map(r[0][2].as_ref().unwrap())
+            .unwrap()
+            .len(),
+        1
+    );
+    let t = crate::codec::split_tuple(r[0][3].as_ref().unwrap(), 2).unwrap();
+    assert_eq!(t[1].as_deref(), Some(&b"x"[..]));
+}
