@@ -13,6 +13,12 @@
 //! during one fsync share the next one), in `Periodic` mode on a timer. It fsyncs the
 //! journal file through its own handle (`journal_sync`), so writers keep appending while
 //! the fsync runs instead of queueing behind fjall's journal lock.
+//!
+//! Reads take a fjall snapshot (no lock): the partition header (partition deletion, range
+//! tombstones, static row) with a point `get`, then the rows of each clustering range, or a
+//! point `get` for a full primary key. Deletions and TTL are applied at read time; dead
+//! rows are skipped and counted, and a read that steps over too many fails
+//! (`MAX_DEAD_ROWS_PER_READ`) rather than running unbounded.
 
 use crate::journal_sync::{JournalSyncer, SideSyncError};
 use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
