@@ -18,6 +18,9 @@ use std::ops::Bound;
 /// Rows read from storage per call when filtering (rows may be dropped, so read ahead).
 const CHUNK: usize = 1000;
 
+/// Rows a paged scan may examine before it returns a short page (bounds one request's work).
+const MAX_EXAMINED_PER_PAGE: usize = 20_000;
+
 /// A filter with its values resolved.
 pub(crate) struct ResolvedFilter {
     col: usize,
@@ -824,7 +827,9 @@ fn scan(
     let filtering = !out.filters.is_empty();
     let no_clustering = t.clustering.is_empty();
     let pk_count = t.partition_key.len();
+    let mut examined = 0usize;
     loop {
+        let prev_start = start.clone();
         let resumed_inside = matches!(&start, ScanStart::Resume { after: Some(_), .. });
         let want = budget.want(None, filtering);
         let page = engine
@@ -920,8 +925,37 @@ fn scan(
                     }
                     _ => next,
                 };
-                if np == 0 && start == ScanStart::Token(Bound::Unbounded) {
+                if np == 0 && (start == ScanStart::Token(Bound::Unbounded) || start == prev_start) {
+                    // Storage made no progress: stop rather than spin.
                     return Ok(None);
+                }
+                // A paged filtering scan stops after examining a bounded number of rows
+                // and returns a short (possibly empty) page, as Cassandra does, so that
+                // one request cannot scan a whole table.
+                examined += page
+                    .partitions
+                    .iter()
+                    .map(|p| p.read.rows.len().max(1))
+                    .sum::<usize>();
+                if budget.page_left != usize::MAX && examined >= MAX_EXAMINED_PER_PAGE {
+                    return Ok(Some(match &start {
+                        ScanStart::Token(b) => Position::ScanToken(*b),
+                        ScanStart::Resume {
+                            token,
+                            partition_key,
+                            after,
+                        } => Position::ScanResume {
+                            token: *token,
+                            key: partition_key.clone(),
+                            after: after.clone(),
+                            ppl_left: match &current {
+                                Some((t, k, left)) if t == token && k == partition_key => {
+                                    left.map(|p| p as u32)
+                                }
+                                _ => None,
+                            },
+                        },
+                    }));
                 }
             }
         }
