@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 pub struct JournalSyncer {
     folder: PathBuf,
     current: Option<(u64, File)>,
+    /// Set after the journal was not found once: the layout is not what we expect, so the
+    /// caller's fallback is used from then on (and the warning logged once).
+    disabled: bool,
 }
 
 /// The journal file could not be located or synced.
@@ -42,6 +45,7 @@ impl JournalSyncer {
         JournalSyncer {
             folder: folder.to_path_buf(),
             current: None,
+            disabled: false,
         }
     }
 
@@ -62,6 +66,21 @@ impl JournalSyncer {
     /// Fsyncs the active journal (data only: appends need no metadata but the size, which
     /// `fdatasync` covers).
     pub fn sync(&mut self) -> Result<(), SideSyncError> {
+        if self.disabled {
+            return Err(SideSyncError::NotFound);
+        }
+        let result = self.sync_active();
+        if result == Err(SideSyncError::NotFound) {
+            tracing::warn!(
+                folder = %self.folder.display(),
+                "fjall journal not found; falling back to fsync under fjall's journal lock"
+            );
+            self.disabled = true;
+        }
+        result
+    }
+
+    fn sync_active(&mut self) -> Result<(), SideSyncError> {
         let mut id = match &self.current {
             Some((id, _)) => *id,
             None => self.scan_active().ok_or(SideSyncError::NotFound)?,
@@ -104,6 +123,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = JournalSyncer::new(dir.path());
         assert_eq!(s.sync(), Err(SideSyncError::NotFound));
+        // Once not found, it stays on the fallback.
+        std::fs::write(dir.path().join("1.jnl"), b"z").unwrap();
+        assert_eq!(s.sync(), Err(SideSyncError::NotFound));
+        let mut s = JournalSyncer::new(dir.path());
+        std::fs::remove_file(dir.path().join("1.jnl")).unwrap();
         std::fs::write(dir.path().join("3.jnl"), b"a").unwrap();
         std::fs::write(dir.path().join("12.jnl"), b"b").unwrap();
         std::fs::write(dir.path().join("x.jnl"), b"c").unwrap();

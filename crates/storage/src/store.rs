@@ -103,12 +103,9 @@ impl CommitShared {
         let result = match syncer.sync() {
             Ok(()) => Ok(()),
             Err(SideSyncError::Io) => Err(()),
-            Err(SideSyncError::NotFound) => {
-                tracing::warn!("fjall journal not found; fsyncing under its journal lock");
-                self.db.persist(PersistMode::SyncData).map_err(|e| {
-                    tracing::error!(error = ?e, "journal fsync failed");
-                })
-            }
+            Err(SideSyncError::NotFound) => self.db.persist(PersistMode::SyncData).map_err(|e| {
+                tracing::error!(error = ?e, "journal fsync failed");
+            }),
         };
         match result {
             Ok(()) => {
