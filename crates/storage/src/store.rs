@@ -325,7 +325,10 @@ impl Storage {
                 }
             }
             if let Some(s) = &m.static_row {
-                header.static_row = Some(StoredRow::from_mutation(s));
+                let mut row = StoredRow::from_mutation(s);
+                // The static row has no clustering key, whatever the mutation carried.
+                row.clustering.clear();
+                header.static_row = Some(row);
             }
             if !header.is_empty() {
                 let mut key = prefix.clone();
