@@ -1,1 +1,103 @@
-//! The Sluice node: shards, connections, the request path and the query engine.
+//! The Sluice node: shard-per-core threads, the CQL listener, connections and the request
+//! path from a frame header to an encoded answer.
+//!
+//! One request, and where it can be turned away (DESIGN.md, "Architecture"):
+//!
+//! ```text
+//! listener.rs  accept, hand the socket to a shard (round-robin, or source port % N)
+//! connection.rs  read, FrameDecoder, [A] admission.rs (in-flight caps, from the header)
+//! request.rs  decode body, statement cache, deadline [C], route, [B] limiter.rs hook,
+//!             forward to the owning shard (shard.rs) if needed, engine execute, answer
+//! ```
+//!
+//! Each shard is an OS thread running a current-thread tokio runtime with a `LocalSet`, so
+//! per-shard state lives in `Rc`/`RefCell` without locks; shards talk through bounded channels.
+
+pub mod admission;
+pub mod connection;
+pub mod events;
+pub mod limiter;
+pub mod listener;
+pub mod metrics;
+pub mod request;
+pub mod shard;
+pub mod supported;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use shard::Server;
+
+/// ScyllaDB's `SCYLLA_SHARDING_IGNORE_MSB`: drivers and shards agree on it.
+pub const IGNORE_MSB: u8 = 12;
+
+/// Per-kind default deadlines, used when a statement has no `USING TIMEOUT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Single-partition reads.
+    pub read: Duration,
+    /// Writes.
+    pub write: Duration,
+    /// Range reads and scans.
+    pub range: Duration,
+    /// Everything else (DDL, system tables, USE).
+    pub other: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            read: Duration::from_secs(5),
+            write: Duration::from_secs(2),
+            range: Duration::from_secs(10),
+            other: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Configuration of the node's network side.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// CQL listen address.
+    pub listen: SocketAddr,
+    /// ScyllaDB shard-aware port (same IP as `listen`), if enabled.
+    pub shard_aware_port: Option<u16>,
+    /// Number of shards (threads).
+    pub shards: usize,
+    /// Largest accepted frame body in bytes.
+    pub max_frame_bytes: u32,
+    /// Prometheus endpoint, if enabled.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Default deadlines.
+    pub timeouts: Timeouts,
+    /// In-flight requests per connection before the socket stops being read.
+    pub max_inflight_per_connection: usize,
+    /// In-flight requests per shard before its sockets stop being read.
+    pub max_inflight_per_shard: usize,
+    /// `system.local.host_id`, advertised as SCYLLA_HOST_ID.
+    pub host_id: String,
+    /// How long a shutdown waits for in-flight requests before closing connections.
+    pub drain_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// A configuration with the documented defaults on `listen`.
+    pub fn new(listen: SocketAddr, shards: usize, host_id: String) -> ServerConfig {
+        ServerConfig {
+            listen,
+            shard_aware_port: None,
+            shards,
+            max_frame_bytes: 16 << 20,
+            metrics_listen: None,
+            timeouts: Timeouts::default(),
+            max_inflight_per_connection: 1024,
+            max_inflight_per_shard: 8192,
+            host_id,
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the node shares between shards.
+pub(crate) type SharedMetrics = Arc<Vec<Arc<metrics::ShardMetrics>>>;

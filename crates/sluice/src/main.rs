@@ -1,1 +1,170 @@
-fn main() {}
+//! The `sluice` binary: `sluice serve` starts a node. Other subcommands (`bench`, `demo`)
+//! are mounted from their crates as one `Command` variant each.
+
+mod config;
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tracing::{error, info, warn};
+
+use config::{DurabilityArg, ResolvedConfig, ServeArgs};
+
+/// Sluice: a CQL (Cassandra/ScyllaDB protocol v4) database that keeps its goodput under
+/// overload.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Subcommands. Adding one is one variant here and one arm in `main`.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a node: the CQL listener, its shards and the storage engine.
+    Serve(ServeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Serve(args) => match serve(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                1
+            }
+        },
+    };
+    std::process::exit(code);
+}
+
+fn init_logging(filter: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match filter {
+        Some(f) => EnvFilter::new(f),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let cfg = args.resolve()?;
+    init_logging(cfg.log.as_deref());
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+    let host_id = load_or_create_host_id(&cfg.data_dir)?;
+
+    let durability = match cfg.durability {
+        DurabilityArg::Batch => sluice_storage::Durability::Batch,
+        DurabilityArg::Periodic => sluice_storage::Durability::Periodic {
+            interval: cfg.periodic_sync,
+        },
+    };
+    let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
+        path: cfg.data_dir.join("db"),
+        durability,
+        cache_bytes: 256 << 20,
+    })
+    .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
+
+    let engine = sluice_engine::Engine::open(storage.clone(), node_info(&cfg, host_id))
+        .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+
+    let server = sluice_server::Server::start(server_config(&cfg, host_id), engine.clone())
+        .context("cannot start the server")?;
+    info!(
+        listen = %server.local_addr(),
+        shard_aware = ?server.shard_aware_addr(),
+        metrics = ?server.metrics_addr(),
+        shards = cfg.shards,
+        durability = ?cfg.durability,
+        data_dir = %cfg.data_dir.display(),
+        "sluice serving"
+    );
+
+    wait_for_signal()?;
+    info!("shutting down: no new connections, answering in-flight requests");
+    server.shutdown();
+    drop(engine);
+    match storage.close() {
+        Ok(()) => info!("storage flushed and closed"),
+        Err(e) => {
+            error!("storage close failed: {e:?}");
+            anyhow::bail!("storage close failed: {e:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_signal() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("signal runtime")?;
+    rt.block_on(async {
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .context("cannot install the SIGTERM handler")?;
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot wait for Ctrl-C")?;
+        Ok(())
+    })
+}
+
+fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::ServerConfig {
+    let mut s = sluice_server::ServerConfig::new(cfg.listen, cfg.shards, host_id.to_string());
+    s.shard_aware_port = cfg.shard_aware_port;
+    s.max_frame_bytes = cfg.max_frame_bytes as u32;
+    s.metrics_listen = cfg.metrics_listen;
+    s.timeouts = sluice_server::Timeouts {
+        read: cfg.read_timeout,
+        write: cfg.write_timeout,
+        range: cfg.range_timeout,
+        other: cfg.other_timeout,
+    };
+    s.max_inflight_per_connection = cfg.max_inflight_per_connection;
+    s.max_inflight_per_shard = cfg.max_inflight_per_shard;
+    s
+}
+
+fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeInfo {
+    let rpc_address: IpAddr = if cfg.listen.ip().is_unspecified() {
+        warn!("listening on an unspecified address; advertising 127.0.0.1 to drivers");
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        cfg.listen.ip()
+    };
+    // A single node owns the whole ring with one token (spec §5.3).
+    sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), host_id)
+}
+
+/// The node's host id: stable across restarts, kept in `<data_dir>/host_id`.
+fn load_or_create_host_id(dir: &Path) -> Result<uuid::Uuid> {
+    let path = dir.join("host_id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return uuid::Uuid::parse_str(text.trim())
+            .with_context(|| format!("corrupt host id file {}", path.display()));
+    }
+    let id = uuid::Uuid::new_v4();
+    let tmp = dir.join("host_id.tmp");
+    std::fs::write(&tmp, id.to_string()).context("cannot write the host id")?;
+    std::fs::rename(&tmp, &path).context("cannot write the host id")?;
+    Ok(id)
+}

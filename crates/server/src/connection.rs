@@ -1,0 +1,313 @@
+//! One client connection on its shard: a reader that pulls frames out of a `BytesMut`, many
+//! requests in flight at once (answered out of order, by stream id), and a single writer
+//! that flushes whatever answers have accumulated in one `write_all`.
+//!
+//! Bounds: at most `max_inflight_per_connection` requests in flight per connection and
+//! `max_inflight_per_shard` per shard; while over either cap the socket is not read
+//! (backpressure: the client's own queue grows, nothing is rejected). Answers not yet
+//! written are bounded too: the reader waits while the outbox holds more than
+//! [`MAX_OUTBOX_BYTES`]. A malformed frame closes this connection only; a panic while serving
+//! a request answers that stream with Server_error and leaves the shard running.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, BytesMut};
+use sluice_engine::Session;
+use sluice_protocol::compression::Compression;
+use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
+use sluice_protocol::{ErrorCode, ErrorResponse};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, Semaphore};
+use tracing::debug;
+
+use crate::admission::Admit;
+use crate::shard::ShardCtx;
+use crate::supported::StartupOptIns;
+
+/// Answers waiting to be written beyond which the reader stops reading requests.
+pub const MAX_OUTBOX_BYTES: usize = 8 << 20;
+/// Read buffer growth step.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Encoded answers of one connection, appended by request tasks and drained by the writer.
+pub struct Outbox {
+    buf: RefCell<BytesMut>,
+    ready: Notify,
+    drained: Notify,
+    closed: Cell<bool>,
+}
+
+impl Outbox {
+    fn new() -> Outbox {
+        Outbox {
+            buf: RefCell::new(BytesMut::with_capacity(READ_CHUNK)),
+            ready: Notify::new(),
+            drained: Notify::new(),
+            closed: Cell::new(false),
+        }
+    }
+
+    /// Appends one or more complete frames through `encode` and wakes the writer.
+    pub fn push(&self, encode: impl FnOnce(&mut BytesMut)) {
+        if self.closed.get() {
+            return;
+        }
+        encode(&mut self.buf.borrow_mut());
+        self.ready.notify_one();
+    }
+
+    /// Bytes not yet handed to the socket.
+    pub fn pending(&self) -> usize {
+        self.buf.borrow().len()
+    }
+
+    /// Stops accepting answers and lets the writer finish.
+    fn close(&self) {
+        self.closed.set(true);
+        self.ready.notify_one();
+    }
+}
+
+/// Per-connection protocol state.
+pub struct ConnState {
+    /// Outgoing answers.
+    pub outbox: Rc<Outbox>,
+    /// Negotiated at STARTUP.
+    pub compression: Cell<Compression>,
+    /// STARTUP done (requests other than OPTIONS/STARTUP are accepted).
+    pub ready: Cell<bool>,
+    /// Scylla opt-ins echoed at STARTUP.
+    pub opt_ins: Cell<StartupOptIns>,
+    /// Current keyspace and other session state; each request works on a copy and USE
+    /// writes it back, so requests never hold a borrow across an await.
+    pub session: RefCell<Session>,
+    /// Per-connection in-flight cap.
+    pub inflight: Arc<Semaphore>,
+    /// Task pushing schema events, once REGISTERed.
+    pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Serves one accepted socket until the client closes it, it misbehaves, or shutdown.
+pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
+    shard.metrics.connections.fetch_add(1, Relaxed);
+    let _guard = ConnectionCount(shard.clone());
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(stream) = TcpStream::from_std(stream) else {
+        return;
+    };
+    let peer = stream.peer_addr().ok();
+    let (mut rd, wr) = stream.into_split();
+    let conn = Rc::new(ConnState {
+        outbox: Rc::new(Outbox::new()),
+        compression: Cell::new(Compression::None),
+        ready: Cell::new(false),
+        opt_ins: Cell::new(StartupOptIns::default()),
+        session: RefCell::new(Session::default()),
+        inflight: Arc::new(Semaphore::new(shard.config.max_inflight_per_connection)),
+        events: RefCell::new(None),
+    });
+    let writer = tokio::task::spawn_local(write_loop(wr, conn.outbox.clone()));
+    let _close_outbox = CloseOnDrop(conn.outbox.clone());
+    let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut shutdown = shard.shutdown.clone();
+    let per_conn_cap = shard.config.max_inflight_per_connection;
+
+    'read: loop {
+        // Pull every complete frame already buffered.
+        loop {
+            let frame = match decoder.decode(&mut buf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    protocol_close(&shard, &conn, e);
+                    break 'read;
+                }
+            };
+            shard.metrics.count_request(frame.header.opcode as u8);
+            let arrival = Instant::now();
+            // Backpressure before admission: wait (not reading the socket) for a slot on
+            // this connection and on the shard.
+            if conn.inflight.available_permits() == 0 || shard.inflight.available_permits() == 0 {
+                shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
+            }
+            let Ok(conn_permit) = conn.inflight.clone().acquire_owned().await else {
+                break 'read;
+            };
+            let Ok(shard_permit) = shard.inflight.clone().acquire_owned().await else {
+                break 'read;
+            };
+            // [A] admission: decided from the 9-byte header alone, before the body is decoded.
+            match shard.admission.borrow_mut().admit(&frame.header, arrival) {
+                Admit::Accept => {}
+                Admit::Reject(err) => {
+                    answer_error(&shard, &conn, frame.header.stream, &err);
+                    continue;
+                }
+            }
+            shard.metrics.inflight.fetch_add(1, Relaxed);
+            let in_flight = InFlight {
+                shard: shard.clone(),
+                conn: conn.clone(),
+                stream: frame.header.stream,
+                answered: false,
+                _permits: (conn_permit, shard_permit),
+            };
+            if matches!(
+                frame.header.opcode,
+                Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
+            ) {
+                // Connection-state requests are handled in order, inline.
+                crate::request::handle(in_flight, frame, arrival).await;
+                if conn.outbox.closed.get() {
+                    break 'read;
+                }
+            } else {
+                tokio::task::spawn_local(crate::request::handle(in_flight, frame, arrival));
+            }
+        }
+        // Do not read more while the answers pile up unread by the client.
+        while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
+            conn.outbox.drained.notified().await;
+        }
+        if conn.outbox.closed.get() {
+            break;
+        }
+        if buf.capacity() - buf.len() < HEADER_LEN {
+            buf.reserve(READ_CHUNK);
+        }
+        tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+    debug!(?peer, "connection closing");
+    if let Some(events) = conn.events.borrow_mut().take() {
+        events.abort();
+    }
+    // Answer what is in flight (bounded by the drain timeout), then flush and close.
+    let all = per_conn_cap as u32;
+    let _ = tokio::time::timeout(shard.config.drain_timeout, conn.inflight.acquire_many(all)).await;
+    conn.outbox.close();
+    let _ = writer.await;
+    buf.advance(buf.len());
+}
+
+/// Decrements the shard's connection gauge when the connection task ends (even by panic).
+struct ConnectionCount(Rc<ShardCtx>);
+
+impl Drop for ConnectionCount {
+    fn drop(&mut self) {
+        self.0.metrics.connections.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Closes the outbox when the connection task ends, even by panic, so the writer exits.
+struct CloseOnDrop(Rc<Outbox>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// A malformed or unsupported frame: answer ProtocolError (or the §1.1 unsupported-version
+/// reply) on its stream, then close this connection only.
+fn protocol_close(shard: &ShardCtx, conn: &ConnState, e: FrameError) {
+    shard.metrics.count_error(ErrorCode::ProtocolError as u32);
+    shard.metrics.protocol_closes.fetch_add(1, Relaxed);
+    conn.outbox.push(|b| e.encode_reply(b));
+    conn.outbox.close();
+}
+
+/// Answers `stream` with a static error (no allocation beyond the outbox's capacity).
+pub fn answer_error(shard: &ShardCtx, conn: &ConnState, stream: i16, err: &ErrorResponse) {
+    shard.metrics.count_error(err.code as u32);
+    let compression = conn.compression.get();
+    conn.outbox
+        .push(|b| sluice_protocol::response::encode_error(b, stream, err, compression));
+}
+
+/// A request between admission and its answer: holds the in-flight permits and, if dropped
+/// unanswered (a panic in the request path), answers Server_error so the client's stream
+/// is not left hanging.
+pub struct InFlight {
+    /// The shard.
+    pub shard: Rc<ShardCtx>,
+    /// The connection.
+    pub conn: Rc<ConnState>,
+    /// The request's stream id.
+    pub stream: i16,
+    answered: bool,
+    _permits: (
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
+}
+
+impl InFlight {
+    /// Writes the answer through `encode`; `ok` tells whether it is a result (for metrics).
+    pub fn answer(mut self, ok: bool, encode: impl FnOnce(&mut BytesMut)) {
+        if ok {
+            self.shard.metrics.served.fetch_add(1, Relaxed);
+        }
+        self.conn.outbox.push(encode);
+        self.answered = true;
+    }
+
+    /// Answers with a static error.
+    pub fn answer_error(mut self, err: &ErrorResponse) {
+        answer_error(&self.shard, &self.conn, self.stream, err);
+        self.answered = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.shard.metrics.inflight.fetch_sub(1, Relaxed);
+        if !self.answered {
+            const INTERNAL: ErrorResponse = ErrorResponse::new(
+                ErrorCode::ServerError,
+                "internal error while serving the request",
+            );
+            answer_error(&self.shard, &self.conn, self.stream, &INTERNAL);
+        }
+    }
+}
+
+/// Drains the outbox into the socket: every wake-up writes everything accumulated so far in
+/// one `write_all` (answers flushed in batches).
+async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>) {
+    let mut spare = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        if out.buf.borrow().is_empty() {
+            if out.closed.get() {
+                break;
+            }
+            out.ready.notified().await;
+            continue;
+        }
+        std::mem::swap(&mut *out.buf.borrow_mut(), &mut spare);
+        let result = wr.write_all(&spare).await;
+        spare.clear();
+        out.drained.notify_one();
+        if result.is_err() {
+            out.closed.set(true);
+            out.buf.borrow_mut().clear();
+            out.drained.notify_one();
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}

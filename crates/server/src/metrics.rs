@@ -1,0 +1,293 @@
+//! Per-shard counters and a minimal Prometheus text endpoint (`GET /metrics`, HTTP/1.0).
+//!
+//! Each shard only writes its own [`ShardMetrics`] (relaxed atomics, no contention); the
+//! endpoint reads all of them. Metric names use the `sluice_` prefix in snake case.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Request opcodes and their names, as counted (v4 §2.4).
+const OPCODES: [(u8, &str); 8] = [
+    (0x01, "startup"),
+    (0x05, "options"),
+    (0x07, "query"),
+    (0x09, "prepare"),
+    (0x0A, "execute"),
+    (0x0B, "register"),
+    (0x0D, "batch"),
+    (0x0F, "auth_response"),
+];
+
+/// Error codes counted individually; anything else lands in `other`.
+const ERROR_CODES: [(u32, &str); 16] = [
+    (0x0000, "server_error"),
+    (0x000A, "protocol_error"),
+    (0x0100, "bad_credentials"),
+    (0x1000, "unavailable"),
+    (0x1001, "overloaded"),
+    (0x1100, "write_timeout"),
+    (0x1200, "read_timeout"),
+    (0x1300, "read_failure"),
+    (0x1500, "write_failure"),
+    (0x2000, "syntax_error"),
+    (0x2100, "unauthorized"),
+    (0x2200, "invalid"),
+    (0x2300, "config_error"),
+    (0x2400, "already_exists"),
+    (0x2500, "unprepared"),
+    (0xF000, "rate_limit"),
+];
+
+/// Counters of one shard.
+#[derive(Debug, Default)]
+pub struct ShardMetrics {
+    requests: [AtomicU64; OPCODES.len() + 1],
+    errors: [AtomicU64; ERROR_CODES.len() + 1],
+    /// Requests answered with a non-error result.
+    pub served: AtomicU64,
+    /// Requests currently being processed on this shard (read, not yet answered).
+    pub inflight: AtomicI64,
+    /// Open client connections.
+    pub connections: AtomicI64,
+    /// Executions this shard sent to the owning shard of their partition.
+    pub forwards_out: AtomicU64,
+    /// Executions this shard ran for other shards.
+    pub forwards_in: AtomicU64,
+    /// Connections closed because of a protocol violation.
+    pub protocol_closes: AtomicU64,
+    /// Times the reader stopped reading a socket because an in-flight cap was reached.
+    pub backpressure_pauses: AtomicU64,
+}
+
+impl ShardMetrics {
+    /// Counts one request with this opcode.
+    pub fn count_request(&self, opcode: u8) {
+        let i = OPCODES
+            .iter()
+            .position(|(op, _)| *op == opcode)
+            .unwrap_or(OPCODES.len());
+        self.requests[i].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one error answer with this code.
+    pub fn count_error(&self, code: u32) {
+        let i = ERROR_CODES
+            .iter()
+            .position(|(c, _)| *c == code)
+            .unwrap_or(ERROR_CODES.len());
+        self.errors[i].fetch_add(1, Relaxed);
+    }
+
+    /// Requests counted with this opcode so far.
+    pub fn requests_with_opcode(&self, opcode: u8) -> u64 {
+        let i = OPCODES
+            .iter()
+            .position(|(op, _)| *op == opcode)
+            .unwrap_or(OPCODES.len());
+        self.requests[i].load(Relaxed)
+    }
+
+    /// Errors counted with this code so far.
+    pub fn errors_with_code(&self, code: u32) -> u64 {
+        let i = ERROR_CODES
+            .iter()
+            .position(|(c, _)| *c == code)
+            .unwrap_or(ERROR_CODES.len());
+        self.errors[i].load(Relaxed)
+    }
+}
+
+/// Renders every shard's counters in the Prometheus text format.
+pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
+    let mut out = String::with_capacity(4096);
+    let n = "sluice_requests_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Requests received, by shard and opcode.",
+    );
+    for (s, m) in shards.iter().enumerate() {
+        for (i, (_, op)) in OPCODES.iter().enumerate() {
+            let v = m.requests[i].load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",opcode=\"{op}\"}} {v}");
+        }
+        let v = m.requests[OPCODES.len()].load(Relaxed);
+        let _ = writeln!(out, "{n}{{shard=\"{s}\",opcode=\"other\"}} {v}");
+    }
+    let n = "sluice_errors_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Error responses, by shard and error code.",
+    );
+    for (s, m) in shards.iter().enumerate() {
+        for (i, (_, code)) in ERROR_CODES.iter().enumerate() {
+            let v = m.errors[i].load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",code=\"{code}\"}} {v}");
+        }
+        let v = m.errors[ERROR_CODES.len()].load(Relaxed);
+        let _ = writeln!(out, "{n}{{shard=\"{s}\",code=\"other\"}} {v}");
+    }
+    type Getter = fn(&ShardMetrics) -> i64;
+    let simple: [(&str, &str, &str, Getter); 7] = [
+        (
+            "sluice_served_total",
+            "counter",
+            "Requests answered with a result.",
+            |m| m.served.load(Relaxed) as i64,
+        ),
+        ("sluice_inflight", "gauge", "Requests in flight.", |m| {
+            m.inflight.load(Relaxed)
+        }),
+        (
+            "sluice_connections",
+            "gauge",
+            "Open client connections.",
+            |m| m.connections.load(Relaxed),
+        ),
+        (
+            "sluice_cross_shard_forwards_total",
+            "counter",
+            "Executions forwarded to the shard owning the partition.",
+            |m| m.forwards_out.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_cross_shard_received_total",
+            "counter",
+            "Executions run on behalf of another shard.",
+            |m| m.forwards_in.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_protocol_closes_total",
+            "counter",
+            "Connections closed for a protocol violation.",
+            |m| m.protocol_closes.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_backpressure_pauses_total",
+            "counter",
+            "Times a socket was not read because an in-flight cap was reached.",
+            |m| m.backpressure_pauses.load(Relaxed) as i64,
+        ),
+    ];
+    for (n, kind, help, get) in simple {
+        family(&mut out, n, kind, help);
+        for (s, m) in shards.iter().enumerate() {
+            let _ = writeln!(out, "{n}{{shard=\"{s}\"}} {}", get(m));
+        }
+    }
+    out
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Serves `GET /metrics` on `addr` until the task is dropped. Each connection gets one
+/// HTTP/1.0 answer and is closed; requests are bounded to 4 KiB and 5 s.
+pub async fn serve(listener: TcpListener, shards: Arc<Vec<Arc<ShardMetrics>>>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let shards = shards.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            let mut len = 0;
+            let read = async {
+                while len < buf.len() {
+                    match sock.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => len += n,
+                    }
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n")
+                        || buf[..len].windows(2).any(|w| w == b"\n\n")
+                    {
+                        break;
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let head = &buf[..len];
+            let (status, body) =
+                if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics\r") {
+                    ("200 OK", render(&shards))
+                } else {
+                    ("404 Not Found", "try GET /metrics\n".to_string())
+                };
+            let resp = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+/// Binds the metrics listener (start-up; errors are reported to the operator).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_per_shard() {
+        let a = Arc::new(ShardMetrics::default());
+        let b = Arc::new(ShardMetrics::default());
+        a.count_request(0x07);
+        a.count_request(0x07);
+        b.count_request(0x0A);
+        b.count_request(0x42);
+        a.count_error(0x1001);
+        b.count_error(0x1234);
+        b.forwards_out.fetch_add(3, Relaxed);
+        assert_eq!(a.requests_with_opcode(0x07), 2);
+        assert_eq!(a.errors_with_code(0x1001), 1);
+        let text = render(&[a, b]);
+        assert!(text.contains("sluice_requests_total{shard=\"0\",opcode=\"query\"} 2"));
+        assert!(text.contains("sluice_requests_total{shard=\"1\",opcode=\"execute\"} 1"));
+        assert!(text.contains("sluice_requests_total{shard=\"1\",opcode=\"other\"} 1"));
+        assert!(text.contains("sluice_errors_total{shard=\"0\",code=\"overloaded\"} 1"));
+        assert!(text.contains("sluice_errors_total{shard=\"1\",code=\"other\"} 1"));
+        assert!(text.contains("sluice_cross_shard_forwards_total{shard=\"1\"} 3"));
+        assert!(text.contains("# TYPE sluice_inflight gauge"));
+    }
+
+    #[tokio::test]
+    async fn endpoint_answers_get_metrics() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let m = Arc::new(ShardMetrics::default());
+        m.count_request(0x05);
+        let task = tokio::spawn(serve(listener, Arc::new(vec![m])));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with("HTTP/1.0 200 OK"));
+        assert!(resp.contains("sluice_requests_total{shard=\"0\",opcode=\"options\"} 1"));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /other HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with("HTTP/1.0 404"));
+        task.abort();
+    }
+}

@@ -1,0 +1,328 @@
+//! Request dispatch: from an admitted frame to its encoded answer.
+//!
+//! decode body -> STARTUP/OPTIONS/REGISTER/AUTH handled here; QUERY goes through the
+//! engine's statement cache (`prepare`, keyed by keyspace and text) and is then executed
+//! like EXECUTE; PREPARE answers RESULT Prepared; BATCH runs as one engine batch.
+//! Executions get a deadline [C] = arrival + `USING TIMEOUT`, else the per-kind default;
+//! they pass the limiter hook [B], and run on the shard that owns their partition's token
+//! (forwarded through a bounded channel when the connection is on another shard).
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_engine::{OpKind, Prepared, RequestContext, Session};
+use sluice_protocol::compression::Compression;
+use sluice_protocol::frame::Frame;
+use sluice_protocol::{
+    Consistency, DetailedError, ErrorCode, ErrorExtra, ErrorResponse, EventType, QueryParameters,
+    Request, ResultMessage, WriteType,
+};
+use tokio::sync::oneshot;
+
+use crate::connection::InFlight;
+use crate::limiter::LimitDecision;
+use crate::shard::{Forwarded, ShardCtx};
+use crate::supported::{cql_version_acceptable, StartupOptIns};
+
+const NOT_READY: ErrorResponse = ErrorResponse::new(
+    ErrorCode::ProtocolError,
+    "Unexpected message, expecting STARTUP or OPTIONS",
+);
+const BAD_CQL_VERSION: ErrorResponse = ErrorResponse::new(
+    ErrorCode::ProtocolError,
+    "STARTUP needs a CQL_VERSION of 3.0.0 or later",
+);
+const NO_AUTH: ErrorResponse = ErrorResponse::new(
+    ErrorCode::ProtocolError,
+    "Authentication is not enabled on this server",
+);
+const SHUTTING_DOWN: ErrorResponse =
+    ErrorResponse::new(ErrorCode::Overloaded, "Server is shutting down");
+
+/// Deadline passed before a write was executed: Write_timeout, writeType SIMPLE, received 0
+/// of 1, so that no default retry policy retries it (spec §7.3 rule 4).
+pub const WRITE_EXPIRED: ErrorResponse = ErrorResponse {
+    code: ErrorCode::WriteTimeout,
+    message: "Request deadline passed before execution",
+    extra: ErrorExtra::WriteTimeout {
+        consistency: Consistency::One,
+        received: 0,
+        block_for: 1,
+        write_type: WriteType::Simple,
+    },
+};
+
+/// Deadline passed before a read was executed: Read_timeout, received 0 of 1, no data.
+pub const READ_EXPIRED: ErrorResponse = ErrorResponse {
+    code: ErrorCode::ReadTimeout,
+    message: "Request deadline passed before execution",
+    extra: ErrorExtra::ReadTimeout {
+        consistency: Consistency::One,
+        received: 0,
+        block_for: 1,
+        data_present: false,
+    },
+};
+
+/// Handles one admitted frame and answers it through `inf`.
+pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
+    let shard = inf.shard.clone();
+    let conn = inf.conn.clone();
+    let compression = conn.compression.get();
+    let max = shard.config.max_frame_bytes as usize;
+    let request = match frame.into_request(compression, max) {
+        Ok(r) => r,
+        Err(e) => {
+            inf.answer_error(&ErrorResponse::new(ErrorCode::ProtocolError, e.message()));
+            return;
+        }
+    };
+    if !conn.ready.get() && !matches!(request, Request::Options | Request::Startup(_)) {
+        inf.answer_error(&NOT_READY);
+        return;
+    }
+    let stream = inf.stream;
+    match request {
+        Request::Options => {
+            let supported = &shard.supported;
+            inf.answer(true, |b| {
+                let start = b.len();
+                b.extend_from_slice(supported);
+                // Pre-encoded with stream 0: patch the 2 stream bytes.
+                b[start + 2..start + 4].copy_from_slice(&stream.to_be_bytes());
+            });
+        }
+        Request::Startup(options) => {
+            if !cql_version_acceptable(&options) {
+                inf.answer_error(&BAD_CQL_VERSION);
+                return;
+            }
+            let c = match Compression::from_startup_options(&options) {
+                Ok(c) => c,
+                Err(e) => {
+                    inf.answer_error(&ErrorResponse::new(ErrorCode::ProtocolError, e.message()));
+                    return;
+                }
+            };
+            conn.opt_ins.set(StartupOptIns::from_startup(&options));
+            conn.ready.set(true);
+            // READY is empty and never compressed; compression applies from the next frame.
+            inf.answer(true, |b| sluice_protocol::response::encode_ready(b, stream));
+            conn.compression.set(c);
+        }
+        Request::AuthResponse(_) => inf.answer_error(&NO_AUTH),
+        Request::Register(types) => {
+            if types.contains(&EventType::SchemaChange) && conn.events.borrow().is_none() {
+                let task = crate::events::spawn_schema_events(&shard, &conn);
+                *conn.events.borrow_mut() = Some(task);
+            }
+            inf.answer(true, |b| sluice_protocol::response::encode_ready(b, stream));
+        }
+        Request::Prepare { query } => {
+            let Ok(text) = std::str::from_utf8(&query) else {
+                inf.answer_error(&ErrorResponse::new(
+                    ErrorCode::ProtocolError,
+                    "query is not UTF-8",
+                ));
+                return;
+            };
+            let keyspace = conn.session.borrow().keyspace.clone();
+            match shard.engine.prepare(keyspace.as_deref(), text) {
+                Ok(p) => {
+                    let result = shard.engine.prepared_result(&p);
+                    answer_result(inf, &result, compression);
+                }
+                Err(e) => answer_detailed(inf, &e, compression),
+            }
+        }
+        Request::Query { query, params } => {
+            let Ok(text) = std::str::from_utf8(&query) else {
+                inf.answer_error(&ErrorResponse::new(
+                    ErrorCode::ProtocolError,
+                    "query is not UTF-8",
+                ));
+                return;
+            };
+            let keyspace = conn.session.borrow().keyspace.clone();
+            match shard.engine.prepare(keyspace.as_deref(), text) {
+                Ok(p) => execute(inf, p, params, arrival).await,
+                Err(e) => answer_detailed(inf, &e, compression),
+            }
+        }
+        Request::Execute { id, params } => match shard.engine.prepared(&id) {
+            Some(p) => execute(inf, p, params, arrival).await,
+            None => {
+                let mut raw = [0u8; 16];
+                let len = id.len().min(16);
+                raw[..len].copy_from_slice(&id[..len]);
+                inf.answer_error(&ErrorResponse {
+                    code: ErrorCode::Unprepared,
+                    message: "Prepared statement not found; prepare it again",
+                    extra: ErrorExtra::Unprepared {
+                        len: len as u8,
+                        id: raw,
+                    },
+                });
+            }
+        },
+        Request::Batch(batch) => {
+            let deadline = arrival + shard.config.timeouts.write;
+            let ctx = RequestContext {
+                deadline: Some(deadline),
+                now_micros: now_micros(),
+            };
+            if Instant::now() >= deadline {
+                inf.answer_error(&WRITE_EXPIRED);
+                return;
+            }
+            let mut session = conn.session.borrow().clone();
+            let result = shard.engine.batch(&mut session, &batch, &ctx).await;
+            match result {
+                Ok(r) => answer_result(inf, &r, compression),
+                Err(e) => answer_detailed(inf, &e, compression),
+            }
+        }
+    }
+}
+
+/// Routes, limits, dead-lines and runs one statement (QUERY or EXECUTE).
+async fn execute(
+    inf: InFlight,
+    prepared: Arc<Prepared>,
+    params: QueryParameters,
+    arrival: Instant,
+) {
+    let shard = inf.shard.clone();
+    let conn = inf.conn.clone();
+    let compression = conn.compression.get();
+    let route = match shard.engine.route(&prepared, &params.values) {
+        Ok(r) => r,
+        Err(e) => {
+            answer_detailed(inf, &e, compression);
+            return;
+        }
+    };
+    // [C] deadline: USING TIMEOUT, else the per-kind default, from the frame's arrival.
+    let timeouts = &shard.config.timeouts;
+    let default = match route.kind {
+        OpKind::Read => timeouts.read,
+        OpKind::Write => timeouts.write,
+        OpKind::Range => timeouts.range,
+        _ => timeouts.other,
+    };
+    let timeout: Duration = route.timeout.unwrap_or(default);
+    let deadline = arrival + timeout;
+    let expired = if matches!(route.kind, OpKind::Write) {
+        &WRITE_EXPIRED
+    } else {
+        &READ_EXPIRED
+    };
+    if Instant::now() >= deadline {
+        inf.answer_error(expired);
+        return;
+    }
+    let ctx = RequestContext {
+        deadline: Some(deadline),
+        now_micros: now_micros(),
+    };
+    let owner = route.token.map(|t| shard.owner_of(t));
+    // [B] per-partition limiter hook (single-partition statements only).
+    if let Some(token) = route.token {
+        match shard.limiter.borrow_mut().check(token) {
+            LimitDecision::Accept => {}
+        }
+    }
+    let session = conn.session.borrow().clone();
+    let (session, result) = match owner {
+        Some(o) if o != shard.id => {
+            match forward(&shard, o, prepared, params, session, ctx).await {
+                Some(answer) => answer,
+                None => {
+                    inf.answer_error(&SHUTTING_DOWN);
+                    return;
+                }
+            }
+        }
+        _ => {
+            let mut session = session;
+            let r = shard
+                .engine
+                .execute(&mut session, &prepared, &params, &ctx)
+                .await;
+            (session, r)
+        }
+    };
+    match result {
+        Ok(r) => {
+            if let ResultMessage::SetKeyspace(_) = &r {
+                *conn.session.borrow_mut() = session;
+            }
+            answer_result(inf, &r, compression);
+        }
+        Err(e) => answer_detailed(inf, &e, compression),
+    }
+}
+
+/// Sends an execution to the shard that owns its partition and waits for the answer.
+/// Returns None only when that shard has stopped (shutdown).
+async fn forward(
+    shard: &Rc<ShardCtx>,
+    owner: usize,
+    prepared: Arc<Prepared>,
+    params: QueryParameters,
+    session: Session,
+    ctx: RequestContext,
+) -> Option<(Session, Result<ResultMessage, DetailedError>)> {
+    shard.metrics.forwards_out.fetch_add(1, Relaxed);
+    let (tx, rx) = oneshot::channel();
+    let msg = Forwarded {
+        prepared,
+        params,
+        session,
+        ctx,
+        reply: tx,
+    };
+    // Bounded channel: a full owner queue makes this request wait (it holds its in-flight
+    // slot, so the connection's reader stops when enough of them wait).
+    shard.peers.get(owner)?.forwards.send(msg).await.ok()?;
+    rx.await.ok()
+}
+
+fn answer_result(inf: InFlight, result: &ResultMessage, compression: Compression) {
+    let stream = inf.stream;
+    inf.answer(true, |b| {
+        sluice_protocol::response::encode_result(b, stream, result, compression)
+    });
+}
+
+fn answer_detailed(inf: InFlight, err: &DetailedError, compression: Compression) {
+    let stream = inf.stream;
+    let code = err.code;
+    let opt_ins = inf.conn.opt_ins.get();
+    inf.shard.metrics.count_error(code as u32);
+    // The rate-limit code only goes to clients that negotiated it; others get Config_error.
+    let downgraded;
+    let err = if code == ErrorCode::RateLimitReached && !opt_ins.rate_limit_error {
+        downgraded = DetailedError {
+            code: ErrorCode::ConfigError,
+            extra: ErrorExtra::None,
+            ..err.clone()
+        };
+        &downgraded
+    } else {
+        err
+    };
+    inf.answer(false, |b| {
+        sluice_protocol::response::encode_detailed_error(b, stream, err, compression)
+    });
+}
+
+/// Wall-clock time in microseconds (write timestamps when the client sends none).
+pub fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,262 @@
+//! Shards: one OS thread per shard, each with its own current-thread tokio runtime and
+//! `LocalSet`. A shard owns its connections, its per-shard state (admission, limiter) and
+//! the slice of the token ring with `shard_of(token, N, 12) == id`. Work for a partition
+//! owned by another shard crosses through that shard's bounded forward channel.
+
+use std::cell::RefCell;
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bytes::BytesMut;
+use sluice_engine::{Engine, Prepared, RequestContext, Session};
+use sluice_protocol::{DetailedError, QueryParameters, ResultMessage};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tracing::{error, info};
+
+use crate::admission::ShardAdmission;
+use crate::limiter::ShardLimiter;
+use crate::metrics::ShardMetrics;
+use crate::{listener, ServerConfig, SharedMetrics, IGNORE_MSB};
+
+/// Bound of each shard's queue of new connections.
+const CONNECTION_QUEUE: usize = 256;
+/// Bound of each shard's queue of forwarded executions.
+const FORWARD_QUEUE: usize = 4096;
+
+/// An execution sent to the shard that owns its partition.
+pub struct Forwarded {
+    /// The statement.
+    pub prepared: Arc<Prepared>,
+    /// Its parameters (values are `Bytes` slices of the original frame: no copy).
+    pub params: QueryParameters,
+    /// A copy of the connection's session.
+    pub session: Session,
+    /// Deadline and time.
+    pub ctx: RequestContext,
+    /// Where the owner answers.
+    pub reply: oneshot::Sender<(Session, Result<ResultMessage, DetailedError>)>,
+}
+
+/// How other threads reach a shard.
+#[derive(Clone)]
+pub struct ShardHandle {
+    /// New connections (already accepted sockets).
+    pub connections: mpsc::Sender<std::net::TcpStream>,
+    /// Executions forwarded from other shards.
+    pub forwards: mpsc::Sender<Forwarded>,
+}
+
+/// Everything a shard's tasks share. Lives on the shard thread only (`Rc`).
+pub struct ShardCtx {
+    /// This shard's index.
+    pub id: usize,
+    /// Number of shards.
+    pub nr_shards: usize,
+    /// The query engine, shared by all shards.
+    pub engine: Arc<Engine>,
+    /// Node configuration.
+    pub config: Arc<ServerConfig>,
+    /// This shard's counters.
+    pub metrics: Arc<ShardMetrics>,
+    /// Every shard's handle, to forward work to the owner of a partition.
+    pub peers: Arc<Vec<ShardHandle>>,
+    /// The SUPPORTED frame for this shard, pre-encoded with stream 0 (patched per request).
+    pub supported: BytesMut,
+    /// Per-shard in-flight cap (backpressure, issue 4 step 1).
+    pub inflight: Arc<Semaphore>,
+    /// [A] per-shard admission state.
+    pub admission: RefCell<ShardAdmission>,
+    /// [B] per-shard limiter state.
+    pub limiter: RefCell<ShardLimiter>,
+    /// Becomes true when the node shuts down.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl ShardCtx {
+    /// The shard that owns `token`.
+    pub fn owner_of(&self, token: i64) -> usize {
+        sluice_types::token::shard_of(token, self.nr_shards as u32, IGNORE_MSB) as usize
+    }
+}
+
+/// A running node: shard threads plus the listener thread.
+pub struct Server {
+    threads: Vec<JoinHandle<()>>,
+    shutdown: watch::Sender<bool>,
+    metrics: SharedMetrics,
+    local_addr: std::net::SocketAddr,
+    shard_aware_addr: Option<std::net::SocketAddr>,
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl Server {
+    /// Binds the listeners and starts the shards. Fails only at start-up (bind errors).
+    pub fn start(config: ServerConfig, engine: Arc<Engine>) -> io::Result<Server> {
+        let config = Arc::new(config);
+        let n = config.shards.max(1);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let metrics: SharedMetrics =
+            Arc::new((0..n).map(|_| Arc::new(ShardMetrics::default())).collect());
+
+        let mut handles = Vec::with_capacity(n);
+        let mut receivers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (ctx, crx) = mpsc::channel(CONNECTION_QUEUE);
+            let (ftx, frx) = mpsc::channel(FORWARD_QUEUE);
+            handles.push(ShardHandle {
+                connections: ctx,
+                forwards: ftx,
+            });
+            receivers.push((crx, frx));
+        }
+        let peers = Arc::new(handles);
+
+        let listeners = listener::Listeners::bind(&config)?;
+        let local_addr = listeners.main_addr()?;
+        let shard_aware_addr = listeners.shard_aware_addr()?;
+        let metrics_addr = listeners.metrics_addr()?;
+
+        let mut threads = Vec::with_capacity(n + 1);
+        for (id, (crx, frx)) in receivers.into_iter().enumerate() {
+            let engine = engine.clone();
+            let config = config.clone();
+            let peers = peers.clone();
+            let m = metrics[id].clone();
+            let shutdown = shutdown_rx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("sluice-shard-{id}"))
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            error!(shard = id, "cannot build shard runtime: {e}");
+                            return;
+                        }
+                    };
+                    let local = tokio::task::LocalSet::new();
+                    let supported = {
+                        let opts = crate::supported::supported_options(
+                            id,
+                            n,
+                            shard_aware_addr.map(|a| a.port()),
+                            &config.host_id,
+                        );
+                        let mut buf = BytesMut::new();
+                        sluice_protocol::response::encode_supported(&mut buf, 0, &opts);
+                        buf
+                    };
+                    let ctx = Rc::new(ShardCtx {
+                        id,
+                        nr_shards: n,
+                        engine,
+                        inflight: Arc::new(Semaphore::new(config.max_inflight_per_shard)),
+                        admission: RefCell::new(ShardAdmission::new(&config)),
+                        limiter: RefCell::new(ShardLimiter::new()),
+                        config,
+                        metrics: m,
+                        peers,
+                        supported,
+                        shutdown,
+                    });
+                    local.block_on(&rt, run_shard(ctx, crx, frx));
+                })?;
+            threads.push(t);
+        }
+
+        let t = listeners.spawn(
+            config.clone(),
+            peers.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+        )?;
+        threads.push(t);
+        info!(%local_addr, shards = n, "sluice is listening");
+        Ok(Server {
+            threads,
+            shutdown: shutdown_tx,
+            metrics,
+            local_addr,
+            shard_aware_addr,
+            metrics_addr,
+        })
+    }
+
+    /// The bound CQL address (useful with port 0).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.local_addr
+    }
+
+    /// The bound shard-aware address, if enabled.
+    pub fn shard_aware_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shard_aware_addr
+    }
+
+    /// The bound metrics address, if enabled.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Every shard's counters.
+    pub fn metrics(&self) -> &[Arc<ShardMetrics>] {
+        &self.metrics
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to the drain timeout), closes
+    /// connections and joins every thread.
+    pub fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn run_shard(
+    ctx: Rc<ShardCtx>,
+    mut connections: mpsc::Receiver<std::net::TcpStream>,
+    mut forwards: mpsc::Receiver<Forwarded>,
+) {
+    let mut shutdown = ctx.shutdown.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(stream) = connections.recv() => {
+                tokio::task::spawn_local(crate::connection::serve(ctx.clone(), stream));
+            }
+            Some(fwd) = forwards.recv() => run_forwarded(&ctx, fwd),
+        }
+    }
+    // Connections see the same shutdown signal: they stop reading, answer what is in
+    // flight and close. Keep serving other shards' forwards while they drain.
+    let drain = async {
+        while ctx.metrics.connections.load(Relaxed) > 0 {
+            tokio::select! {
+                Some(fwd) = forwards.recv() => run_forwarded(&ctx, fwd),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ctx.config.drain_timeout * 2, drain).await;
+}
+
+/// Runs an execution for another shard on this (the owning) shard.
+fn run_forwarded(ctx: &Rc<ShardCtx>, fwd: Forwarded) {
+    ctx.metrics.forwards_in.fetch_add(1, Relaxed);
+    let ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        let mut session = fwd.session;
+        // [C] the engine checks the deadline again before any storage work.
+        let result = ctx
+            .engine
+            .execute(&mut session, &fwd.prepared, &fwd.params, &fwd.ctx)
+            .await;
+        let _ = fwd.reply.send((session, result));
+    });
+}

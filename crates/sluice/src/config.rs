@@ -1,0 +1,430 @@
+//! `sluice serve` options: command-line flags, `SLUICE_*` environment variables and an
+//! optional TOML file, merged as flags > env > file > defaults.
+//!
+//! Clap resolves flags and environment variables (both map to the same `Option` field), so
+//! a `Some` from clap always wins over the file; the file wins over the built-in default.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default CQL listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9042";
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
+/// Default metrics listen address.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9180";
+/// Default shard-aware port (ScyllaDB's).
+pub const DEFAULT_SHARD_AWARE_PORT: u16 = 19042;
+
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityArg {
+    /// Acknowledge after fsync; concurrent writes share one fsync (group commit).
+    Batch,
+    /// Acknowledge at once; fsync every `--periodic-sync-ms`.
+    Periodic,
+}
+
+/// Options of `sluice serve`. Every option is also an environment variable and a key of the
+/// `--config` TOML file (the key is the flag name with `_` for `-`, e.g. `data_dir`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file; its keys are the option names below with `_` for `-`
+    /// (e.g. `listen = "0.0.0.0:9042"`, `data_dir = "/var/lib/sluice"`).
+    #[arg(long, env = "SLUICE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Address of the CQL native-protocol listener [default: 127.0.0.1:9042].
+    #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Directory of the data files (created if missing) [default: ./sluice-data].
+    #[arg(long, env = "SLUICE_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Number of shards: threads, each owning its connections and a slice of the token ring
+    /// [default: the number of cores].
+    #[arg(long, env = "SLUICE_SHARDS", value_name = "N")]
+    pub shards: Option<usize>,
+
+    /// When writes are acknowledged: `batch` = after fsync, with group commit (safe);
+    /// `periodic` = at once, fsync every --periodic-sync-ms (Cassandra's default) [default: batch].
+    #[arg(long, env = "SLUICE_DURABILITY", value_enum)]
+    pub durability: Option<DurabilityArg>,
+
+    /// Interval between fsyncs in periodic durability mode, in ms [default: 10000].
+    #[arg(long, env = "SLUICE_PERIODIC_SYNC_MS", value_name = "MS")]
+    pub periodic_sync_ms: Option<u64>,
+
+    /// Largest accepted frame (e.g. 16MiB, 256KiB, 1048576); larger frames get a protocol
+    /// error and the connection is closed [default: 16MiB].
+    #[arg(long, env = "SLUICE_MAX_FRAME_BYTES", value_name = "SIZE")]
+    pub max_frame_bytes: Option<String>,
+
+    /// ScyllaDB shard-aware port: a connection from source port p is served by shard
+    /// p % shards, and drivers are told so in SUPPORTED; `off` disables it [default: 19042].
+    #[arg(long, env = "SLUICE_SHARD_AWARE_PORT", value_name = "PORT|off")]
+    pub shard_aware_port: Option<String>,
+
+    /// Address of the Prometheus `/metrics` endpoint; `off` disables it [default: 127.0.0.1:9180].
+    #[arg(long, env = "SLUICE_METRICS_LISTEN", value_name = "ADDR|off")]
+    pub metrics_listen: Option<String>,
+
+    /// Server-side deadline of single-partition reads without USING TIMEOUT (e.g. 5s, 500ms)
+    /// [default: 5s].
+    #[arg(long, env = "SLUICE_READ_TIMEOUT", value_name = "DURATION")]
+    pub read_timeout: Option<String>,
+
+    /// Server-side deadline of writes without USING TIMEOUT [default: 2s].
+    #[arg(long, env = "SLUICE_WRITE_TIMEOUT", value_name = "DURATION")]
+    pub write_timeout: Option<String>,
+
+    /// Server-side deadline of range reads (scans, multi-partition) [default: 10s].
+    #[arg(long, env = "SLUICE_RANGE_TIMEOUT", value_name = "DURATION")]
+    pub range_timeout: Option<String>,
+
+    /// Server-side deadline of everything else (DDL, system tables) [default: 10s].
+    #[arg(long, env = "SLUICE_OTHER_TIMEOUT", value_name = "DURATION")]
+    pub other_timeout: Option<String>,
+
+    /// Maximum requests in flight per connection; the socket is not read while over it
+    /// [default: 1024].
+    #[arg(long, env = "SLUICE_MAX_INFLIGHT_PER_CONNECTION", value_name = "N")]
+    pub max_inflight_per_connection: Option<usize>,
+
+    /// Maximum requests in flight per shard, all connections together [default: 8192].
+    #[arg(long, env = "SLUICE_MAX_INFLIGHT_PER_SHARD", value_name = "N")]
+    pub max_inflight_per_shard: Option<usize>,
+
+    /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
+    /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
+    #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+}
+
+/// The TOML file: the same keys as the flags (snake_case), all optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    shards: Option<usize>,
+    durability: Option<DurabilityArg>,
+    periodic_sync_ms: Option<u64>,
+    max_frame_bytes: Option<toml::Value>,
+    shard_aware_port: Option<toml::Value>,
+    metrics_listen: Option<String>,
+    read_timeout: Option<String>,
+    write_timeout: Option<String>,
+    range_timeout: Option<String>,
+    other_timeout: Option<String>,
+    max_inflight_per_connection: Option<usize>,
+    max_inflight_per_shard: Option<usize>,
+    log: Option<String>,
+}
+
+/// The fully resolved configuration of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedConfig {
+    /// CQL listen address.
+    pub listen: SocketAddr,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Shard count.
+    pub shards: usize,
+    /// Durability mode.
+    pub durability: DurabilityArg,
+    /// Periodic fsync interval.
+    pub periodic_sync: Duration,
+    /// Maximum frame size in bytes.
+    pub max_frame_bytes: usize,
+    /// Shard-aware port, if enabled.
+    pub shard_aware_port: Option<u16>,
+    /// Metrics endpoint, if enabled.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Default read deadline.
+    pub read_timeout: Duration,
+    /// Default write deadline.
+    pub write_timeout: Duration,
+    /// Default range deadline.
+    pub range_timeout: Duration,
+    /// Default deadline of other requests.
+    pub other_timeout: Duration,
+    /// Per-connection in-flight cap.
+    pub max_inflight_per_connection: usize,
+    /// Per-shard in-flight cap.
+    pub max_inflight_per_shard: usize,
+    /// Log filter, if given (else RUST_LOG, else info).
+    pub log: Option<String>,
+}
+
+impl ServeArgs {
+    /// Merges flags/env (self) over the config file over the defaults.
+    pub fn resolve(&self) -> Result<ResolvedConfig> {
+        let file = match &self.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let shards = self
+            .shards
+            .or(file.shards)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if shards == 0 || shards > 256 {
+            bail!("shards must be between 1 and 256, got {shards}");
+        }
+        let max_frame_bytes = match (&self.max_frame_bytes, &file.max_frame_bytes) {
+            (Some(s), _) => parse_size(s)?,
+            (None, Some(v)) => parse_size(&toml_scalar(v))?,
+            (None, None) => 16 << 20,
+        };
+        if !(1024..=256 << 20).contains(&max_frame_bytes) {
+            bail!("max-frame-bytes must be between 1KiB and 256MiB, got {max_frame_bytes}");
+        }
+        let shard_aware_port = match (&self.shard_aware_port, &file.shard_aware_port) {
+            (Some(s), _) => parse_port_or_off(s)?,
+            (None, Some(v)) => parse_port_or_off(&toml_scalar(v))?,
+            (None, None) => Some(DEFAULT_SHARD_AWARE_PORT),
+        };
+        let metrics = self
+            .metrics_listen
+            .clone()
+            .or(file.metrics_listen)
+            .unwrap_or_else(|| DEFAULT_METRICS.to_string());
+        let metrics_listen = if metrics.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            Some(
+                metrics
+                    .parse()
+                    .with_context(|| format!("invalid metrics-listen address {metrics:?}"))?,
+            )
+        };
+        let duration = |flag: &Option<String>, file: Option<String>, default: Duration| match flag
+            .clone()
+            .or(file)
+        {
+            Some(s) => parse_duration(&s),
+            None => Ok(default),
+        };
+        let periodic_ms = self
+            .periodic_sync_ms
+            .or(file.periodic_sync_ms)
+            .unwrap_or(10_000);
+        if periodic_ms == 0 {
+            bail!("periodic-sync-ms must be positive");
+        }
+        let per_conn = self
+            .max_inflight_per_connection
+            .or(file.max_inflight_per_connection)
+            .unwrap_or(1024);
+        let per_shard = self
+            .max_inflight_per_shard
+            .or(file.max_inflight_per_shard)
+            .unwrap_or(8192);
+        if per_conn == 0 || per_shard == 0 || per_conn > 32768 {
+            bail!("in-flight caps must be positive (and at most 32768 per connection)");
+        }
+        Ok(ResolvedConfig {
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            data_dir: self
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            shards,
+            durability: self
+                .durability
+                .or(file.durability)
+                .unwrap_or(DurabilityArg::Batch),
+            periodic_sync: Duration::from_millis(periodic_ms),
+            max_frame_bytes,
+            shard_aware_port,
+            metrics_listen,
+            read_timeout: duration(
+                &self.read_timeout,
+                file.read_timeout,
+                Duration::from_secs(5),
+            )?,
+            write_timeout: duration(
+                &self.write_timeout,
+                file.write_timeout,
+                Duration::from_secs(2),
+            )?,
+            range_timeout: duration(
+                &self.range_timeout,
+                file.range_timeout,
+                Duration::from_secs(10),
+            )?,
+            other_timeout: duration(
+                &self.other_timeout,
+                file.other_timeout,
+                Duration::from_secs(10),
+            )?,
+            max_inflight_per_connection: per_conn,
+            max_inflight_per_shard: per_shard,
+            log: self.log.clone().or(file.log),
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+/// A TOML scalar as text, so that `max_frame_bytes = 1048576` and `= "1MiB"` both work.
+fn toml_scalar(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Parses `16MiB`, `256KiB`, `1GiB`, `10MB`, `1048576` into bytes.
+pub fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().with_context(|| format!("invalid size {s:?}"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => bail!("invalid size unit in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)"),
+    };
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} is too large"))
+}
+
+/// Parses `5s`, `500ms`, `2m`, `100us`, or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("invalid duration {s:?}"))?;
+    let d = match unit.trim() {
+        "" | "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" | "min" => Duration::from_secs(n.saturating_mul(60)),
+        "us" | "µs" => Duration::from_micros(n),
+        _ => bail!("invalid duration unit in {s:?} (use us, ms, s, m)"),
+    };
+    if d.is_zero() {
+        bail!("duration {s:?} must be positive");
+    }
+    Ok(d)
+}
+
+fn parse_port_or_off(s: &str) -> Result<Option<u16>> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let p: u16 = s
+        .trim()
+        .parse()
+        .with_context(|| format!("invalid port {s:?} (a number, or off)"))?;
+    if p == 0 {
+        bail!("port 0 is not allowed; use off to disable");
+    }
+    Ok(Some(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse() {
+        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_size("256KiB").unwrap(), 256 << 10);
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("").is_err());
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("100").unwrap(), Duration::from_millis(100));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn defaults_apply_without_flags_or_file() {
+        let c = ServeArgs::default().resolve().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9042".parse().unwrap());
+        assert_eq!(c.data_dir, PathBuf::from("./sluice-data"));
+        assert_eq!(c.durability, DurabilityArg::Batch);
+        assert_eq!(c.max_frame_bytes, 16 << 20);
+        assert_eq!(c.shard_aware_port, Some(19042));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9180".parse().unwrap()));
+        assert_eq!(c.read_timeout, Duration::from_secs(5));
+        assert_eq!(c.write_timeout, Duration::from_secs(2));
+        assert_eq!(c.range_timeout, Duration::from_secs(10));
+        assert_eq!(c.other_timeout, Duration::from_secs(10));
+        assert!(c.shards >= 1);
+    }
+
+    #[test]
+    fn flags_win_over_file_and_file_over_defaults() {
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9999\"\nshards = 3\nmax_frame_bytes = \"1MiB\"\n\
+             shard_aware_port = \"off\"\nmetrics_listen = \"off\"\nwrite_timeout = \"750ms\"\n\
+             durability = \"periodic\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            shards: Some(5),
+            ..ServeArgs::default()
+        };
+        let c = args.resolve().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(c.shards, 5, "flag beats file");
+        assert_eq!(c.max_frame_bytes, 1 << 20);
+        assert_eq!(c.shard_aware_port, None);
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.write_timeout, Duration::from_millis(750));
+        assert_eq!(c.durability, DurabilityArg::Periodic);
+
+        std::fs::write(&path, "no_such_key = 1\n").unwrap();
+        assert!(args.resolve().is_err(), "unknown keys are rejected");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn invalid_values_are_rejected() {
+        let bad_shards = ServeArgs {
+            shards: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(bad_shards.resolve().is_err());
+        let bad_frame = ServeArgs {
+            max_frame_bytes: Some("10".into()),
+            ..ServeArgs::default()
+        };
+        assert!(bad_frame.resolve().is_err());
+        let bad_port = ServeArgs {
+            shard_aware_port: Some("0".into()),
+            ..ServeArgs::default()
+        };
+        assert!(bad_port.resolve().is_err());
+    }
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every test of the project, from a fresh Debian machine with Rust and Python 3.11:
+#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests -> pytest (both drivers).
+# Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# Python venvs: cqlsh + cassandra-driver, and scylla-driver separately (both install the
+# `cassandra` module, so they cannot share one venv).
+PY=${PYTHON:-python3}
+export CASS_DRIVER_NO_CYTHON=1          # pure-Python fallback if a source build is needed
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+make_venv() {
+    local dir=$1; shift
+    if [ ! -x "$dir/bin/python" ] || [ ! -f "$dir/.installed" ] || [ "$(cat "$dir/.installed")" != "$*" ]; then
+        step "venv $dir: $*"
+        "$PY" -m venv "$dir"
+        "$dir/bin/pip" install --quiet --prefer-binary "$@"
+        echo "$*" > "$dir/.installed"
+    fi
+}
+make_venv .venv/cassandra cqlsh cassandra-driver pytest
+make_venv .venv/scylla scylla-driver pytest
+
+step "cargo build (debug, binary under test)"
+cargo build -p sluice
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --workspace
+
+export SLUICE_BIN="$ROOT/target/debug/sluice"
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+    export SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice"
+fi
+
+step "pytest: cqlsh + cassandra-driver"
+.venv/cassandra/bin/python -m pytest -q tests/python/cassandra
+
+step "pytest: scylla-driver"
+.venv/scylla/bin/python -m pytest -q tests/python/scylla
+
+step "all tests passed"
