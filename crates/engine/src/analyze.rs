@@ -1334,14 +1334,11 @@ impl<'a> Analyzer<'a> {
         };
         let mut ck: Vec<Option<Val>> = vec![None; table.clustering.len()];
         let mut ops = Vec::new();
+        let mut seen = vec![false; table.columns.len()];
         for (name, term) in s.columns.iter().zip(&s.values) {
             let (ci, col) = Self::column_for_write(&table, name)?;
             let (cname, ty, kind, pos) = (col.name.clone(), col.ty.clone(), col.kind, col.position);
-            if ops.iter().any(|o: &Op| o.col() == ci)
-                || (kind.is_primary_key()
-                    && (w.pk.get(pos as usize).is_some_and(|r| r.is_some())
-                        && kind == ColumnKind::PartitionKey))
-            {
+            if std::mem::replace(&mut seen[ci], true) {
                 return Err(invalid(format!(
                     "Multiple definitions found for column {cname}"
                 )));

@@ -4,6 +4,21 @@
 //! [`Engine::execute`] / [`Engine::batch`]; [`Engine::route`] tells it which partition a
 //! statement touches before anything runs, so that it can pick the owning shard, apply the
 //! per-partition limiter and set the deadline.
+//!
+//! Design notes:
+//! - The schema is an immutable [`catalog::Schema`] behind an `RwLock<Arc<_>>`: readers
+//!   clone the `Arc`, DDL (serialised by one lock) builds the next schema, persists it as
+//!   one JSON document in the storage metadata store, swaps it in, invalidates cached
+//!   statements of the touched tables and broadcasts the change.
+//! - Statements are analysed once into plans ([`Prepared`]) kept in a bounded cache keyed
+//!   by MD5(keyspace + query), shared by PREPARE and unprepared QUERY.
+//! - Paging states are self-contained (position, remaining LIMIT, statement hash), so any
+//!   node or shard can continue a query; malformed states are Invalid errors.
+//! - [C]: `execute` checks the deadline immediately before storage work and answers a
+//!   Write_timeout (SIMPLE) / Read_timeout (no data) without executing.
+//! - Conditional statements (single node) read, check and write under a 64-way lock
+//!   stripe keyed by token: they are linearizable among themselves, but a plain write to
+//!   the same row may interleave (as when Cassandra mixes LWT and non-LWT writes).
 
 #![warn(missing_docs)]
 
@@ -683,6 +698,7 @@ impl Engine {
             *g = Arc::new(next);
         }
         self.invalidate(tables, keyspace);
+        tracing::info!(change = ?change.change, target = ?change.target, "schema changed");
         let _ = self.events.send(change);
         Ok(())
     }

@@ -1900,3 +1900,21 @@ async fn filtering_scans_return_short_pages_instead_of_scanning_everything() {
         "unpaged reads everything"
     );
 }
+
+#[tokio::test]
+async fn insert_rejects_duplicate_columns() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    for q in [
+        "INSERT INTO ks.t (pk, pk, ck) VALUES (1, 2, 3)",
+        "INSERT INTO ks.t (pk, ck, ck) VALUES (1, 2, 3)",
+        "INSERT INTO ks.t (pk, ck, v, v) VALUES (1, 2, 'a', 'b')",
+    ] {
+        let e = h.err(q, vec![]).await;
+        assert!(
+            e.message.contains("Multiple definitions"),
+            "{q}: {}",
+            e.message
+        );
+    }
+}
