@@ -323,11 +323,8 @@ impl FrameDecoder {
 pub(crate) fn begin_frame(buf: &mut BytesMut, stream: i16, opcode: Opcode) -> usize {
     let start = buf.len();
     buf.reserve(HEADER_LEN + 64);
-    buf.put_u8(RESPONSE_VERSION);
-    buf.put_u8(0);
-    buf.put_i16(stream);
-    buf.put_u8(opcode as u8);
-    buf.put_u32(0);
+    let [s0, s1] = stream.to_be_bytes();
+    buf.put_slice(&[RESPONSE_VERSION, 0, s0, s1, opcode as u8, 0, 0, 0, 0]);
     start
 }
 
