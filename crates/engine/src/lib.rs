@@ -237,6 +237,7 @@ pub struct Engine {
     cache_clock: AtomicU64,
     events: broadcast::Sender<SchemaChange>,
     list_clock: AtomicU64,
+    last_write_ts: std::sync::atomic::AtomicI64,
     lwt_locks: Vec<tokio::sync::Mutex<()>>,
 }
 
@@ -287,6 +288,7 @@ impl Engine {
             cache_clock: AtomicU64::new(1),
             events,
             list_clock: AtomicU64::new(0),
+            last_write_ts: std::sync::atomic::AtomicI64::new(i64::MIN),
             lwt_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
         }))
     }
@@ -706,6 +708,25 @@ impl Engine {
     /// Takes the DDL lock (DDL is rare; one at a time keeps copy-on-write simple).
     fn ddl_guard(&self) -> std::sync::MutexGuard<'_, ()> {
         self.ddl_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A server-side write timestamp: `now`, but strictly greater than the last one handed
+    /// out, so that successive writes without client timestamps never tie (as Cassandra's
+    /// `ClientState.getTimestamp`).
+    pub(crate) fn write_timestamp(&self, now_micros: i64) -> i64 {
+        let mut last = self.last_write_ts.load(Ordering::Relaxed);
+        loop {
+            let next = now_micros.max(last.saturating_add(1));
+            match self.last_write_ts.compare_exchange_weak(
+                last,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(actual) => last = actual,
+            }
+        }
     }
 
     /// The next list-element key suffix (unique per engine).

@@ -1918,3 +1918,25 @@ async fn insert_rejects_duplicate_columns() {
         );
     }
 }
+
+#[tokio::test]
+async fn server_timestamps_are_strictly_increasing() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    // Same "now" for every request: later writes must still win.
+    h.now = Some(crate::now_micros());
+    for i in 0..20 {
+        h.exec(
+            "UPDATE ks.t SET v = ? WHERE pk = 1 AND ck = 1",
+            vec![text(&format!("{i:02}"))],
+        )
+        .await
+        .unwrap();
+        let r = h
+            .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+            .await;
+        assert_eq!(ctext(&r[0][0]), format!("{i:02}"));
+    }
+    let a = h.engine.write_timestamp(5);
+    assert!(h.engine.write_timestamp(5) > a);
+}

@@ -583,6 +583,8 @@ pub(crate) async fn execute_writes(
     ctx: &RequestContext,
     write_type: WriteType,
 ) -> Result<ResultMessage, DetailedError> {
+    // One timestamp for the whole request (a batch's statements share it).
+    let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
     let mut muts = Vec::with_capacity(entries.len());
     for (w, b) in entries {
         build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
@@ -734,6 +736,7 @@ pub(crate) async fn execute_conditional(
     skip_metadata: bool,
     ctx: &RequestContext,
 ) -> Result<ResultMessage, DetailedError> {
+    let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
     let mut partition: Option<PartitionKey> = None;
     let mut table = None;
     for (w, b) in entries {
