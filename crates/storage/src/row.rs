@@ -317,6 +317,18 @@ impl StoredRow {
         });
     }
 
+    /// The newest timestamp anywhere in the row (liveness, deletions, cells).
+    pub fn max_timestamp(&self) -> i64 {
+        let cells = self.cells.iter().map(|c| c.timestamp);
+        let deletions = self.collection_deletions.iter().map(|&(_, ts)| ts);
+        cells
+            .chain(deletions)
+            .chain(self.liveness.map(|l| l.timestamp))
+            .chain(self.deletion)
+            .max()
+            .unwrap_or(i64::MIN)
+    }
+
     /// The live content of this row under an outer deletion (partition / range tombstone)
     /// at `now_secs`, or None when nothing of it is live.
     pub fn live_view(&self, outer_deletion: Option<i64>, now_secs: u32) -> Option<ReadRow> {

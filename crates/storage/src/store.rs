@@ -44,6 +44,13 @@ const STRIPES: usize = 1024;
 /// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
 pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
 
+/// Most rows one `apply` examines to purge what a new deletion shadows; the rest stays
+/// (hidden by the deletion) until a later deletion of the partition purges it.
+const PURGE_ROWS_PER_APPLY: usize = 16_384;
+
+/// Rows examined per stripe-lock hold while purging (bounds the lock hold time).
+const PURGE_CHUNK: usize = 256;
+
 /// Rows deleted per fjall batch by `truncate` (bounded batch memory).
 const TRUNCATE_CHUNK: usize = 1024;
 
@@ -383,6 +390,8 @@ impl Storage {
         }
         let mut batch = self.inner.db.batch();
         let mut buf = Vec::new();
+        // Partitions that got a new deletion, to purge the rows it shadows afterwards.
+        let mut purges: Vec<(Vec<u8>, PartitionHeader)> = Vec::new();
         {
             // Stripes are taken in ascending order: two batches cannot deadlock.
             let _guards: Vec<MutexGuard<'_, ()>> = stripes
@@ -402,7 +411,13 @@ impl Storage {
                             Some(v) => PartitionHeader::decode_value(&v)?,
                             None => PartitionHeader::default(),
                         };
+                        let deletes =
+                            incoming.deletion.is_some() || !incoming.range_tombstones.is_empty();
                         header.merge(incoming);
+                        if deletes {
+                            let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
+                            purges.push((prefix, header.clone()));
+                        }
                         if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
                             return Err(StorageError::TooLarge(
                                 "too many range tombstones in partition",
@@ -433,7 +448,75 @@ impl Storage {
             self.inner.commit.lock_request().pending = true;
             self.inner.commit.wake.notify_one();
         }
+        for (prefix, header) in purges {
+            self.purge_shadowed_rows(&prefix, &header)?;
+        }
         Ok(CommitTicket(ticket))
+    }
+
+    /// Physically removes the rows of a partition that its header's deletions shadow
+    /// entirely (every timestamp in the row at or below the covering deletion). Reads
+    /// already skip them; removing them keeps deleted partitions from growing without
+    /// bound and from filling reads with dead rows. Safe at any time: the header keeps
+    /// the deletion, so a late write under it stays hidden, and a header's deletions only
+    /// ever grow, so an older copy of it is conservative. Runs in chunks, each under the
+    /// partition's stripe lock (a concurrent write to a row cannot be lost), and stops
+    /// after `PURGE_ROWS_PER_APPLY` rows so that one delete does bounded work.
+    fn purge_shadowed_rows(
+        &self,
+        prefix: &[u8],
+        header: &PartitionHeader,
+    ) -> Result<(), StorageError> {
+        let table: TableId = prefix
+            .get(..16)
+            .and_then(|t| t.try_into().ok())
+            .ok_or(StorageError::Corrupt("short data key"))?;
+        let token = keycodec::token_from_bytes(
+            prefix
+                .get(16..24)
+                .and_then(|t| t.try_into().ok())
+                .ok_or(StorageError::Corrupt("short data key"))?,
+        );
+        let stripe = Self::stripe_of(&table, token);
+        let mut row_prefix = prefix.to_vec();
+        row_prefix.push(KIND_ROW);
+        let end = match keycodec::prefix_successor(&row_prefix) {
+            Some(e) => Bound::Excluded(e),
+            None => Bound::Unbounded,
+        };
+        let mut from = Bound::Included(row_prefix.clone());
+        let mut examined = 0usize;
+        while examined < PURGE_ROWS_PER_APPLY {
+            let _guard = self.inner.stripes[stripe]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let mut batch = self.inner.db.batch();
+            let mut seen = 0usize;
+            for guard in self
+                .inner
+                .data
+                .range((from.clone(), end.clone()))
+                .take(PURGE_CHUNK)
+            {
+                let (key, value) = guard.into_inner().map_err(io)?;
+                seen += 1;
+                let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
+                let row = StoredRow::decode_value(&value)?;
+                if header
+                    .deletion_for(clustering)
+                    .is_some_and(|d| row.max_timestamp() <= d)
+                {
+                    batch.remove(&self.inner.data, key.clone());
+                }
+                from = Bound::Excluded(key.to_vec());
+            }
+            batch.commit().map_err(io)?;
+            examined += seen;
+            if seen < PURGE_CHUNK {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Resolves once the ticket's write is durable (Batch: after the group fsync; Periodic: at once).
@@ -458,6 +541,12 @@ impl Storage {
     /// Number of journal fsyncs done by the sync thread (for tests and metrics).
     pub fn fsync_count(&self) -> u64 {
         self.inner.commit.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: the number of stored entries (headers and rows, live or not) of a table.
+    #[cfg(test)]
+    pub(crate) fn raw_entry_count(&self, table: TableId) -> usize {
+        self.inner.data.prefix(table).count()
     }
 
     /// Test hook: holds the sync thread before its next fsync while the guard lives.

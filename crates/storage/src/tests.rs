@@ -291,6 +291,40 @@ fn tombstones_cell_row_range_partition() {
 }
 
 #[test]
+fn deletions_purge_the_rows_they_shadow() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill(&s, &l, 4, &["a", "b", "c"]);
+    assert_eq!(s.raw_entry_count(T1), 12);
+    // A row newer than the coming deletions survives them, physically and visibly.
+    let mut m = mutation(T1, 7, "p");
+    m.rows
+        .push(insert_row(ck(2, "new"), vec![cell(1, "n", 9)], 9));
+    s.apply(&[(&l, m)]).unwrap();
+    // Range deletion of c1 in [1, 2] at ts 5: six old rows go, the header comes.
+    let mut m = mutation(T1, 7, "p");
+    m.range_deletions.push(RangeDeletion {
+        start: Bound::Included(vec![int(1)]),
+        end: Bound::Included(vec![int(2)]),
+        timestamp: 5,
+    });
+    s.apply(&[(&l, m)]).unwrap();
+    assert_eq!(s.raw_entry_count(T1), 13 - 6 + 1);
+    // Partition deletion at ts 5: everything old goes; the header and the newer row stay.
+    let mut m = mutation(T1, 7, "p");
+    m.partition_deletion = Some(5);
+    s.apply(&[(&l, m)]).unwrap();
+    assert_eq!(s.raw_entry_count(T1), 2);
+    assert_eq!(keys(&read_all(&s, &l, 7, "p", 0)), vec![ck(2, "new")]);
+    // A late write under the deletion stays hidden although its old row was purged.
+    let mut m = mutation(T1, 7, "p");
+    m.rows
+        .push(insert_row(ck(0, "a"), vec![cell(1, "late", 4)], 4));
+    s.apply(&[(&l, m)]).unwrap();
+    assert_eq!(keys(&read_all(&s, &l, 7, "p", 0)), vec![ck(2, "new")]);
+}
+
+#[test]
 fn ttl_expiry_by_now_secs() {
     let (_d, s) = open(periodic());
     let l = layout_no_ck(T2);
