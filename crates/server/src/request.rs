@@ -16,8 +16,8 @@ use sluice_engine::{OpKind, Prepared, RequestContext, Session};
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::Frame;
 use sluice_protocol::{
-    Consistency, DetailedError, ErrorCode, ErrorExtra, ErrorResponse, EventType, QueryParameters,
-    Request, ResultMessage, WriteType,
+    DetailedError, ErrorCode, ErrorExtra, ErrorResponse, EventType, QueryParameters, Request,
+    ResultMessage,
 };
 use tokio::sync::oneshot;
 
@@ -43,28 +43,10 @@ const SHUTTING_DOWN: ErrorResponse =
 
 /// Deadline passed before a write was executed: Write_timeout, writeType SIMPLE, received 0
 /// of 1, so that no default retry policy retries it (spec §7.3 rule 4).
-pub const WRITE_EXPIRED: ErrorResponse = ErrorResponse {
-    code: ErrorCode::WriteTimeout,
-    message: "Request deadline passed before execution",
-    extra: ErrorExtra::WriteTimeout {
-        consistency: Consistency::One,
-        received: 0,
-        block_for: 1,
-        write_type: WriteType::Simple,
-    },
-};
+pub const WRITE_EXPIRED: ErrorResponse = sluice_protocol::preencoded::WRITE_DEADLINE;
 
 /// Deadline passed before a read was executed: Read_timeout, received 0 of 1, no data.
-pub const READ_EXPIRED: ErrorResponse = ErrorResponse {
-    code: ErrorCode::ReadTimeout,
-    message: "Request deadline passed before execution",
-    extra: ErrorExtra::ReadTimeout {
-        consistency: Consistency::One,
-        received: 0,
-        block_for: 1,
-        data_present: false,
-    },
-};
+pub const READ_EXPIRED: ErrorResponse = sluice_protocol::preencoded::READ_DEADLINE;
 
 /// Handles one admitted frame and answers it through `inf`.
 pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
@@ -153,19 +135,7 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
         }
         Request::Execute { id, params } => match shard.engine.prepared(&id) {
             Some(p) => execute(inf, p, params, arrival).await,
-            None => {
-                let mut raw = [0u8; 16];
-                let len = id.len().min(16);
-                raw[..len].copy_from_slice(&id[..len]);
-                inf.answer_error(&ErrorResponse {
-                    code: ErrorCode::Unprepared,
-                    message: "Prepared statement not found; prepare it again",
-                    extra: ErrorExtra::Unprepared {
-                        len: len as u8,
-                        id: raw,
-                    },
-                });
-            }
+            None => inf.answer_error(&sluice_protocol::response::unprepared_error(&id)),
         },
         Request::Batch(batch) => {
             let deadline = arrival + shard.config.timeouts.write;

@@ -115,3 +115,52 @@ async fn acknowledged_writes_survive_kill_9() {
         &missing[..missing.len().min(10)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_flushes_storage_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Periodic durability with a long interval: only the shutdown's flush makes these durable.
+    let mut node = Node::start(
+        &data,
+        2,
+        &["--durability", "periodic", "--periodic-sync-ms", "600000"],
+    );
+    let session = connect(&node).await;
+    session
+        .query_unpaged(
+            "CREATE KEYSPACE IF NOT EXISTS term WITH replication = \
+             {'class': 'SimpleStrategy', 'replication_factor': 1}",
+            &[],
+        )
+        .await
+        .unwrap();
+    session
+        .query_unpaged(
+            "CREATE TABLE IF NOT EXISTS term.t (k int PRIMARY KEY, v int)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let ins = session
+        .prepare("INSERT INTO term.t (k, v) VALUES (?, ?)")
+        .await
+        .unwrap();
+    for k in 0..500i32 {
+        session.execute_unpaged(&ins, (k, k * 3)).await.unwrap();
+    }
+    drop(session);
+    let status = node.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+
+    let node2 = Node::start(&data, 2, &[]);
+    let session = connect(&node2).await;
+    let r = session
+        .query_unpaged("SELECT COUNT(*) FROM term.t", &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let (count,): (i64,) = r.single_row().unwrap();
+    assert_eq!(count, 500);
+}

@@ -130,6 +130,63 @@ async fn ddl_prepared_statements_and_routing() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lz4_and_snappy_compression() {
+    use scylla::frame::Compression;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("data"), 1, &["--durability", "periodic"]);
+    for compression in [Compression::Lz4, Compression::Snappy] {
+        let session = SessionBuilder::new()
+            .known_node(node.addr.to_string())
+            .compression(Some(compression))
+            .build()
+            .await
+            .expect("connect with compression");
+        session
+            .query_unpaged(
+                "CREATE KEYSPACE IF NOT EXISTS cz WITH replication = \
+                 {'class': 'SimpleStrategy', 'replication_factor': 1}",
+                &[],
+            )
+            .await
+            .unwrap();
+        session
+            .query_unpaged(
+                "CREATE TABLE IF NOT EXISTS cz.t (k int PRIMARY KEY, v text)",
+                &[],
+            )
+            .await
+            .unwrap();
+        // Large, compressible values: both requests and answers cross the threshold.
+        let big = "sluice ".repeat(2000);
+        let ins = session
+            .prepare("INSERT INTO cz.t (k, v) VALUES (?, ?)")
+            .await
+            .unwrap();
+        for k in 0..20i32 {
+            session
+                .execute_unpaged(&ins, (k, format!("{k}{big}")))
+                .await
+                .unwrap();
+        }
+        let r = session
+            .query_unpaged("SELECT k, v FROM cz.t", &[])
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap();
+        let rows: Vec<(i32, String)> = r
+            .rows::<(i32, String)>()
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(rows.len(), 20, "{compression:?}");
+        for (k, v) in rows {
+            assert_eq!(v, format!("{k}{big}"), "{compression:?}");
+        }
+    }
+}
+
 fn types_and_values() -> Vec<(&'static str, CqlValue)> {
     vec![
         ("ascii", CqlValue::Ascii("ascii text".into())),
