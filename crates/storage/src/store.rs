@@ -391,7 +391,7 @@ impl Storage {
         let mut batch = self.inner.db.batch();
         let mut buf = Vec::new();
         // Partitions that got a new deletion, to purge the rows it shadows afterwards.
-        let mut purges: Vec<(Vec<u8>, PartitionHeader)> = Vec::new();
+        let mut purges: Vec<(Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
         {
             // Stripes are taken in ascending order: two batches cannot deadlock.
             let _guards: Vec<MutexGuard<'_, ()>> = stripes
@@ -411,12 +411,20 @@ impl Storage {
                             Some(v) => PartitionHeader::decode_value(&v)?,
                             None => PartitionHeader::default(),
                         };
-                        let deletes =
-                            incoming.deletion.is_some() || !incoming.range_tombstones.is_empty();
+                        // Where the new deletions apply: the whole partition, or their ranges.
+                        let purge_ranges: Vec<ByteRange> = if incoming.deletion.is_some() {
+                            vec![ByteRange { lo: None, hi: None }]
+                        } else {
+                            incoming
+                                .range_tombstones
+                                .iter()
+                                .map(|t| t.range.clone())
+                                .collect()
+                        };
                         header.merge(incoming);
-                        if deletes {
+                        if !purge_ranges.is_empty() {
                             let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
-                            purges.push((prefix, header.clone()));
+                            purges.push((prefix, header.clone(), purge_ranges));
                         }
                         if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
                             return Err(StorageError::TooLarge(
@@ -448,8 +456,10 @@ impl Storage {
             self.inner.commit.lock_request().pending = true;
             self.inner.commit.wake.notify_one();
         }
-        for (prefix, header) in purges {
-            self.purge_shadowed_rows(&prefix, &header)?;
+        for (prefix, header, ranges) in purges {
+            for range in &ranges {
+                self.purge_shadowed_rows(&prefix, &header, range)?;
+            }
         }
         Ok(CommitTicket(ticket))
     }
@@ -460,12 +470,14 @@ impl Storage {
     /// bound and from filling reads with dead rows. Safe at any time: the header keeps
     /// the deletion, so a late write under it stays hidden, and a header's deletions only
     /// ever grow, so an older copy of it is conservative. Runs in chunks, each under the
-    /// partition's stripe lock (a concurrent write to a row cannot be lost), and stops
-    /// after `PURGE_ROWS_PER_APPLY` rows so that one delete does bounded work.
+    /// partition's stripe lock (a concurrent write to a row cannot be lost), only over
+    /// `range` (where the new deletion applies), and stops after `PURGE_ROWS_PER_APPLY`
+    /// rows so that one delete does bounded work.
     fn purge_shadowed_rows(
         &self,
         prefix: &[u8],
         header: &PartitionHeader,
+        range: &ByteRange,
     ) -> Result<(), StorageError> {
         let table: TableId = prefix
             .get(..16)
@@ -480,11 +492,7 @@ impl Storage {
         let stripe = Self::stripe_of(&table, token);
         let mut row_prefix = prefix.to_vec();
         row_prefix.push(KIND_ROW);
-        let end = match keycodec::prefix_successor(&row_prefix) {
-            Some(e) => Bound::Excluded(e),
-            None => Bound::Unbounded,
-        };
-        let mut from = Bound::Included(row_prefix.clone());
+        let (mut from, end) = full_range(&row_prefix, range);
         let mut examined = 0usize;
         while examined < PURGE_ROWS_PER_APPLY {
             let _guard = self.inner.stripes[stripe]
