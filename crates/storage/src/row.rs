@@ -8,8 +8,10 @@
 //!
 //! Merging is per cell: the higher timestamp wins; on equal timestamps a tombstone beats a
 //! live value, then the greater value, then the later expiry (Cassandra's rules). Counter
-//! deltas add. Data shadowed by a deletion stored in the same row is dropped at merge time.
-//! Tombstones are kept forever (no gc_grace purge yet).
+//! deltas add. Data shadowed by a deletion stored in the same row is dropped at merge time,
+//! and rows entirely shadowed by a partition or range deletion are removed by `apply`.
+//! Tombstones themselves are kept forever (no gc_grace purge yet): they must keep
+//! shadowing late writes with older timestamps.
 
 use crate::keycodec::ByteRange;
 use crate::model::{CellValue, ColumnId, Liveness, ReadCell, ReadRow, RowMutation};
