@@ -15,6 +15,9 @@ pub const COMPRESSION_THRESHOLD: usize = 512;
 /// output buffer is allocated.
 const LZ4_MAX_RATIO: usize = 255;
 
+/// Snappy's densest element is a 3-byte copy of 64 bytes (~21x); a larger claim is a lie.
+const SNAPPY_MAX_RATIO: usize = 32;
+
 /// The body compression negotiated in STARTUP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Compression {
@@ -99,6 +102,9 @@ impl Compression {
                         "decompressed body exceeds the maximum frame size",
                     ));
                 }
+                if len > input.len().saturating_mul(SNAPPY_MAX_RATIO) {
+                    return Err(DecodeError("snappy uncompressed length is implausible"));
+                }
                 let mut out = vec![0u8; len];
                 let n = snap::raw::Decoder::new()
                     .decompress(input, &mut out)
@@ -133,6 +139,7 @@ impl Compression {
                 out.resize(start + 4 + max, 0);
                 out[start..start + 4]
                     .copy_from_slice(&u32::try_from(input.len()).unwrap_or(u32::MAX).to_be_bytes());
+                // Cannot fail: the output was sized to the worst case.
                 let n = lz4_flex::block::compress_into(input, &mut out[start + 4..])
                     .unwrap_or_default();
                 out.truncate(start + 4 + n);
@@ -141,6 +148,7 @@ impl Compression {
                 let start = out.len();
                 let max = snap::raw::max_compress_len(input.len());
                 out.resize(start + max, 0);
+                // Cannot fail: the output was sized to the worst case.
                 let n = snap::raw::Encoder::new()
                     .compress(input, &mut out[start..])
                     .unwrap_or_default();
@@ -249,6 +257,19 @@ mod tests {
         // A snappy varint claiming 2 GiB.
         let lie = [0x80, 0x80, 0x80, 0x80, 0x08, 0x00];
         assert!(Compression::Snappy.decompress(&lie, 1 << 24).is_err());
+        // A 4-byte snappy body claiming 1 MiB, under the cap but impossible for its size.
+        let lie = [0x80, 0x80, 0x40, 0x00];
+        assert_eq!(
+            Compression::Snappy.decompress(&lie, 1 << 24),
+            Err(DecodeError("snappy uncompressed length is implausible"))
+        );
+        // The densest real inputs stay within the plausibility bounds.
+        let zeros = vec![0u8; 1 << 20];
+        for c in [Compression::Lz4, Compression::Snappy] {
+            let mut out = BytesMut::new();
+            c.compress_into(&zeros, &mut out);
+            assert_eq!(c.decompress(&out, 1 << 24).unwrap(), zeros);
+        }
         // Honest but over the cap.
         let data = sample(5000);
         for c in [Compression::Lz4, Compression::Snappy] {
