@@ -220,6 +220,8 @@ pub(crate) struct SelectPlan {
     pub reversed: bool,
     /// The statement has an ORDER BY (rows of several partitions must then be merged).
     pub ordered: bool,
+    /// GROUP BY columns (a primary key prefix); empty = one group.
+    pub group_by: Vec<usize>,
     /// SELECT DISTINCT.
     pub distinct: bool,
     /// USING TIMEOUT.
@@ -943,10 +945,29 @@ impl<'a> Analyzer<'a> {
         if s.json {
             return Err(invalid("SELECT JSON is not supported"));
         }
-        if !s.group_by.is_empty() {
-            return Err(invalid("GROUP BY is not supported"));
-        }
         let table = self.table(&s.table)?;
+        // GROUP BY: a prefix of the primary key columns, in order.
+        let mut group_by = Vec::with_capacity(s.group_by.len());
+        let key_order: Vec<usize> = table
+            .partition_key
+            .iter()
+            .chain(&table.clustering)
+            .copied()
+            .collect();
+        for (k, name) in s.group_by.iter().enumerate() {
+            let (ci, _) = table
+                .column(name)
+                .ok_or_else(|| invalid(format!("Undefined column name {name}")))?;
+            if key_order.get(k) != Some(&ci) {
+                return Err(invalid(format!(
+                    "Group by currently only supports a prefix of the PRIMARY KEY columns in order, got {name}"
+                )));
+            }
+            group_by.push(ci);
+        }
+        if !group_by.is_empty() && group_by.len() < table.partition_key.len() {
+            return Err(invalid("Group by must include every partition key column"));
+        }
         let virtual_table = table.is_virtual();
         let where_ = self.where_clause(&table, &s.where_clause, virtual_table)?;
         if !virtual_table && !s.allow_filtering {
@@ -965,7 +986,8 @@ impl<'a> Analyzer<'a> {
                 items.push(self.selector(&table, sel)?);
             }
         }
-        let aggregate = items.iter().any(|i| i.is_aggregate());
+        // Grouped selections aggregate per group (plain columns show the group's first row).
+        let aggregate = items.iter().any(|i| i.is_aggregate()) || !group_by.is_empty();
         if s.distinct {
             for it in &items {
                 match it {
@@ -1037,6 +1059,7 @@ impl<'a> Analyzer<'a> {
             per_partition_limit,
             reversed: reversed.unwrap_or(false),
             ordered: reversed.is_some(),
+            group_by,
             distinct: s.distinct,
             timeout,
         })

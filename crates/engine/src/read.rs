@@ -218,6 +218,23 @@ struct Agg {
     /// Per item: integer and floating sums (`sum`/`avg`); `counts` holds the value count.
     sums: Vec<(i128, f64)>,
     first: bool,
+    /// GROUP BY columns, and the key of the group being aggregated.
+    group_by: Vec<usize>,
+    group: Option<Vec<Option<Bytes>>>,
+}
+
+impl Agg {
+    fn new(n: usize, group_by: &[usize]) -> Agg {
+        Agg {
+            count: 0,
+            per_item: vec![None; n],
+            counts: vec![0; n],
+            sums: vec![(0, 0.0); n],
+            first: true,
+            group_by: group_by.to_vec(),
+            group: None,
+        }
+    }
 }
 
 /// Collects output rows under page and limit budgets.
@@ -235,6 +252,7 @@ impl<'a> Out<'a> {
         t: &'a TableDef,
         items: &'a [SelItem],
         aggregate: bool,
+        group_by: &[usize],
         filters: &'a [ResolvedFilter],
         now_secs: u32,
     ) -> Self {
@@ -242,13 +260,7 @@ impl<'a> Out<'a> {
             t,
             items,
             rows: RowsBuilder::new(items.len()),
-            agg: aggregate.then(|| Agg {
-                count: 0,
-                per_item: vec![None; items.len()],
-                counts: vec![0; items.len()],
-                sums: vec![(0, 0.0); items.len()],
-                first: true,
-            }),
+            agg: aggregate.then(|| Agg::new(items.len(), group_by)),
             now_secs,
             filters,
         }
@@ -267,6 +279,17 @@ impl<'a> Out<'a> {
     /// Projects and appends one row (or folds it into the aggregate).
     fn emit(&mut self, r: &dyn RowSource) {
         let t = self.t;
+        if let Some(agg) = &self.agg {
+            if !agg.group_by.is_empty() {
+                let key: Vec<Option<Bytes>> = agg.group_by.iter().map(|&c| r.value(t, c)).collect();
+                if agg.group.as_ref().is_some_and(|g| *g != key) {
+                    self.flush_group();
+                }
+                if let Some(agg) = &mut self.agg {
+                    agg.group = Some(key);
+                }
+            }
+        }
         if let Some(agg) = &mut self.agg {
             agg.count += 1;
             for (i, item) in self.items.iter().enumerate() {
@@ -325,8 +348,21 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// Writes the current group's row and starts the next group.
+    fn flush_group(&mut self) {
+        let Some(agg) = self.agg.take() else { return };
+        let group_by = agg.group_by.clone();
+        self.agg = Some(agg);
+        self.finish_aggregate();
+        self.agg = Some(Agg::new(self.items.len(), &group_by));
+    }
+
     fn finish_aggregate(&mut self) {
         if let Some(agg) = self.agg.take() {
+            if !agg.group_by.is_empty() && agg.count == 0 {
+                // GROUP BY over no rows yields no rows.
+                return;
+            }
             for (i, item) in self.items.iter().enumerate() {
                 let v = match item {
                     SelItem::CountAll => Some(codec::bigint(agg.count)),
@@ -478,7 +514,7 @@ pub(crate) fn execute_select(
     };
     let filters = resolve_filters(b, &s.where_.filters)?;
     let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
-    let mut out = Out::new(t, &s.items, s.aggregate, &filters, now_secs);
+    let mut out = Out::new(t, &s.items, s.aggregate, &s.group_by, &filters, now_secs);
     let mut budget = Budget {
         page_left: page_size.unwrap_or(usize::MAX),
         limit_left: match &state {

@@ -1940,3 +1940,46 @@ async fn server_timestamps_are_strictly_increasing() {
     let a = h.engine.write_timestamp(5);
     assert!(h.engine.write_timestamp(5) > a);
 }
+
+#[tokio::test]
+async fn group_by_primary_key_prefix() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    for (pk, ck) in [(1, 1), (1, 2), (1, 3), (2, 1), (3, 5), (3, 6)] {
+        h.exec(
+            "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, 'x')",
+            vec![int(pk), int(ck)],
+        )
+        .await
+        .unwrap();
+    }
+    let r = h
+        .select("SELECT pk, count(*), max(ck) FROM ks.t GROUP BY pk", vec![])
+        .await;
+    let mut got: Vec<(i32, i64, i32)> = r
+        .iter()
+        .map(|r| (cint(&r[0]), cbig(&r[1]), cint(&r[2])))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(1, 3, 3), (2, 1, 1), (3, 2, 6)]);
+    let r = h
+        .select(
+            "SELECT pk, ck FROM ks.t WHERE pk = 1 GROUP BY pk, ck",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.len(), 3);
+    assert!(h
+        .select(
+            "SELECT pk, count(*) FROM ks.t WHERE pk = 9 GROUP BY pk",
+            vec![]
+        )
+        .await
+        .is_empty());
+    assert_eq!(
+        h.err("SELECT count(*) FROM ks.t GROUP BY ck", vec![])
+            .await
+            .code,
+        ErrorCode::Invalid
+    );
+}
