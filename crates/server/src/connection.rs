@@ -311,3 +311,196 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>) {
     }
     let _ = wr.shutdown().await;
 }
+
+#[cfg(test)]
+mod tests {
+    //! An in-process node (real engine on a temp-dir storage) driven with raw frames.
+
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use crate::{Server, ServerConfig};
+
+    struct TestNode {
+        server: Option<Server>,
+        storage: sluice_storage::Storage,
+        _dir: tempfile::TempDir,
+    }
+
+    impl TestNode {
+        fn start(shards: usize) -> TestNode {
+            let dir = tempfile::tempdir().unwrap();
+            let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
+                path: dir.path().join("db"),
+                durability: sluice_storage::Durability::Periodic {
+                    interval: Duration::from_secs(1),
+                },
+                cache_bytes: 8 << 20,
+            })
+            .unwrap();
+            let host = uuid::Uuid::new_v4();
+            let info = sluice_engine::NodeInfo::single([127, 0, 0, 1].into(), 9042, host);
+            let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
+            let config =
+                ServerConfig::new("127.0.0.1:0".parse().unwrap(), shards, host.to_string());
+            let server = Server::start(config, engine).unwrap();
+            TestNode {
+                server: Some(server),
+                storage,
+                _dir: dir,
+            }
+        }
+
+        fn connect(&self) -> TcpStream {
+            let addr = self.server.as_ref().unwrap().local_addr();
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s
+        }
+    }
+
+    impl Drop for TestNode {
+        fn drop(&mut self) {
+            if let Some(s) = self.server.take() {
+                s.shutdown();
+            }
+            let _ = self.storage.close();
+        }
+    }
+
+    fn frame(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
+        let mut f = vec![4, 0];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.push(opcode);
+        f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    fn string(s: &str) -> Vec<u8> {
+        let mut b = (s.len() as u16).to_be_bytes().to_vec();
+        b.extend_from_slice(s.as_bytes());
+        b
+    }
+
+    fn startup(s: &mut TcpStream) {
+        let mut body = vec![0, 1];
+        body.extend(string("CQL_VERSION"));
+        body.extend(string("3.0.0"));
+        s.write_all(&frame(0, 0x01, &body)).unwrap();
+        let (stream, opcode, _) = read_frame(s);
+        assert_eq!((stream, opcode), (0, 0x02), "READY");
+    }
+
+    fn query(stream: i16, text: &str) -> Vec<u8> {
+        let mut body = (text.len() as u32).to_be_bytes().to_vec();
+        body.extend_from_slice(text.as_bytes());
+        body.extend_from_slice(&[0, 1, 0]);
+        frame(stream, 0x07, &body)
+    }
+
+    fn read_frame(s: &mut TcpStream) -> (i16, u8, Vec<u8>) {
+        let mut h = [0u8; 9];
+        s.read_exact(&mut h).unwrap();
+        assert_eq!(h[0], 0x84);
+        let mut body = vec![0u8; u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize];
+        s.read_exact(&mut body).unwrap();
+        (i16::from_be_bytes([h[2], h[3]]), h[4], body)
+    }
+
+    #[test]
+    fn options_answers_supported_with_this_shard() {
+        let node = TestNode::start(2);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..4 {
+            let mut s = node.connect();
+            s.write_all(&frame(3, 0x05, &[])).unwrap();
+            let (stream, opcode, body) = read_frame(&mut s);
+            assert_eq!((stream, opcode), (3, 0x06));
+            let text = String::from_utf8_lossy(&body).to_string();
+            assert!(text.contains("SCYLLA_NR_SHARDS"));
+            // Round-robin over the shards: SCYLLA_SHARD is the connection's shard.
+            let pos = text
+                .find("SCYLLA_SHARD\0")
+                .map(|p| p + "SCYLLA_SHARD".len());
+            let shard = pos.and_then(|p| body.get(p + 4).copied());
+            seen.insert(shard);
+        }
+        assert_eq!(seen.len(), 2, "connections land on both shards: {seen:?}");
+    }
+
+    #[test]
+    fn pipelined_requests_are_all_answered_by_stream_id() {
+        let node = TestNode::start(2);
+        let mut s = node.connect();
+        startup(&mut s);
+        let mut batch = Vec::new();
+        for stream in 1..=300i16 {
+            let q = if stream % 3 == 0 {
+                query(stream, "SELECT * FROM no_such_ks.t")
+            } else {
+                query(stream, "SELECT key, release_version FROM system.local")
+            };
+            batch.extend(q);
+        }
+        s.write_all(&batch).unwrap();
+        let mut answered = std::collections::HashMap::new();
+        for _ in 0..300 {
+            let (stream, opcode, _) = read_frame(&mut s);
+            assert!(
+                answered.insert(stream, opcode).is_none(),
+                "stream {stream} answered twice"
+            );
+        }
+        for stream in 1..=300i16 {
+            let expected = if stream % 3 == 0 { 0x00 } else { 0x08 };
+            assert_eq!(answered.get(&stream), Some(&expected), "stream {stream}");
+        }
+    }
+
+    #[test]
+    fn registered_connections_receive_schema_events() {
+        let node = TestNode::start(2);
+        let mut listener = node.connect();
+        startup(&mut listener);
+        let mut body = 1u16.to_be_bytes().to_vec();
+        body.extend(string("SCHEMA_CHANGE"));
+        listener.write_all(&frame(1, 0x0B, &body)).unwrap();
+        assert_eq!(read_frame(&mut listener).1, 0x02, "REGISTER -> READY");
+
+        let mut other = node.connect();
+        startup(&mut other);
+        other
+            .write_all(&query(
+                5,
+                "CREATE KEYSPACE ev WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+            ))
+            .unwrap();
+        let (stream, opcode, _) = read_frame(&mut other);
+        assert_eq!((stream, opcode), (5, 0x08));
+        let (stream, opcode, body) = read_frame(&mut listener);
+        assert_eq!((stream, opcode), (-1, 0x0C), "EVENT on stream -1");
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("SCHEMA_CHANGE") && text.contains("CREATED") && text.contains("ev"));
+    }
+
+    #[test]
+    fn a_bad_frame_closes_only_its_connection() {
+        let node = TestNode::start(1);
+        let mut good = node.connect();
+        startup(&mut good);
+        let mut bad = node.connect();
+        let mut f = frame(9, 0x07, &[]);
+        f[5..9].copy_from_slice(&u32::MAX.to_be_bytes());
+        bad.write_all(&f).unwrap();
+        let (stream, opcode, body) = read_frame(&mut bad);
+        assert_eq!((stream, opcode), (9, 0x00));
+        assert_eq!(&body[..4], &[0, 0, 0, 0x0A]);
+        let mut rest = Vec::new();
+        assert_eq!(bad.read_to_end(&mut rest).unwrap_or(0), 0);
+        good.write_all(&query(2, "SELECT key FROM system.local"))
+            .unwrap();
+        assert_eq!(read_frame(&mut good).1, 0x08);
+    }
+}
