@@ -452,9 +452,20 @@ fn encode_numeric(ty: &CqlType, i: i128, f: f64) -> Bytes {
 struct Budget {
     page_left: usize,
     limit_left: Option<usize>,
+    /// The request's deadline, checked before every storage call: a long scan whose
+    /// client has given up stops instead of burning CPU.
+    deadline: Option<std::time::Instant>,
+    consistency: sluice_protocol::Consistency,
 }
 
 impl Budget {
+    fn check_deadline(&self) -> Result<(), DetailedError> {
+        if exec::expired(self.deadline) {
+            return Err(exec::read_timeout(self.consistency));
+        }
+        Ok(())
+    }
+
     fn take(&mut self) {
         self.page_left = self.page_left.saturating_sub(1);
         if let Some(l) = &mut self.limit_left {
@@ -521,6 +532,8 @@ pub(crate) fn execute_select(
             Some(st) => st.limit_left.map(|l| l as usize),
             None => limit,
         },
+        deadline: ctx.deadline,
+        consistency: params.consistency,
     };
     if s.aggregate {
         budget.limit_left = None;
@@ -730,6 +743,7 @@ fn read_partitions(
         let mut ppl_left = resume_ppl.take().or(ppl);
         let mut after_here = after.take();
         loop {
+            budget.check_deadline()?;
             let want = budget.want(ppl_left, filtering);
             let read = engine
                 .storage
@@ -867,6 +881,7 @@ fn scan(
     loop {
         let prev_start = start.clone();
         let resumed_inside = matches!(&start, ScanStart::Resume { after: Some(_), .. });
+        budget.check_deadline()?;
         let want = budget.want(None, filtering);
         let page = engine
             .storage
