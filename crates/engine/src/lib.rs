@@ -441,8 +441,20 @@ impl Engine {
         }
     }
 
+    /// [`Engine::route`] for a request's parameters: named values are put in marker
+    /// order first, so that the token is computed from the right values.
+    pub fn route_params(
+        &self,
+        p: &Prepared,
+        params: &QueryParameters,
+    ) -> Result<Route, DetailedError> {
+        let values = exec::order_values(p, params)?;
+        self.route(p, &values)
+    }
+
     /// Routing information without executing: token of the single partition touched (if
-    /// any), table, operation kind and `USING TIMEOUT`.
+    /// any), table, operation kind and `USING TIMEOUT`. Values are positional (see
+    /// [`Engine::route_params`] for named values).
     pub fn route(
         &self,
         p: &Prepared,

@@ -245,6 +245,8 @@ struct Out<'a> {
     agg: Option<Agg>,
     now_secs: u32,
     filters: &'a [ResolvedFilter],
+    /// LIMIT of a GROUP BY query (in groups).
+    group_limit: Option<usize>,
 }
 
 impl<'a> Out<'a> {
@@ -263,6 +265,7 @@ impl<'a> Out<'a> {
             agg: aggregate.then(|| Agg::new(items.len(), group_by)),
             now_secs,
             filters,
+            group_limit: None,
         }
     }
 
@@ -361,6 +364,10 @@ impl<'a> Out<'a> {
         if let Some(agg) = self.agg.take() {
             if !agg.group_by.is_empty() && agg.count == 0 {
                 // GROUP BY over no rows yields no rows.
+                return;
+            }
+            if self.group_limit.is_some_and(|l| self.rows.len() >= l) {
+                // LIMIT counts groups.
                 return;
             }
             for (i, item) in self.items.iter().enumerate() {
@@ -537,6 +544,9 @@ pub(crate) fn execute_select(
     };
     if s.aggregate {
         budget.limit_left = None;
+        if !s.group_by.is_empty() {
+            out.group_limit = limit;
+        }
     }
     if exec::expired(ctx.deadline) {
         return Err(exec::read_timeout(params.consistency));

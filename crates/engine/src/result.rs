@@ -40,7 +40,6 @@ impl RowsBuilder {
     }
 
     /// Number of complete rows.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.rows as usize
     }

@@ -1983,3 +1983,38 @@ async fn group_by_primary_key_prefix() {
         ErrorCode::Invalid
     );
 }
+
+#[tokio::test]
+async fn group_by_limit_counts_groups_and_route_params_orders_named_values() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    for pk in 0..5 {
+        for ck in 0..3 {
+            h.exec(
+                "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, 'x')",
+                vec![int(pk), int(ck)],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let r = h
+        .select("SELECT pk, count(*) FROM ks.t GROUP BY pk LIMIT 2", vec![])
+        .await;
+    assert_eq!(r.len(), 2);
+    assert!(r.iter().all(|r| cbig(&r[1]) == 3));
+    let p = h
+        .engine
+        .prepare(None, "SELECT v FROM ks.t WHERE pk = :p AND ck = :c")
+        .unwrap();
+    let params = QueryParameters {
+        values: vec![int(2), int(7)],
+        names: Some(vec!["c".into(), "p".into()]),
+        ..QueryParameters::default()
+    };
+    let route = h.engine.route_params(&p, &params).unwrap();
+    assert_eq!(
+        route.token,
+        Some(sluice_types::murmur3_token(&7i32.to_be_bytes()))
+    );
+}
