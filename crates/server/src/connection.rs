@@ -67,6 +67,11 @@ impl Outbox {
         self.buf.borrow().len()
     }
 
+    /// True once the connection is closing: answers are discarded.
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
     /// Stops accepting answers and lets the writer finish.
     fn close(&self) {
         self.closed.set(true);
@@ -186,7 +191,12 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         }
         tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
-                Ok(0) | Err(_) => break,
+                Ok(0) | Err(_) => {
+                    // The client is gone: nobody waits for the answers, so requests that
+                    // have not started executing are dropped (see `request::execute`).
+                    conn.outbox.close();
+                    break;
+                }
                 Ok(_) => {}
             },
             _ = shutdown.changed() => break,
@@ -263,6 +273,12 @@ impl InFlight {
             self.shard.metrics.served.fetch_add(1, Relaxed);
         }
         self.conn.outbox.push(encode);
+        self.answered = true;
+    }
+
+    /// Drops the request unanswered because its client disconnected; nothing is executed.
+    pub fn abandon(mut self) {
+        self.shard.metrics.abandoned.fetch_add(1, Relaxed);
         self.answered = true;
     }
 

@@ -79,6 +79,16 @@ pub struct ServerConfig {
     pub host_id: String,
     /// How long a shutdown waits for in-flight requests before closing connections.
     pub drain_timeout: Duration,
+    /// Request bytes in flight per connection before the socket stops being read.
+    pub max_inflight_bytes_per_connection: usize,
+    /// Request bytes in flight per shard before its sockets stop being read.
+    pub max_inflight_bytes_per_shard: usize,
+    /// [A] delay-based admission (CoDel queue + adaptive concurrency limit) per shard;
+    /// `None` turns it off (every request that passed backpressure executes at once).
+    pub admission: Option<sluice_overload::AdmissionConfig>,
+    /// TEST-ONLY: extra service time added to every admitted execution, to make "slow work"
+    /// real in end-to-end overload tests. Always `None` in production.
+    pub test_only_service_delay: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -95,6 +105,10 @@ impl ServerConfig {
             max_inflight_per_shard: 8192,
             host_id,
             drain_timeout: Duration::from_secs(5),
+            max_inflight_bytes_per_connection: 8 << 20,
+            max_inflight_bytes_per_shard: 128 << 20,
+            admission: Some(sluice_overload::AdmissionConfig::default()),
+            test_only_service_delay: None,
         }
     }
 }

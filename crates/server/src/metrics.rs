@@ -59,6 +59,8 @@ pub struct ShardMetrics {
     pub forwards_out: AtomicU64,
     /// Executions this shard ran for other shards.
     pub forwards_in: AtomicU64,
+    /// Requests dropped before execution because their client disconnected.
+    pub abandoned: AtomicU64,
     /// Connections closed because of a protocol violation.
     pub protocol_closes: AtomicU64,
     /// Times the reader stopped reading a socket because an in-flight cap was reached.
@@ -137,7 +139,7 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         let _ = writeln!(out, "{n}{{shard=\"{s}\",code=\"other\"}} {v}");
     }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 7] = [
+    let simple: [(&str, &str, &str, Getter); 8] = [
         (
             "sluice_served_total",
             "counter",
@@ -164,6 +166,12 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             "counter",
             "Executions run on behalf of another shard.",
             |m| m.forwards_in.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_abandoned_total",
+            "counter",
+            "Requests dropped before execution because their client disconnected.",
+            |m| m.abandoned.load(Relaxed) as i64,
         ),
         (
             "sluice_protocol_closes_total",

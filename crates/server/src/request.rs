@@ -138,6 +138,10 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
             None => inf.answer_error(&sluice_protocol::response::unprepared_error(&id)),
         },
         Request::Batch(batch) => {
+            if conn.outbox.is_closed() {
+                inf.abandon();
+                return;
+            }
             let deadline = arrival + shard.config.timeouts.write;
             let ctx = RequestContext {
                 deadline: Some(deadline),
@@ -167,6 +171,11 @@ async fn execute(
     let shard = inf.shard.clone();
     let conn = inf.conn.clone();
     let compression = conn.compression.get();
+    // Nobody is waiting for this answer any more: do not work on it.
+    if conn.outbox.is_closed() {
+        inf.abandon();
+        return;
+    }
     let route = match shard.engine.route(&prepared, &params.values) {
         Ok(r) => r,
         Err(e) => {
