@@ -222,6 +222,8 @@ pub(crate) struct SelectPlan {
     pub ordered: bool,
     /// GROUP BY columns (a primary key prefix); empty = one group.
     pub group_by: Vec<usize>,
+    /// SELECT JSON: the names and types of the selected columns.
+    pub json: Option<Vec<(String, CqlType)>>,
     /// SELECT DISTINCT.
     pub distinct: bool,
     /// USING TIMEOUT.
@@ -942,9 +944,6 @@ impl<'a> Analyzer<'a> {
 
     /// Analyses a SELECT.
     pub fn select(&mut self, s: &Select) -> Result<SelectPlan, DetailedError> {
-        if s.json {
-            return Err(invalid("SELECT JSON is not supported"));
-        }
         let table = self.table(&s.table)?;
         // GROUP BY: a prefix of the primary key columns, in order.
         let mut group_by = Vec::with_capacity(s.group_by.len());
@@ -1060,6 +1059,7 @@ impl<'a> Analyzer<'a> {
             reversed: reversed.unwrap_or(false),
             ordered: reversed.is_some(),
             group_by,
+            json: None,
             distinct: s.distinct,
             timeout,
         })
@@ -1754,8 +1754,23 @@ pub(crate) fn analyze(
     let mut keyspace_ref = None;
     let (plan, kind) = match &parsed.statement {
         Statement::Select(s) => {
-            let plan = a.select(s)?;
+            let mut plan = a.select(s)?;
             result_columns = Analyzer::result_specs(&plan, s);
+            if s.json {
+                // One `[json]` text column; the row's columns become the object's keys.
+                plan.json = Some(
+                    result_columns
+                        .iter()
+                        .map(|c| (c.name.clone(), c.ty.clone()))
+                        .collect(),
+                );
+                result_columns = vec![ColumnSpec {
+                    keyspace: plan.table.keyspace.clone(),
+                    table: plan.table.name.clone(),
+                    name: "[json]".into(),
+                    ty: CqlType::native(NativeType::Text),
+                }];
+            }
             if !plan.table.is_virtual() {
                 pk_idx = pk_indexes(&plan.where_);
             }

@@ -28,6 +28,7 @@ pub mod codec;
 mod ddl;
 mod describe;
 mod exec;
+mod json;
 mod paging;
 mod read;
 mod result;

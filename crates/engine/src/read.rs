@@ -247,6 +247,8 @@ struct Out<'a> {
     filters: &'a [ResolvedFilter],
     /// LIMIT of a GROUP BY query (in groups).
     group_limit: Option<usize>,
+    /// SELECT JSON column names and types.
+    json: Option<&'a [(String, CqlType)]>,
 }
 
 impl<'a> Out<'a> {
@@ -266,6 +268,7 @@ impl<'a> Out<'a> {
             now_secs,
             filters,
             group_limit: None,
+            json: None,
         }
     }
 
@@ -345,9 +348,33 @@ impl<'a> Out<'a> {
             agg.first = false;
             return;
         }
+        if self.json.is_some() {
+            let cells: Vec<Option<Bytes>> = self
+                .items
+                .iter()
+                .map(|i| scalar(t, i, r, self.now_secs))
+                .collect();
+            self.push_row(&cells);
+            return;
+        }
         for item in self.items {
             let v = scalar(t, item, r, self.now_secs);
             self.rows.cell(v.as_deref());
+        }
+    }
+
+    /// Appends a projected row (as one JSON cell for SELECT JSON).
+    fn push_row(&mut self, cells: &[Option<Bytes>]) {
+        match self.json {
+            Some(cols) => {
+                let text = crate::json::row_json(cols, cells);
+                self.rows.cell(Some(text.as_bytes()));
+            }
+            None => {
+                for c in cells {
+                    self.rows.cell(c.as_deref());
+                }
+            }
         }
     }
 
@@ -362,6 +389,7 @@ impl<'a> Out<'a> {
 
     fn finish_aggregate(&mut self) {
         if let Some(agg) = self.agg.take() {
+            let mut cells = Vec::with_capacity(self.items.len());
             if !agg.group_by.is_empty() && agg.count == 0 {
                 // GROUP BY over no rows yields no rows.
                 return;
@@ -387,8 +415,9 @@ impl<'a> Out<'a> {
                     }
                     _ => agg.per_item[i].clone(),
                 };
-                self.rows.cell(v.as_deref());
+                cells.push(v);
             }
+            self.push_row(&cells);
         }
     }
 }
@@ -533,6 +562,10 @@ pub(crate) fn execute_select(
     let filters = resolve_filters(b, &s.where_.filters)?;
     let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
     let mut out = Out::new(t, &s.items, s.aggregate, &s.group_by, &filters, now_secs);
+    if let Some(cols) = &s.json {
+        out.json = Some(cols);
+        out.rows = RowsBuilder::new(1);
+    }
     let mut budget = Budget {
         page_left: page_size.unwrap_or(usize::MAX),
         limit_left: match &state {
@@ -705,9 +738,7 @@ fn read_in_ordered(
         }
     });
     for (_, cells) in all.iter().take(limit.unwrap_or(usize::MAX)) {
-        for c in cells {
-            out.rows.cell(c.as_deref());
-        }
+        out.push_row(cells);
     }
     Ok(())
 }

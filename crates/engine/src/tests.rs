@@ -2018,3 +2018,26 @@ async fn group_by_limit_counts_groups_and_route_params_orders_named_values() {
         Some(sluice_types::murmur3_token(&7i32.to_be_bytes()))
     );
 }
+
+#[tokio::test]
+async fn select_json() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'x')")
+        .await;
+    let r = h
+        .rows_of(
+            "SELECT JSON pk, ck, v AS \"Value\" FROM ks.t WHERE pk = 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(names(&r), ["[json]"]);
+    assert_eq!(
+        ctext(&cells(&r)[0][0]),
+        r#"{"pk": 1, "ck": 2, "\"Value\"": "x"}"#
+    );
+    let p = h.engine.prepare(None, "SELECT JSON * FROM ks.t").unwrap();
+    assert_eq!(p.result_columns.len(), 1);
+    let r = h.select("SELECT JSON count(*) FROM ks.t", vec![]).await;
+    assert_eq!(ctext(&r[0][0]), r#"{"count": 1}"#);
+}
