@@ -688,7 +688,6 @@ impl<'a> Analyzer<'a> {
             }
         }
         // Clustering.
-        let first_ck = table.clustering.first().copied();
         let mut next = 0usize; // next clustering component
         let mut tuples_left = tuples;
         if pk_complete {
@@ -764,7 +763,6 @@ impl<'a> Analyzer<'a> {
                 "Multi-column relations require the partition key and the preceding clustering columns to be restricted",
             ));
         }
-        let _ = first_ck;
         // Whatever is left becomes a filter.
         for (ci, r) in eqs.into_iter().enumerate() {
             if let Some(r) = r {

@@ -953,7 +953,7 @@ fn scan(
                             return Ok(None);
                         }
                         if budget.full() {
-                            return Ok(next_after_partition(&page, pi, np));
+                            return Ok(next_after_partition(&page, pi));
                         }
                     }
                 }
@@ -986,7 +986,7 @@ fn scan(
                         || no_clustering
                         || (ri + 1 == n && !part.read.more && !next_is_same(&page, part));
                     if partition_done {
-                        return Ok(next_after_partition(&page, pi, np));
+                        return Ok(next_after_partition(&page, pi));
                     }
                     return Ok(Some(Position::ScanResume {
                         token: part.token,
@@ -1060,7 +1060,7 @@ fn next_is_same(page: &sluice_storage::ScanPage, part: &sluice_storage::ScannedP
 }
 
 /// The resume position after partition `pi` of a storage page is finished.
-fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize, np: usize) -> Option<Position> {
+fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize) -> Option<Position> {
     if let Some(nextp) = page.partitions.get(pi + 1) {
         return Some(Position::ScanResume {
             token: nextp.token,
@@ -1069,7 +1069,6 @@ fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize, np: usize) -
             ppl_left: None,
         });
     }
-    let _ = np;
     match &page.next {
         None => None,
         Some(ScanStart::Token(b)) => Some(Position::ScanToken(*b)),

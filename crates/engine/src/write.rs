@@ -345,7 +345,6 @@ fn add_elements(
     cells: &mut Vec<CellWrite>,
     list_seq: &dyn Fn(usize) -> u64,
 ) -> Result<(), DetailedError> {
-    let _ = rc;
     match ty {
         CqlType::Map(_, _) => {
             let pairs = codec::split_map(bytes).ok_or_else(|| invalid("Invalid map value"))?;
