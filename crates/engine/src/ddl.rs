@@ -5,7 +5,7 @@
 
 use crate::catalog::{
     check_name, invalid, is_system_keyspace, ColumnDef, ColumnKind, DroppedColumn, KeyspaceDef,
-    RateLimits, TableDef, TableOptions,
+    TableDef, TableOptions,
 };
 use crate::{storage_error, Engine};
 use sluice_cql::ast::{
@@ -210,27 +210,7 @@ pub(crate) fn apply_table_options(
             | "incremental_backups"
             | "extensions" => {}
             "per_partition_rate_limit" => {
-                let m = option_map(n, v)?;
-                let mut rl = RateLimits::default();
-                for (k, val) in &m {
-                    let parsed = val.parse::<u32>().map_err(|_| {
-                        config_error(format!(
-                            "Invalid value '{val}' for '{k}' in per_partition_rate_limit"
-                        ))
-                    })?;
-                    match k.as_str() {
-                        "max_reads_per_second" => rl.max_reads_per_second = Some(parsed),
-                        "max_writes_per_second" => rl.max_writes_per_second = Some(parsed),
-                        _ => {
-                            return Err(config_error(format!(
-                                "Unknown per_partition_rate_limit option '{k}'"
-                            )))
-                        }
-                    }
-                }
-                o.per_partition_rate_limit = (rl.max_reads_per_second.is_some()
-                    || rl.max_writes_per_second.is_some())
-                .then_some(rl);
+                o.per_partition_rate_limit = crate::rate_limit_option::parse(v)?;
             }
             "id" => return Err(invalid("Cannot set or alter table id")),
             other => {

@@ -30,6 +30,7 @@ mod describe;
 mod exec;
 mod json;
 mod paging;
+pub mod rate_limit_option;
 mod read;
 mod result;
 pub mod system;
@@ -55,6 +56,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use catalog::{ColumnDef, ColumnKind, KeyspaceDef, RateLimits, TableDef, TableOptions};
+pub use rate_limit_option::LimitedPartition;
 
 /// The CQL version reported in `system.local`.
 pub const CQL_VERSION: &str = "3.4.7";
