@@ -1,7 +1,9 @@
 //! Command-line entry points: `sluice bench ...` and `sluice demo`.
 
 use crate::driver::{Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
-use crate::report::{html_compare, html_report, standalone_svg, text_table, RunReport, Settings};
+use crate::report::{
+    file_stem, hgrm, html_compare, html_report, standalone_svg, text_table, RunReport, Settings,
+};
 use crate::runner::RunConfig;
 use crate::scenario::{self, HotPlan, Plan, Workload};
 use crate::schedule::Arrival;
@@ -152,6 +154,9 @@ pub struct BenchArgs {
     /// Write the charts as a standalone SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Write each step's full latency histogram as HdrHistogram `.hgrm` files into this folder.
+    #[arg(long)]
+    pub hgrm_dir: Option<PathBuf>,
     /// Compare two JSON runs side by side in the --report (no load is generated).
     #[arg(long, num_args = 2, value_names = ["A_JSON", "B_JSON"])]
     pub compare: Option<Vec<PathBuf>>,
@@ -232,6 +237,22 @@ fn write_outputs(args: &BenchArgs, r: &RunReport) -> anyhow::Result<()> {
     if let Some(p) = &args.report {
         std::fs::write(p, html_report(r)).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());
+    }
+    if let Some(dir) = &args.hgrm_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (i, (step, class, h)) in r.histograms.iter().enumerate() {
+            let p = dir.join(format!(
+                "{i:02}-{}-{}.hgrm",
+                file_stem(step),
+                file_stem(class)
+            ));
+            std::fs::write(&p, hgrm(h)).with_context(|| format!("writing {}", p.display()))?;
+        }
+        eprintln!(
+            "wrote {} histograms into {}",
+            r.histograms.len(),
+            dir.display()
+        );
     }
     if let Some(p) = &args.svg {
         std::fs::write(p, standalone_svg(r)).with_context(|| format!("writing {}", p.display()))?;
@@ -486,6 +507,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         json: None,
         report: Some(out.clone()),
         svg: None,
+        hgrm_dir: None,
         compare: None,
         quiet: false,
     };

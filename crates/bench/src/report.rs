@@ -3,6 +3,7 @@
 
 use crate::runner::StepRun;
 use crate::stats::{Counts, Percentiles, SecondRow};
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -98,6 +99,10 @@ pub struct RunReport {
     pub steps: Vec<StepSummary>,
     /// Per second.
     pub seconds: Vec<SecondRow>,
+    /// Full latency histogram per step and class, `(step label, class name, histogram)`;
+    /// written as `.hgrm` files, not part of the JSON.
+    #[serde(skip)]
+    pub histograms: Vec<(String, String, Histogram<u64>)>,
 }
 
 impl RunReport {
@@ -148,6 +153,10 @@ impl RunReport {
             ));
         }
         self.seconds.extend(run.seconds);
+        for (c, t) in step.classes.iter().zip(run.totals) {
+            self.histograms
+                .push((step.label.clone(), c.name.clone(), t.hist));
+        }
         self.steps.push(step);
         self.steps.last().expect("just pushed")
     }
@@ -268,6 +277,59 @@ pub fn text_table(r: &RunReport) -> String {
         line(&mut out, row);
     }
     out
+}
+
+/// A latency histogram (microseconds) in HdrHistogram's percentile-distribution text format,
+/// values in milliseconds, as `HistogramLogProcessor` and the online plotters read it.
+pub fn hgrm(h: &Histogram<u64>) -> String {
+    let mut o = String::from("       Value     Percentile TotalCount 1/(1-Percentile)\n\n");
+    let mut total = 0u64;
+    for v in h.iter_quantiles(5) {
+        total += v.count_since_last_iteration();
+        let q = v.quantile_iterated_to();
+        let value = v.value_iterated_to() as f64 / 1000.0;
+        if q < 1.0 {
+            let _ = writeln!(
+                o,
+                "{value:12.3} {q:14.12} {total:10} {:14.2}",
+                1.0 / (1.0 - q)
+            );
+        } else {
+            let _ = writeln!(o, "{value:12.3} {q:14.12} {total:10}");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "#[Mean    = {:12.3}, StdDeviation   = {:12.3}]",
+        h.mean() / 1000.0,
+        h.stdev() / 1000.0
+    );
+    let _ = writeln!(
+        o,
+        "#[Max     = {:12.3}, Total count    = {:12}]",
+        h.max() as f64 / 1000.0,
+        h.len()
+    );
+    let _ = writeln!(
+        o,
+        "#[Buckets = {:12}, SubBuckets     = {:12}]",
+        h.buckets(),
+        h.distinct_values()
+    );
+    o
+}
+
+/// A file name made of the safe characters of `s`.
+pub fn file_stem(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Escapes text for HTML and SVG.
@@ -857,6 +919,27 @@ mod tests {
         assert!(t.lines().count() == 3 && t.contains("0.95"));
         let svg = standalone_svg(&r);
         assert!(svg.starts_with("<svg xmlns="));
+    }
+
+    #[test]
+    fn hgrm_lists_percentiles_in_milliseconds() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+        for us in 1..=1000u64 {
+            h.record(us * 10).expect("record");
+        }
+        let text = hgrm(&h);
+        assert!(text.starts_with("       Value     Percentile"));
+        let last = text
+            .lines()
+            .rfind(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .expect("rows");
+        let cols: Vec<&str> = last.split_whitespace().collect();
+        // The last row is the maximum, 10 ms (to the histogram's 3 digits), with every sample.
+        let max: f64 = cols[0].parse().expect("number");
+        assert!((max - 10.0).abs() < 0.02, "max {max}");
+        assert_eq!(cols[2], "1000");
+        assert!(text.contains("Total count    =         1000"));
+        assert_eq!(file_stem("write 0.5xC/uniform"), "write_0.5xC_uniform");
     }
 
     #[test]
