@@ -1332,7 +1332,8 @@ impl<'a> Analyzer<'a> {
     /// Analyses an INSERT.
     pub fn insert(&mut self, s: &Insert) -> Result<WritePlan, DetailedError> {
         if s.json {
-            return Err(invalid("INSERT JSON is not supported"));
+            let table = self.table(&s.table)?;
+            return self.insert(&json_insert::rewrite(s, &table)?);
         }
         let table = self.table(&s.table)?;
         if table.is_virtual() {
@@ -1841,4 +1842,144 @@ pub(crate) fn analyze(
         last_used: std::sync::atomic::AtomicU64::new(0),
         schema_version: schema.version,
     })
+}
+
+/// `INSERT INTO t JSON '...'`: the JSON object is rewritten into an ordinary INSERT of
+/// typed literals (columns it omits are set to null, Cassandra's `DEFAULT NULL`).
+mod json_insert {
+    use super::invalid;
+    use crate::catalog::TableDef;
+    use serde_json::Value as J;
+    use sluice_cql::ast::{Insert, Literal, Term};
+    use sluice_protocol::DetailedError;
+    use sluice_types::{CqlType, NativeType as N};
+
+    /// The equivalent INSERT with a column list and literal values.
+    pub(super) fn rewrite(s: &Insert, table: &TableDef) -> Result<Insert, DetailedError> {
+        let text =
+            match s.values.first() {
+                Some(Term::Literal(Literal::String(t))) => t,
+                Some(Term::Bind(_)) => return Err(invalid(
+                    "INSERT JSON with a bind marker is not supported; use a JSON string literal",
+                )),
+                _ => return Err(invalid("INSERT JSON expects a JSON string")),
+            };
+        let parsed: J = serde_json::from_str(text)
+            .map_err(|e| invalid(format!("Could not decode JSON string as a map: {e}")))?;
+        let J::Object(obj) = parsed else {
+            return Err(invalid("Could not decode JSON string as a map"));
+        };
+        let mut columns = Vec::with_capacity(table.columns.len());
+        let mut values = Vec::with_capacity(table.columns.len());
+        for (key, v) in &obj {
+            // Keys are identifiers: case-insensitive unless written with inner quotes.
+            let name = match key.strip_prefix('"').and_then(|k| k.strip_suffix('"')) {
+                Some(quoted) => quoted.to_string(),
+                None => key.to_lowercase(),
+            };
+            let (_, col) = table.column(&name).ok_or_else(|| {
+                invalid(format!(
+                    "JSON values map contains unrecognized column: {key}"
+                ))
+            })?;
+            values.push(term(&col.ty, v)?);
+            columns.push(col.name.clone());
+        }
+        for c in &table.columns {
+            if !c.kind.is_primary_key() && !columns.contains(&c.name) {
+                columns.push(c.name.clone());
+                values.push(Term::Literal(Literal::Null));
+            }
+        }
+        Ok(Insert {
+            table: s.table.clone(),
+            columns,
+            values,
+            json: false,
+            if_not_exists: s.if_not_exists,
+            using: s.using.clone(),
+        })
+    }
+
+    fn bad(ty: &CqlType, v: &J) -> DetailedError {
+        invalid(format!("Unable to make {ty} from {v}"))
+    }
+
+    /// A JSON value as a literal term of `ty`.
+    fn term(ty: &CqlType, v: &J) -> Result<Term, DetailedError> {
+        Ok(match (ty.unfrozen(), v) {
+            (_, J::Null) => Term::Literal(Literal::Null),
+            (CqlType::List(e), J::Array(a)) => {
+                Term::List(a.iter().map(|x| term(e, x)).collect::<Result<_, _>>()?)
+            }
+            (CqlType::Set(e), J::Array(a)) => {
+                Term::Set(a.iter().map(|x| term(e, x)).collect::<Result<_, _>>()?)
+            }
+            (CqlType::Tuple(ts), J::Array(a)) if a.len() <= ts.len() => Term::Tuple(
+                a.iter()
+                    .zip(ts)
+                    .map(|(x, t)| term(t, x))
+                    .collect::<Result<_, _>>()?,
+            ),
+            (CqlType::Map(k, vt), J::Object(o)) => Term::Map(
+                o.iter()
+                    .map(|(key, x)| Ok((key_term(k, key)?, term(vt, x)?)))
+                    .collect::<Result<_, DetailedError>>()?,
+            ),
+            (CqlType::Native(n), J::Bool(b)) if *n == N::Boolean => {
+                Term::Literal(Literal::Bool(*b))
+            }
+            (CqlType::Native(_), J::Number(x)) => Term::Literal(if x.is_i64() || x.is_u64() {
+                Literal::Integer(x.to_string())
+            } else {
+                Literal::Float(x.to_string())
+            }),
+            (CqlType::Native(n), J::String(s)) => string_term(*n, s).ok_or_else(|| bad(ty, v))?,
+            _ => return Err(bad(ty, v)),
+        })
+    }
+
+    /// A map key (JSON object keys are strings).
+    fn key_term(ty: &CqlType, key: &str) -> Result<Term, DetailedError> {
+        match ty.unfrozen() {
+            CqlType::Native(n) => {
+                string_term(*n, key).ok_or_else(|| bad(ty, &J::String(key.to_string())))
+            }
+            _ => {
+                let v: J =
+                    serde_json::from_str(key).map_err(|_| bad(ty, &J::String(key.to_string())))?;
+                term(ty, &v)
+            }
+        }
+    }
+
+    /// A string in Cassandra's JSON form for a native type.
+    fn string_term(n: N, s: &str) -> Option<Term> {
+        let lit = match n {
+            N::Uuid | N::Timeuuid => Literal::Uuid(*uuid::Uuid::parse_str(s).ok()?.as_bytes()),
+            N::Blob => {
+                let hex = s.strip_prefix("0x")?;
+                if hex.len() % 2 != 0 {
+                    return None;
+                }
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                    .collect::<Option<Vec<u8>>>()?;
+                Literal::Blob(bytes)
+            }
+            N::Boolean => match s.to_ascii_lowercase().as_str() {
+                "true" => Literal::Bool(true),
+                "false" => Literal::Bool(false),
+                _ => return None,
+            },
+            N::Tinyint | N::Smallint | N::Int | N::Bigint | N::Varint | N::Counter => {
+                Literal::Integer(s.to_string())
+            }
+            N::Float | N::Double | N::Decimal => Literal::Float(s.to_string()),
+            N::Duration => Literal::Duration(s.to_string()),
+            _ => Literal::String(s.to_string()),
+        };
+        Some(Term::Literal(lit))
+    }
 }

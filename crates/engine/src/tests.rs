@@ -2041,3 +2041,40 @@ async fn select_json() {
     let r = h.select("SELECT JSON count(*) FROM ks.t", vec![]).await;
     assert_eq!(ctext(&r[0][0]), r#"{"count": 1}"#);
 }
+
+#[tokio::test]
+async fn insert_json() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.j (k int PRIMARY KEY, \"Name\" text, u uuid, b blob, l list<int>, m map<int, text>, d double)").await;
+    h.ok(r#"INSERT INTO ks.j JSON '{"k": 1, "\"Name\"": "Ann", "u": "123e4567-e89b-12d3-a456-426614174000", "b": "0xcafe", "l": [1, 2], "m": {"3": "c"}, "d": 1.5}'"#).await;
+    let r = h
+        .select("SELECT JSON * FROM ks.j WHERE k = 1", vec![])
+        .await;
+    assert_eq!(
+        ctext(&r[0][0]),
+        r#"{"k": 1, "\"Name\"": "Ann", "b": "0xcafe", "d": 1.5, "l": [1, 2], "m": {"3": "c"}, "u": "123e4567-e89b-12d3-a456-426614174000"}"#
+    );
+    // Omitted columns become null.
+    h.ok(r#"INSERT INTO ks.j JSON '{"k": 1, "d": 2.0}'"#).await;
+    let r = h
+        .select("SELECT \"Name\", d FROM ks.j WHERE k = 1", vec![])
+        .await;
+    assert_eq!(r[0][0], None);
+    assert!(h
+        .err(r#"INSERT INTO ks.j JSON '{"k": 1, "zz": 2}'"#, vec![])
+        .await
+        .message
+        .contains("unrecognized column"));
+    assert!(
+        h.err(r#"INSERT INTO ks.j JSON '{"k": "x"}'"#, vec![])
+            .await
+            .code
+            == ErrorCode::Invalid
+    );
+    assert!(h
+        .err("INSERT INTO ks.j JSON 'nope'", vec![])
+        .await
+        .message
+        .contains("JSON"));
+}
