@@ -75,22 +75,7 @@ impl RetryPolicy for StockRetry {
 
 impl RetrySession for StockRetrySession {
     fn decide_should_retry(&mut self, info: RequestInfo) -> RetryDecision {
-        let retriable = match info.error {
-            RequestAttemptError::BrokenConnectionError(_)
-            | RequestAttemptError::UnableToAllocStreamId => true,
-            RequestAttemptError::DbError(db, _) => matches!(
-                db,
-                DbError::Overloaded
-                    | DbError::ServerError
-                    | DbError::TruncateError
-                    | DbError::IsBootstrapping
-                    | DbError::Unavailable { .. }
-                    | DbError::ReadTimeout { .. }
-                    | DbError::WriteTimeout { .. }
-            ),
-            _ => false,
-        };
-        if retriable && self.left > 0 {
+        if stock_retries(info.error) && self.left > 0 {
             self.left -= 1;
             self.retries.fetch_add(1, Ordering::Relaxed);
             RetryDecision::RetryNextTarget(None)
@@ -100,6 +85,26 @@ impl RetrySession for StockRetrySession {
     }
 
     fn reset(&mut self) {}
+}
+
+/// Whether stock drivers retry this error at once on the next host (rate limits, syntax and
+/// invalid-request errors are never retried).
+pub fn stock_retries(e: &RequestAttemptError) -> bool {
+    match e {
+        RequestAttemptError::BrokenConnectionError(_)
+        | RequestAttemptError::UnableToAllocStreamId => true,
+        RequestAttemptError::DbError(db, _) => matches!(
+            db,
+            DbError::Overloaded
+                | DbError::ServerError
+                | DbError::TruncateError
+                | DbError::IsBootstrapping
+                | DbError::Unavailable { .. }
+                | DbError::ReadTimeout { .. }
+                | DbError::WriteTimeout { .. }
+        ),
+        _ => false,
+    }
 }
 
 /// Maps a driver error onto the outcome classes.
@@ -344,5 +349,19 @@ mod tests {
         );
         assert_eq!(classify_error(&db(DbError::SyntaxError)), Reply::Other);
         assert_eq!(classify_error(&ExecutionError::EmptyPlan), Reply::Other);
+    }
+
+    #[test]
+    fn stock_policy_retries_what_stock_drivers_retry() {
+        let attempt = |e| RequestAttemptError::DbError(e, String::new());
+        assert!(stock_retries(&attempt(DbError::Overloaded)));
+        assert!(stock_retries(&attempt(DbError::ServerError)));
+        assert!(stock_retries(&RequestAttemptError::UnableToAllocStreamId));
+        assert!(!stock_retries(&attempt(DbError::RateLimitReached {
+            op_type: OperationType::Read,
+            rejected_by_coordinator: false,
+        })));
+        assert!(!stock_retries(&attempt(DbError::SyntaxError)));
+        assert!(!stock_retries(&attempt(DbError::Invalid)));
     }
 }
