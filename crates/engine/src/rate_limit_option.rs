@@ -78,6 +78,36 @@ fn parse_limit(key: &str, v: &OptionValue) -> Result<u32, DetailedError> {
     })
 }
 
+/// The `extensions` cell of `system_schema.tables`: ScyllaDB keeps the option there as the
+/// schema extension `per_partition_rate_limit`, whose blob is its IDL serialization of a
+/// `map<sstring, sstring>` (u32 little-endian count, then u32 length + bytes per string).
+/// An empty map when the table has no limit.
+pub(crate) fn extensions_cell(rl: Option<&RateLimits>) -> bytes::Bytes {
+    let Some(rl) = rl else {
+        return crate::codec::map(std::iter::empty());
+    };
+    let entries: Vec<(&str, String)> = [
+        (MAX_READS, rl.max_reads_per_second),
+        (MAX_WRITES, rl.max_writes_per_second),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k, v.to_string())))
+    .collect();
+    let mut blob = Vec::with_capacity(64);
+    let mut put = |s: &[u8]| {
+        blob.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        blob.extend_from_slice(s);
+    };
+    let mut count = Vec::new();
+    count.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (k, v) in &entries {
+        put(k.as_bytes());
+        put(v.as_bytes());
+    }
+    count.extend_from_slice(&blob);
+    crate::codec::map([(OPTION_NAME.as_bytes(), count.as_slice())])
+}
+
 impl RateLimits {
     /// The limit that applies to an operation of this kind (reads and writes only).
     #[inline]
@@ -222,6 +252,27 @@ mod tests {
     }
     fn num(s: &str) -> OptionValue {
         OptionValue::Number(s.to_string())
+    }
+
+    #[test]
+    fn extensions_cell_holds_the_serialized_map() {
+        let empty = extensions_cell(None);
+        assert_eq!(&empty[..], &0i32.to_be_bytes());
+        let rl = RateLimits {
+            max_reads_per_second: None,
+            max_writes_per_second: Some(10),
+        };
+        let cell = extensions_cell(Some(&rl));
+        let pairs = crate::codec::split_map(&cell).unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(&pairs[0].0[..], OPTION_NAME.as_bytes());
+        let mut want = Vec::new();
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&(MAX_WRITES.len() as u32).to_le_bytes());
+        want.extend_from_slice(MAX_WRITES.as_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(b"10");
+        assert_eq!(&pairs[0].1[..], &want[..]);
     }
 
     #[test]

@@ -627,7 +627,12 @@ fn option_cells(o: &TableOptions) -> Vec<(&'static str, Option<Bytes>)> {
             "default_time_to_live",
             Some(codec::int(o.default_time_to_live)),
         ),
-        ("extensions", Some(codec::map(std::iter::empty()))),
+        (
+            "extensions",
+            Some(crate::rate_limit_option::extensions_cell(
+                o.per_partition_rate_limit.as_ref(),
+            )),
+        ),
         ("gc_grace_seconds", Some(codec::int(o.gc_grace_seconds))),
         ("max_index_interval", Some(codec::int(o.max_index_interval))),
         ("memtable", Some(codec::text(&o.memtable))),
