@@ -1,54 +1,572 @@
 //! [A] Admission: protects the shard, decided from the 9-byte frame header alone.
 //!
-//! Step 1 of issue 4, backpressure, is in `connection.rs`: per-connection and per-shard
-//! in-flight caps (semaphores) stop the reader from reading the socket while over either
-//! cap, so the client queues instead of the server. This module is the per-shard decision
-//! point that runs after a slot was obtained and before the body is decoded; it turns a
-//! request away with a pre-encodable static `Overloaded` error. Delay-based shedding
-//! (CoDel) from `sluice-overload` plugs in here (issue 4); until then every request that
-//! obtained an in-flight slot is admitted.
+//! Order of the defences (issue 4):
+//!
+//! 1. Backpressure, in `connection.rs`: per-connection and per-shard caps on requests and
+//!    request bytes in flight stop the reader from reading the socket while over a cap, so
+//!    the client queues instead of the server. Nothing is rejected.
+//! 2. Delay-based shedding, here: every execution request (QUERY, EXECUTE, BATCH, PREPARE)
+//!    that obtained its in-flight slot is put in the shard's bounded
+//!    [`AdmissionController`] queue, in front of an adaptive limit on requests in execution.
+//!    CoDel measures the queue delay at dequeue and, while a standing delay persists, sheds
+//!    from the old end (adaptive LIFO serves the fresh ones first). A shed request is
+//!    answered with the pre-encoded `Overloaded` frame with only its stream id patched: its
+//!    body is never decoded. A request of a client that disconnected is dropped from the
+//!    queue without being answered.
+//!
+//! Connection-state requests (OPTIONS, STARTUP, REGISTER, AUTH_RESPONSE) bypass the queue:
+//! drivers use OPTIONS as a heartbeat, and shedding it would make them drop the connection.
+//!
+//! The queue lives in a slab of slots allocated once per shard, so admitting, shedding and
+//! rejecting a request allocate nothing. Rejections are not logged one by one: aggregated
+//! counts are logged at most once per second.
 
-use std::time::Instant;
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
-use sluice_protocol::frame::FrameHeader;
-use sluice_protocol::{ErrorCode, ErrorResponse};
+use bytes::BytesMut;
+use sluice_overload::clock::duration_nanos;
+use sluice_overload::{AdmissionController, AdmissionStats, Deadline, Nanos, Verdict};
+use sluice_protocol::frame::{FrameHeader, Opcode};
+use sluice_protocol::preencoded::PreencodedErrors;
+use sluice_protocol::ErrorResponse;
+use tracing::info;
 
+use crate::metrics::ShardMetrics;
+use crate::shard::ShardCtx;
 use crate::ServerConfig;
 
 /// The `Overloaded` answer (0x1001): no body, static message.
-pub const OVERLOADED: ErrorResponse =
-    ErrorResponse::new(ErrorCode::Overloaded, "Server is overloaded");
+pub const OVERLOADED: ErrorResponse = sluice_protocol::preencoded::OVERLOADED;
 
-/// The admission decision for one request.
+/// Aggregated rejection counts are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// The admission decision for one request, from its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
-    /// Go on: decode and execute.
-    Accept,
-    /// Answer this error at once; the body is never decoded.
-    Reject(ErrorResponse),
+    /// Go on; wait for the ticket's [`Outcome`] before decoding the body.
+    Accept(Ticket),
+    /// Answer `Overloaded` at once ([`ShardAdmission::append_overloaded`]); the body is
+    /// never decoded.
+    Reject,
+}
+
+/// A request's place in the shard's admission queue (`None`: it bypasses the queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(Option<u32>);
+
+impl Ticket {
+    /// A ticket for a request that does not go through the queue.
+    pub const BYPASS: Ticket = Ticket(None);
+}
+
+/// What became of a queued request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Decode and execute it.
+    Run,
+    /// Shed for queue delay: answer the pre-encoded `Overloaded`.
+    Shed,
+    /// Its deadline passed while queued: answer the pre-encoded timeout.
+    Expired,
+    /// Its client disconnected: answer nothing.
+    Dropped,
+}
+
+/// State of one slab slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Queued,
+    /// Dispatched at this instant (start of the execution-latency sample).
+    Running(Nanos),
+    Done(Outcome),
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: SlotState,
+    conn: usize,
+    waker: Option<Waker>,
+}
+
+/// Counts logged once per second.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Logged {
+    rejected_full: u64,
+    shed: u64,
+    expired: u64,
+    dropped: u64,
 }
 
 /// Per-shard admission state (owned by the shard thread, no locks).
 #[derive(Debug)]
 pub struct ShardAdmission {
+    ctl: Option<AdmissionController<u32>>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    origin: Instant,
+    /// The queue's deadline bound: the exact deadline needs the body (`USING TIMEOUT`), so
+    /// the queue uses the largest per-kind default; the exact one is checked after decode.
+    queue_timeout: Duration,
+    frames: PreencodedErrors,
     admitted: u64,
+    counts: Logged,
+    logged: Logged,
+    next_log: Nanos,
 }
 
 impl ShardAdmission {
-    /// State for one shard.
-    pub fn new(_config: &ServerConfig) -> ShardAdmission {
-        ShardAdmission { admitted: 0 }
+    /// State for one shard: the slab and queue are allocated here, once.
+    pub fn new(config: &ServerConfig) -> ShardAdmission {
+        let (ctl, nslots) = match config.admission {
+            Some(cfg) => {
+                let n = cfg.queue_capacity.max(1) + cfg.concurrency.max.max(1) as usize;
+                (Some(AdmissionController::new(cfg)), n)
+            }
+            None => (None, 0),
+        };
+        let slots = (0..nslots)
+            .map(|_| Slot {
+                state: SlotState::Free,
+                conn: 0,
+                waker: None,
+            })
+            .collect();
+        let t = &config.timeouts;
+        ShardAdmission {
+            ctl,
+            slots,
+            free: (0..nslots as u32).rev().collect(),
+            origin: Instant::now(),
+            queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
+            frames: PreencodedErrors::new(),
+            admitted: 0,
+            counts: Logged::default(),
+            logged: Logged::default(),
+            next_log: Nanos::ZERO,
+        }
     }
 
-    /// Decides from the header and the arrival instant.
-    pub fn admit(&mut self, header: &FrameHeader, arrival: Instant) -> Admit {
-        let _ = (header, arrival);
+    /// Shard-local monotonic time.
+    #[inline]
+    fn nanos(&self, at: Instant) -> Nanos {
+        Nanos(duration_nanos(at.saturating_duration_since(self.origin)))
+    }
+
+    /// Decides from the header and the arrival instant. `conn` identifies the connection (so
+    /// its queued requests can be dropped when it disconnects). Never allocates.
+    pub fn admit(
+        &mut self,
+        header: &FrameHeader,
+        arrival: Instant,
+        conn: usize,
+        metrics: &ShardMetrics,
+    ) -> Admit {
+        if self.ctl.is_none() || bypasses_queue(header.opcode) {
+            self.admitted += 1;
+            return Admit::Accept(Ticket::BYPASS);
+        }
+        let now = self.nanos(arrival);
+        let deadline = Deadline(now.saturating_add(self.queue_timeout));
+        let Some(idx) = self.free.pop() else {
+            self.counts.rejected_full += 1;
+            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+            return Admit::Reject;
+        };
+        let queued = match self.ctl.as_mut() {
+            Some(ctl) => ctl.enqueue(idx, now, deadline).is_ok(),
+            None => false,
+        };
+        if !queued {
+            self.free.push(idx);
+            self.counts.rejected_full += 1;
+            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+            return Admit::Reject;
+        }
+        if let Some(slot) = self.slots.get_mut(idx as usize) {
+            slot.state = SlotState::Queued;
+            slot.conn = conn;
+            slot.waker = None;
+        }
         self.admitted += 1;
-        Admit::Accept
+        self.pump(now, metrics);
+        Admit::Accept(Ticket(Some(idx)))
+    }
+
+    /// Appends the pre-encoded `Overloaded` frame for `stream` (a copy and a 2-byte patch).
+    #[inline]
+    pub fn append_overloaded(&self, buf: &mut BytesMut, stream: i16) {
+        self.frames.overloaded.append(buf, stream);
+    }
+
+    /// Dispatches queued requests while the concurrency limit allows, and wakes the
+    /// requests that were dispatched, shed or found expired.
+    fn pump(&mut self, now: Nanos, metrics: &ShardMetrics) {
+        let Some(ctl) = self.ctl.as_mut() else {
+            return;
+        };
+        let slots = &mut self.slots;
+        let counts = &mut self.counts;
+        while ctl.can_dispatch() {
+            let next = ctl.dispatch(now, |idx, verdict| {
+                let outcome = match verdict {
+                    Verdict::Expired => {
+                        counts.expired += 1;
+                        metrics.expired_before_execution.fetch_add(1, Relaxed);
+                        Outcome::Expired
+                    }
+                    Verdict::Shed | Verdict::Serve => {
+                        counts.shed += 1;
+                        metrics.rejected_overloaded.fetch_add(1, Relaxed);
+                        Outcome::Shed
+                    }
+                };
+                finish_slot(slots, idx, SlotState::Done(outcome));
+            });
+            let Some(q) = next else { break };
+            metrics.observe_queue_delay(now.saturating_duration_since(q.enqueued));
+            finish_slot(slots, q.item, SlotState::Running(now));
+        }
+        metrics.queued.store(ctl.queued() as i64, Relaxed);
+        if now >= self.next_log {
+            self.next_log = now.saturating_add(LOG_EVERY);
+            if self.counts != self.logged {
+                let (c, l) = (self.counts, self.logged);
+                info!(
+                    rejected_queue_full = c.rejected_full - l.rejected_full,
+                    shed_for_delay = c.shed - l.shed,
+                    expired_in_queue = c.expired - l.expired,
+                    dropped_disconnected = c.dropped - l.dropped,
+                    concurrency_limit = ctl.concurrency_limit(),
+                    "admission: requests turned away in the last interval"
+                );
+                self.logged = c;
+            }
+        }
+    }
+
+    /// Polls the outcome of a queued request.
+    fn poll_outcome(&mut self, ticket: Ticket, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let Some(idx) = ticket.0 else {
+            return Poll::Ready(Outcome::Run);
+        };
+        let Some(slot) = self.slots.get_mut(idx as usize) else {
+            return Poll::Ready(Outcome::Dropped);
+        };
+        match slot.state {
+            SlotState::Queued => {
+                match &slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => slot.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            SlotState::Running(_) => Poll::Ready(Outcome::Run),
+            SlotState::Done(o) => Poll::Ready(o),
+            SlotState::Free => Poll::Ready(Outcome::Dropped),
+        }
+    }
+
+    /// Releases a ticket: completes a running request (its latency feeds the concurrency
+    /// limit), removes a still-queued one, frees the slot and dispatches more.
+    fn release(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
+        let Some(idx) = ticket.0 else { return };
+        let now = self.nanos(Instant::now());
+        let Some(slot) = self.slots.get_mut(idx as usize) else {
+            return;
+        };
+        let state = slot.state;
+        slot.state = SlotState::Free;
+        slot.waker = None;
+        if let Some(ctl) = self.ctl.as_mut() {
+            match state {
+                SlotState::Running(start) => {
+                    ctl.on_complete(now.saturating_duration_since(start), now)
+                }
+                SlotState::Queued => {
+                    ctl.drop_where(|&i| i == idx);
+                }
+                SlotState::Done(_) | SlotState::Free => {}
+            }
+        }
+        if state != SlotState::Free {
+            self.free.push(idx);
+        }
+        self.pump(now, metrics);
+    }
+
+    /// Drops every queued request of connection `conn` (its client disconnected): they are
+    /// never executed nor answered. Returns how many were dropped.
+    pub fn drop_connection(&mut self, conn: usize, metrics: &ShardMetrics) -> usize {
+        let Some(ctl) = self.ctl.as_mut() else {
+            return 0;
+        };
+        let slots = &mut self.slots;
+        let n = ctl.drop_where(|&idx| {
+            let mine = slots.get(idx as usize).is_some_and(|s| s.conn == conn);
+            if mine {
+                finish_slot(slots, idx, SlotState::Done(Outcome::Dropped));
+            }
+            mine
+        });
+        self.counts.dropped += n as u64;
+        metrics.dropped_disconnected.fetch_add(n as u64, Relaxed);
+        metrics.queued.store(ctl.queued() as i64, Relaxed);
+        n
     }
 
     /// Requests admitted so far on this shard.
     pub fn admitted(&self) -> u64 {
         self.admitted
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.ctl.as_ref().map_or(0, |c| c.queued())
+    }
+
+    /// The controller's counters (zero when admission is off).
+    pub fn stats(&self) -> AdmissionStats {
+        self.ctl.as_ref().map(|c| c.stats()).unwrap_or_default()
+    }
+}
+
+/// Requests that change connection state are handled inline and never queued.
+#[inline]
+fn bypasses_queue(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
+    )
+}
+
+/// Sets a slot's state and wakes the request waiting on it.
+#[inline]
+fn finish_slot(slots: &mut [Slot], idx: u32, state: SlotState) {
+    if let Some(slot) = slots.get_mut(idx as usize) {
+        slot.state = state;
+        if let Some(w) = slot.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// A request's hold on the admission queue: wait for its [`Outcome`], and on drop (answered,
+/// failed or abandoned) release its place so the next request can be dispatched.
+pub struct Admitted {
+    shard: Rc<ShardCtx>,
+    ticket: Ticket,
+    released: Cell<bool>,
+}
+
+impl Admitted {
+    /// Takes ownership of `ticket` for the request's lifetime.
+    pub fn new(shard: Rc<ShardCtx>, ticket: Ticket) -> Admitted {
+        Admitted {
+            shard,
+            ticket,
+            released: Cell::new(false),
+        }
+    }
+
+    /// Waits until the request is dispatched, shed, expired or dropped.
+    pub async fn outcome(&self) -> Outcome {
+        poll_fn(|cx| {
+            self.shard
+                .admission
+                .borrow_mut()
+                .poll_outcome(self.ticket, cx)
+        })
+        .await
+    }
+
+    /// Appends the pre-encoded rejection for `outcome` to `buf` (Overloaded for a shed
+    /// request, the typed timeout for an expired one; nothing otherwise).
+    pub fn append_rejection(&self, outcome: Outcome, op: Opcode, buf: &mut BytesMut, stream: i16) {
+        match outcome {
+            Outcome::Shed => self.shard.admission.borrow().append_overloaded(buf, stream),
+            Outcome::Expired => {
+                let a = self.shard.admission.borrow();
+                let frame = if op == Opcode::Batch {
+                    &a.frames.write_timeout
+                } else {
+                    &a.frames.read_timeout
+                };
+                frame.append(buf, stream);
+            }
+            Outcome::Run | Outcome::Dropped => {}
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if !self.released.replace(true) {
+            if let Ok(mut a) = self.shard.admission.try_borrow_mut() {
+                a.release(self.ticket, &self.shard.metrics);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_overload::AdmissionConfig;
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Flag(std::sync::atomic::AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Relaxed);
+        }
+    }
+
+    fn config(queue: usize, limit: u32) -> ServerConfig {
+        let mut c = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, "h".into());
+        let mut a = AdmissionConfig {
+            queue_capacity: queue,
+            ..Default::default()
+        };
+        a.concurrency.initial = limit;
+        a.concurrency.min = limit;
+        a.concurrency.max = limit;
+        c.admission = Some(a);
+        c
+    }
+
+    fn header(op: Opcode, stream: i16) -> FrameHeader {
+        FrameHeader {
+            version: 4,
+            flags: 0,
+            stream,
+            opcode: op,
+            length: 10,
+        }
+    }
+
+    fn poll(a: &mut ShardAdmission, t: Ticket) -> (Poll<Outcome>, Arc<Flag>) {
+        let flag = Arc::new(Flag(Default::default()));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        (a.poll_outcome(t, &mut cx), flag)
+    }
+
+    fn ticket(a: Admit) -> Ticket {
+        match a {
+            Admit::Accept(t) => t,
+            Admit::Reject => panic!("rejected"),
+        }
+    }
+
+    #[test]
+    fn queue_beyond_limit_waits_then_runs_on_completion() {
+        let m = ShardMetrics::default();
+        let mut a = ShardAdmission::new(&config(4, 1));
+        let now = Instant::now();
+        let t1 = ticket(a.admit(&header(Opcode::Query, 1), now, 7, &m));
+        let t2 = ticket(a.admit(&header(Opcode::Query, 2), now, 7, &m));
+        assert_eq!(poll(&mut a, t1).0, Poll::Ready(Outcome::Run));
+        let (p2, woke) = poll(&mut a, t2);
+        assert_eq!(p2, Poll::Pending);
+        assert_eq!(a.queued(), 1);
+        a.release(t1, &m);
+        assert!(woke.0.load(Relaxed), "the queued request is woken");
+        assert_eq!(poll(&mut a, t2).0, Poll::Ready(Outcome::Run));
+        a.release(t2, &m);
+        assert_eq!(a.stats().completed, 2);
+        assert_eq!(a.free.len(), a.slots.len(), "every slot returned");
+    }
+
+    #[test]
+    fn full_queue_rejects_from_the_header_and_startup_bypasses() {
+        let m = ShardMetrics::default();
+        let mut a = ShardAdmission::new(&config(1, 1));
+        let now = Instant::now();
+        let _run = ticket(a.admit(&header(Opcode::Execute, 1), now, 7, &m));
+        let _queued = ticket(a.admit(&header(Opcode::Execute, 2), now, 7, &m));
+        assert_eq!(
+            a.admit(&header(Opcode::Execute, 3), now, 7, &m),
+            Admit::Reject
+        );
+        assert_eq!(m.rejected_overloaded.load(Relaxed), 1);
+        assert_eq!(
+            a.admit(&header(Opcode::Options, 4), now, 7, &m),
+            Admit::Accept(Ticket::BYPASS)
+        );
+        let mut buf = BytesMut::new();
+        a.append_overloaded(&mut buf, 0x1234);
+        assert_eq!(&buf[2..4], &[0x12, 0x34]);
+        assert_eq!(buf[4], Opcode::Error as u8);
+        assert_eq!(&buf[9..13], &0x1001i32.to_be_bytes());
+    }
+
+    #[test]
+    fn disconnect_drops_only_that_connections_queued_requests() {
+        let m = ShardMetrics::default();
+        let mut a = ShardAdmission::new(&config(8, 1));
+        let now = Instant::now();
+        let run = ticket(a.admit(&header(Opcode::Query, 1), now, 1, &m));
+        let gone = ticket(a.admit(&header(Opcode::Query, 2), now, 2, &m));
+        let stays = ticket(a.admit(&header(Opcode::Query, 3), now, 3, &m));
+        assert_eq!(a.drop_connection(2, &m), 1);
+        assert_eq!(m.dropped_disconnected.load(Relaxed), 1);
+        assert_eq!(poll(&mut a, gone).0, Poll::Ready(Outcome::Dropped));
+        a.release(gone, &m);
+        a.release(run, &m);
+        assert_eq!(poll(&mut a, stays).0, Poll::Ready(Outcome::Run));
+        a.release(stays, &m);
+        assert_eq!(a.free.len(), a.slots.len());
+    }
+
+    #[test]
+    fn standing_queue_delay_sheds_the_oldest() {
+        let m = ShardMetrics::default();
+        let mut a = ShardAdmission::new(&config(64, 1));
+        let t0 = Instant::now();
+        let running = ticket(a.admit(&header(Opcode::Query, 0), t0, 1, &m));
+        // Requests that wait behind a stuck execution for longer than max_queue_delay
+        // (100 ms by default) are shed when the queue is next served.
+        let old: Vec<Ticket> = (1..4)
+            .map(|s| ticket(a.admit(&header(Opcode::Query, s), t0, 1, &m)))
+            .collect();
+        let later = t0 + Duration::from_millis(150);
+        let fresh = ticket(a.admit(&header(Opcode::Query, 9), later, 1, &m));
+        let t = a.nanos(later);
+        a.ctl
+            .as_mut()
+            .unwrap()
+            .on_complete(Duration::from_millis(150), t);
+        a.slots[0].state = SlotState::Free; // the running request finished
+        a.free.push(0);
+        a.pump(t, &m);
+        for o in &old {
+            assert_eq!(poll(&mut a, *o).0, Poll::Ready(Outcome::Shed));
+        }
+        assert_eq!(poll(&mut a, fresh).0, Poll::Ready(Outcome::Run));
+        assert_eq!(m.rejected_overloaded.load(Relaxed), 3);
+        let _ = running;
+    }
+
+    #[test]
+    fn admission_off_admits_everything_without_queueing() {
+        let m = ShardMetrics::default();
+        let mut c = config(1, 1);
+        c.admission = None;
+        let mut a = ShardAdmission::new(&c);
+        for s in 0..10 {
+            assert_eq!(
+                a.admit(&header(Opcode::Query, s), Instant::now(), 1, &m),
+                Admit::Accept(Ticket::BYPASS)
+            );
+        }
+        assert_eq!(a.queued(), 0);
     }
 }

@@ -94,6 +94,8 @@ pub struct ConnState {
     pub session: RefCell<Session>,
     /// Per-connection in-flight cap.
     pub inflight: Arc<Semaphore>,
+    /// Per-connection cap on request bytes in flight (one permit per byte).
+    pub inflight_bytes: Arc<Semaphore>,
     /// Task pushing schema events, once REGISTERed.
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -117,6 +119,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         opt_ins: Cell::new(StartupOptIns::default()),
         session: RefCell::new(Session::default()),
         inflight: Arc::new(Semaphore::new(shard.config.max_inflight_per_connection)),
+        inflight_bytes: Arc::new(Semaphore::new(byte_cap(
+            shard.config.max_inflight_bytes_per_connection,
+        ))),
         events: RefCell::new(None),
     });
     let writer = tokio::task::spawn_local(write_loop(wr, conn.outbox.clone()));
@@ -125,6 +130,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
     let per_conn_cap = shard.config.max_inflight_per_connection;
+    let conn_id = Rc::as_ptr(&conn) as usize;
 
     'read: loop {
         // Pull every complete frame already buffered.
@@ -150,33 +156,62 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             let Ok(shard_permit) = shard.inflight.clone().acquire_owned().await else {
                 break 'read;
             };
+            // Bytes caps: a frame larger than a cap takes the whole cap (frames are bounded
+            // by max_frame_bytes), so it waits for the scope to drain instead of stalling.
+            let len = frame.header.length as usize;
+            let conn_bytes = len.min(byte_cap(shard.config.max_inflight_bytes_per_connection));
+            let shard_bytes = len.min(byte_cap(shard.config.max_inflight_bytes_per_shard));
+            if conn.inflight_bytes.available_permits() < conn_bytes
+                || shard.inflight_bytes.available_permits() < shard_bytes
+            {
+                shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
+            }
+            let conn_bytes = conn
+                .inflight_bytes
+                .clone()
+                .acquire_many_owned(conn_bytes as u32);
+            let Ok(conn_bytes) = conn_bytes.await else {
+                break 'read;
+            };
+            let shard_bytes = shard
+                .inflight_bytes
+                .clone()
+                .acquire_many_owned(shard_bytes as u32);
+            let Ok(shard_bytes) = shard_bytes.await else {
+                break 'read;
+            };
             // [A] admission: decided from the 9-byte header alone, before the body is decoded.
-            match shard.admission.borrow_mut().admit(&frame.header, arrival) {
-                Admit::Accept => {}
-                Admit::Reject(err) => {
-                    answer_error(&shard, &conn, frame.header.stream, &err);
+            let admit =
+                shard
+                    .admission
+                    .borrow_mut()
+                    .admit(&frame.header, arrival, conn_id, &shard.metrics);
+            let ticket = match admit {
+                Admit::Accept(t) => t,
+                Admit::Reject => {
+                    reject_overloaded(&shard, &conn, frame.header.stream);
                     continue;
                 }
-            }
+            };
             shard.metrics.inflight.fetch_add(1, Relaxed);
             let in_flight = InFlight {
                 shard: shard.clone(),
                 conn: conn.clone(),
                 stream: frame.header.stream,
                 answered: false,
-                _permits: (conn_permit, shard_permit),
+                _permits: (conn_permit, shard_permit, conn_bytes, shard_bytes),
             };
             if matches!(
                 frame.header.opcode,
                 Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
             ) {
                 // Connection-state requests are handled in order, inline.
-                crate::request::handle(in_flight, frame, arrival).await;
+                crate::request::handle(in_flight, frame, arrival, ticket).await;
                 if conn.outbox.closed.get() {
                     break 'read;
                 }
             } else {
-                tokio::task::spawn_local(crate::request::handle(in_flight, frame, arrival));
+                tokio::task::spawn_local(crate::request::handle(in_flight, frame, arrival, ticket));
             }
         }
         // Do not read more while the answers pile up unread by the client.
@@ -203,6 +238,13 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         }
     }
     debug!(?peer, "connection closing");
+    if conn.outbox.is_closed() {
+        // Nobody waits for the answers of its queued requests: drop them from the queue.
+        shard
+            .admission
+            .borrow_mut()
+            .drop_connection(conn_id, &shard.metrics);
+    }
     if let Some(events) = conn.events.borrow_mut().take() {
         events.abort();
     }
@@ -241,6 +283,19 @@ fn protocol_close(shard: &ShardCtx, conn: &ConnState, e: FrameError) {
     conn.outbox.close();
 }
 
+/// A bytes cap as semaphore permits (tokio bounds a semaphore's permits).
+pub(crate) fn byte_cap(cap: usize) -> usize {
+    cap.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize))
+}
+
+/// Answers `stream` with the pre-encoded `Overloaded` frame (a copy and a stream-id patch:
+/// no allocation beyond the outbox's capacity, no formatting, no logging).
+pub fn reject_overloaded(shard: &ShardCtx, conn: &ConnState, stream: i16) {
+    shard.metrics.count_error(ErrorCode::Overloaded as u32);
+    let admission = shard.admission.borrow();
+    conn.outbox.push(|b| admission.append_overloaded(b, stream));
+}
+
 /// Answers `stream` with a static error (no allocation beyond the outbox's capacity).
 pub fn answer_error(shard: &ShardCtx, conn: &ConnState, stream: i16, err: &ErrorResponse) {
     shard.metrics.count_error(err.code as u32);
@@ -263,6 +318,8 @@ pub struct InFlight {
     _permits: (
         tokio::sync::OwnedSemaphorePermit,
         tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
     ),
 }
 
@@ -279,6 +336,13 @@ impl InFlight {
     /// Drops the request unanswered because its client disconnected; nothing is executed.
     pub fn abandon(mut self) {
         self.shard.metrics.abandoned.fetch_add(1, Relaxed);
+        self.answered = true;
+    }
+
+    /// Appends a pre-encoded error frame through `encode` (counted as error `code`).
+    pub fn answer_preencoded(mut self, code: ErrorCode, encode: impl FnOnce(&mut BytesMut)) {
+        self.shard.metrics.count_error(code as u32);
+        self.conn.outbox.push(encode);
         self.answered = true;
     }
 

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use shard::Server;
+pub use sluice_overload::AdmissionConfig;
 
 /// ScyllaDB's `SCYLLA_SHARDING_IGNORE_MSB`: drivers and shards agree on it.
 pub const IGNORE_MSB: u8 = 12;

@@ -65,7 +65,29 @@ pub struct ShardMetrics {
     pub protocol_closes: AtomicU64,
     /// Times the reader stopped reading a socket because an in-flight cap was reached.
     pub backpressure_pauses: AtomicU64,
+    /// Requests turned away with `Overloaded` by admission (queue full or shed for delay).
+    pub rejected_overloaded: AtomicU64,
+    /// Requests rejected by the per-partition rate limiter.
+    pub rejected_rate_limited: AtomicU64,
+    /// Requests whose deadline passed before they were executed (never executed).
+    pub expired_before_execution: AtomicU64,
+    /// Requests whose deadline passed during execution (answered with a timeout).
+    pub timed_out: AtomicU64,
+    /// Queued requests dropped because their client disconnected.
+    pub dropped_disconnected: AtomicU64,
+    /// Requests waiting in the admission queue.
+    pub queued: AtomicI64,
+    /// Admission queue delay histogram: cumulative counts per `QUEUE_DELAY_BUCKETS_US`
+    /// upper bound, then +Inf.
+    queue_delay_buckets: [AtomicU64; QUEUE_DELAY_BUCKETS_US.len() + 1],
+    /// Sum of observed queue delays in microseconds.
+    queue_delay_sum_us: AtomicU64,
 }
+
+/// Upper bounds (microseconds) of the queue-delay histogram buckets.
+const QUEUE_DELAY_BUCKETS_US: [u64; 12] = [
+    100, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000,
+];
 
 impl ShardMetrics {
     /// Counts one request with this opcode.
@@ -93,6 +115,19 @@ impl ShardMetrics {
             .position(|(op, _)| *op == opcode)
             .unwrap_or(OPCODES.len());
         self.requests[i].load(Relaxed)
+    }
+
+    /// Records one admission queue delay (no allocation; two relaxed adds).
+    #[inline]
+    pub fn observe_queue_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        let i = QUEUE_DELAY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(QUEUE_DELAY_BUCKETS_US.len());
+        self.queue_delay_buckets[i].fetch_add(1, Relaxed);
+        self.queue_delay_sum_us
+            .fetch_add(us.min(u64::MAX / 2), Relaxed);
     }
 
     /// Errors counted with this code so far.
@@ -138,8 +173,55 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         let v = m.errors[ERROR_CODES.len()].load(Relaxed);
         let _ = writeln!(out, "{n}{{shard=\"{s}\",code=\"other\"}} {v}");
     }
+    let n = "sluice_queue_delay_seconds";
+    family(
+        &mut out,
+        n,
+        "histogram",
+        "Admission queue delay of dispatched requests.",
+    );
+    for (s, m) in shards.iter().enumerate() {
+        let mut cum = 0;
+        for (i, b) in QUEUE_DELAY_BUCKETS_US.iter().enumerate() {
+            cum += m.queue_delay_buckets[i].load(Relaxed);
+            let le = *b as f64 / 1e6;
+            let _ = writeln!(out, "{n}_bucket{{shard=\"{s}\",le=\"{le}\"}} {cum}");
+        }
+        cum += m.queue_delay_buckets[QUEUE_DELAY_BUCKETS_US.len()].load(Relaxed);
+        let _ = writeln!(out, "{n}_bucket{{shard=\"{s}\",le=\"+Inf\"}} {cum}");
+        let sum = m.queue_delay_sum_us.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{n}_sum{{shard=\"{s}\"}} {sum}");
+        let _ = writeln!(out, "{n}_count{{shard=\"{s}\"}} {cum}");
+    }
+    let n = "sluice_rejected_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Requests turned away, by shard and reason.",
+    );
+    type Counter = fn(&ShardMetrics) -> &AtomicU64;
+    let reasons: [(&str, Counter); 5] = [
+        ("overloaded", |m| &m.rejected_overloaded),
+        ("rate_limited", |m| &m.rejected_rate_limited),
+        ("expired_before_execution", |m| &m.expired_before_execution),
+        ("timed_out", |m| &m.timed_out),
+        ("client_disconnected", |m| &m.dropped_disconnected),
+    ];
+    for (s, m) in shards.iter().enumerate() {
+        for (reason, get) in reasons {
+            let v = get(m).load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",reason=\"{reason}\"}} {v}");
+        }
+    }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 8] = [
+    let simple: [(&str, &str, &str, Getter); 9] = [
+        (
+            "sluice_admission_queued",
+            "gauge",
+            "Requests waiting in the admission queue.",
+            |m| m.queued.load(Relaxed),
+        ),
         (
             "sluice_served_total",
             "counter",

@@ -14,13 +14,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_engine::{OpKind, Prepared, RequestContext, Session};
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::Frame;
+use sluice_protocol::frame::{Frame, Opcode};
 use sluice_protocol::{
     DetailedError, ErrorCode, ErrorExtra, ErrorResponse, EventType, QueryParameters, Request,
     ResultMessage,
 };
 use tokio::sync::oneshot;
 
+use crate::admission::{Admitted, Outcome, Ticket};
 use crate::connection::InFlight;
 use crate::limiter::LimitDecision;
 use crate::shard::{Forwarded, ShardCtx};
@@ -48,10 +49,31 @@ pub const WRITE_EXPIRED: ErrorResponse = sluice_protocol::preencoded::WRITE_DEAD
 /// Deadline passed before a read was executed: Read_timeout, received 0 of 1, no data.
 pub const READ_EXPIRED: ErrorResponse = sluice_protocol::preencoded::READ_DEADLINE;
 
-/// Handles one admitted frame and answers it through `inf`.
-pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
+/// Handles one admitted frame and answers it through `inf`. `ticket` is its place in the
+/// shard's admission queue [A]: the body is decoded only once it is dispatched.
+pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticket) {
     let shard = inf.shard.clone();
     let conn = inf.conn.clone();
+    let admitted = Admitted::new(shard.clone(), ticket);
+    match admitted.outcome().await {
+        Outcome::Run => {}
+        Outcome::Dropped => {
+            inf.abandon();
+            return;
+        }
+        o @ (Outcome::Shed | Outcome::Expired) => {
+            let (stream, op) = (inf.stream, frame.header.opcode);
+            let code = if o == Outcome::Shed {
+                ErrorCode::Overloaded
+            } else if op == Opcode::Batch {
+                ErrorCode::WriteTimeout
+            } else {
+                ErrorCode::ReadTimeout
+            };
+            inf.answer_preencoded(code, |b| admitted.append_rejection(o, op, b, stream));
+            return;
+        }
+    }
     let compression = conn.compression.get();
     let max = shard.config.max_frame_bytes as usize;
     let request = match frame.into_request(compression, max) {
@@ -148,6 +170,7 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant) {
                 now_micros: now_micros(),
             };
             if Instant::now() >= deadline {
+                shard.metrics.expired_before_execution.fetch_add(1, Relaxed);
                 inf.answer_error(&WRITE_EXPIRED);
                 return;
             }
@@ -199,8 +222,13 @@ async fn execute(
         &READ_EXPIRED
     };
     if Instant::now() >= deadline {
+        shard.metrics.expired_before_execution.fetch_add(1, Relaxed);
         inf.answer_error(expired);
         return;
+    }
+    if let Some(delay) = shard.config.test_only_service_delay {
+        // TEST ONLY: real service time in end-to-end overload tests.
+        tokio::time::sleep(delay).await;
     }
     let ctx = RequestContext {
         deadline: Some(deadline),
@@ -281,6 +309,18 @@ fn answer_detailed(inf: InFlight, err: &DetailedError, compression: Compression)
     let code = err.code;
     let opt_ins = inf.conn.opt_ins.get();
     inf.shard.metrics.count_error(code as u32);
+    match code {
+        ErrorCode::WriteTimeout | ErrorCode::ReadTimeout => {
+            inf.shard.metrics.timed_out.fetch_add(1, Relaxed);
+        }
+        ErrorCode::RateLimitReached => {
+            inf.shard
+                .metrics
+                .rejected_rate_limited
+                .fetch_add(1, Relaxed);
+        }
+        _ => {}
+    }
     // The rate-limit code only goes to clients that negotiated it; others get Config_error.
     let downgraded;
     let err = if code == ErrorCode::RateLimitReached && !opt_ins.rate_limit_error {

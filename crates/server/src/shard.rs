@@ -67,6 +67,8 @@ pub struct ShardCtx {
     pub supported: BytesMut,
     /// Per-shard in-flight cap (backpressure, issue 4 step 1).
     pub inflight: Arc<Semaphore>,
+    /// Per-shard cap on request bytes in flight (one permit per byte).
+    pub inflight_bytes: Arc<Semaphore>,
     /// [A] per-shard admission state.
     pub admission: RefCell<ShardAdmission>,
     /// [B] per-shard limiter state.
@@ -156,6 +158,9 @@ impl Server {
                         nr_shards: n,
                         engine,
                         inflight: Arc::new(Semaphore::new(config.max_inflight_per_shard)),
+                        inflight_bytes: Arc::new(Semaphore::new(crate::connection::byte_cap(
+                            config.max_inflight_bytes_per_shard,
+                        ))),
                         admission: RefCell::new(ShardAdmission::new(&config)),
                         limiter: RefCell::new(ShardLimiter::new()),
                         config,

@@ -101,6 +101,56 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_INFLIGHT_PER_SHARD", value_name = "N")]
     pub max_inflight_per_shard: Option<usize>,
 
+    /// Request bytes in flight per connection; the socket is not read while over it
+    /// [default: 8MiB].
+    #[arg(
+        long,
+        env = "SLUICE_MAX_INFLIGHT_BYTES_PER_CONNECTION",
+        value_name = "SIZE"
+    )]
+    pub max_inflight_bytes_per_connection: Option<String>,
+
+    /// Request bytes in flight per shard, all connections together [default: 128MiB].
+    #[arg(long, env = "SLUICE_MAX_INFLIGHT_BYTES_PER_SHARD", value_name = "SIZE")]
+    pub max_inflight_bytes_per_shard: Option<String>,
+
+    /// Delay-based admission control per shard (CoDel queue + adaptive concurrency limit);
+    /// `off` executes every request that passed backpressure at once [default: on].
+    #[arg(long, env = "SLUICE_ADMISSION", value_name = "on|off")]
+    pub admission: Option<String>,
+
+    /// CoDel target: acceptable standing queue delay [default: 5ms].
+    #[arg(long, env = "SLUICE_ADMISSION_TARGET", value_name = "DURATION")]
+    pub admission_target: Option<String>,
+
+    /// CoDel interval: the queue delay must stay above target this long before shedding
+    /// starts; queued requests older than it are always shed [default: 100ms].
+    #[arg(long, env = "SLUICE_ADMISSION_INTERVAL", value_name = "DURATION")]
+    pub admission_interval: Option<String>,
+
+    /// Bound of each shard's admission queue; arrivals beyond it get Overloaded
+    /// [default: 4096].
+    #[arg(long, env = "SLUICE_ADMISSION_QUEUE", value_name = "N")]
+    pub admission_queue: Option<usize>,
+
+    /// Lower bound of the adaptive limit on requests in execution per shard [default: 4].
+    #[arg(long, env = "SLUICE_ADMISSION_MIN_CONCURRENCY", value_name = "N")]
+    pub admission_min_concurrency: Option<u32>,
+
+    /// Upper bound of the adaptive limit on requests in execution per shard [default: 1024].
+    #[arg(long, env = "SLUICE_ADMISSION_MAX_CONCURRENCY", value_name = "N")]
+    pub admission_max_concurrency: Option<u32>,
+
+    /// TEST ONLY: service time added to every execution, to make slow work real in
+    /// overload tests. Never set in production.
+    #[arg(
+        long,
+        env = "SLUICE_TEST_ONLY_SERVICE_DELAY",
+        value_name = "DURATION",
+        hide = true
+    )]
+    pub test_only_service_delay: Option<String>,
+
     /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
     /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
     #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
@@ -125,6 +175,14 @@ struct FileConfig {
     other_timeout: Option<String>,
     max_inflight_per_connection: Option<usize>,
     max_inflight_per_shard: Option<usize>,
+    max_inflight_bytes_per_connection: Option<toml::Value>,
+    max_inflight_bytes_per_shard: Option<toml::Value>,
+    admission: Option<String>,
+    admission_target: Option<String>,
+    admission_interval: Option<String>,
+    admission_queue: Option<usize>,
+    admission_min_concurrency: Option<u32>,
+    admission_max_concurrency: Option<u32>,
     log: Option<String>,
 }
 
@@ -159,8 +217,31 @@ pub struct ResolvedConfig {
     pub max_inflight_per_connection: usize,
     /// Per-shard in-flight cap.
     pub max_inflight_per_shard: usize,
+    /// Per-connection cap on request bytes in flight.
+    pub max_inflight_bytes_per_connection: usize,
+    /// Per-shard cap on request bytes in flight.
+    pub max_inflight_bytes_per_shard: usize,
+    /// Delay-based admission, if on.
+    pub admission: Option<AdmissionSettings>,
+    /// TEST ONLY: service time added to every execution.
+    pub test_only_service_delay: Option<Duration>,
     /// Log filter, if given (else RUST_LOG, else info).
     pub log: Option<String>,
+}
+
+/// Resolved admission-control constants (see the `--admission-*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionSettings {
+    /// CoDel target queue delay.
+    pub target: Duration,
+    /// CoDel interval.
+    pub interval: Duration,
+    /// Queue bound per shard.
+    pub queue: usize,
+    /// Concurrency limit bounds per shard.
+    pub min_concurrency: u32,
+    /// Upper bound of the concurrency limit.
+    pub max_concurrency: u32,
 }
 
 impl ServeArgs {
@@ -229,6 +310,73 @@ impl ServeArgs {
         if per_conn == 0 || per_shard == 0 || per_conn > 32768 {
             bail!("in-flight caps must be positive (and at most 32768 per connection)");
         }
+        let size = |flag: &Option<String>, file: &Option<toml::Value>, default: usize| {
+            let n = match (flag, file) {
+                (Some(s), _) => parse_size(s)?,
+                (None, Some(v)) => parse_size(&toml_scalar(v))?,
+                (None, None) => default,
+            };
+            if n < 1024 {
+                bail!("in-flight byte caps must be at least 1KiB, got {n}");
+            }
+            Ok(n)
+        };
+        let bytes_per_conn = size(
+            &self.max_inflight_bytes_per_connection,
+            &file.max_inflight_bytes_per_connection,
+            8 << 20,
+        )?;
+        let bytes_per_shard = size(
+            &self.max_inflight_bytes_per_shard,
+            &file.max_inflight_bytes_per_shard,
+            128 << 20,
+        )?;
+        let admission_on = match self.admission.clone().or(file.admission.clone()) {
+            None => true,
+            Some(s) if s.eq_ignore_ascii_case("on") => true,
+            Some(s) if s.eq_ignore_ascii_case("off") => false,
+            Some(s) => bail!("admission must be on or off, got {s:?}"),
+        };
+        let admission = if admission_on {
+            let min = self
+                .admission_min_concurrency
+                .or(file.admission_min_concurrency)
+                .unwrap_or(4);
+            let max = self
+                .admission_max_concurrency
+                .or(file.admission_max_concurrency)
+                .unwrap_or(1024);
+            let queue = self
+                .admission_queue
+                .or(file.admission_queue)
+                .unwrap_or(4096);
+            if min == 0 || min > max || queue == 0 || queue > 1 << 20 {
+                bail!(
+                    "admission needs 0 < min-concurrency <= max-concurrency and 0 < queue <= 1Mi"
+                );
+            }
+            Some(AdmissionSettings {
+                target: duration(
+                    &self.admission_target,
+                    file.admission_target.clone(),
+                    Duration::from_millis(5),
+                )?,
+                interval: duration(
+                    &self.admission_interval,
+                    file.admission_interval.clone(),
+                    Duration::from_millis(100),
+                )?,
+                queue,
+                min_concurrency: min,
+                max_concurrency: max,
+            })
+        } else {
+            None
+        };
+        let test_only_service_delay = match &self.test_only_service_delay {
+            Some(s) => Some(parse_duration(s)?),
+            None => None,
+        };
         Ok(ResolvedConfig {
             listen: self
                 .listen
@@ -270,6 +418,10 @@ impl ServeArgs {
             )?,
             max_inflight_per_connection: per_conn,
             max_inflight_per_shard: per_shard,
+            max_inflight_bytes_per_connection: bytes_per_conn,
+            max_inflight_bytes_per_shard: bytes_per_shard,
+            admission,
+            test_only_service_delay,
             log: self.log.clone().or(file.log),
         })
     }

@@ -1,0 +1,280 @@
+//! Overload end to end (issue 4) against the real binary on one shard, with raw v4 frames so
+//! that every stream's answer is observed exactly.
+//!
+//! "Slow work" is made real with the test-only knob `--test-only-service-delay`, which adds
+//! service time to every execution after its deadline check; the execution concurrency
+//! limit is pinned to 1, so requests queue in the shard's admission queue behind it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::Node;
+
+const OVERLOADED: u32 = 0x1001;
+const WRITE_TIMEOUT: u32 = 0x1100;
+
+fn frame(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = vec![4, 0];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.push(opcode);
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(body);
+    f
+}
+
+fn startup() -> Vec<u8> {
+    let mut body = vec![0, 1];
+    for s in ["CQL_VERSION", "3.0.0"] {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s.as_bytes());
+    }
+    frame(1, 0x01, &body)
+}
+
+fn query(stream: i16, text: &str) -> Vec<u8> {
+    let mut body = (text.len() as u32).to_be_bytes().to_vec();
+    body.extend_from_slice(text.as_bytes());
+    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
+    frame(stream, 0x07, &body)
+}
+
+/// One answer: (stream, opcode, error code if ERROR, body).
+fn read_frame(s: &mut TcpStream) -> Option<(i16, u8, Option<u32>, Vec<u8>)> {
+    let mut h = [0u8; 9];
+    s.read_exact(&mut h).ok()?;
+    let len = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    let code =
+        (h[4] == 0 && len >= 4).then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
+    Some((i16::from_be_bytes([h[2], h[3]]), h[4], code, body))
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(&startup()).unwrap();
+    let (_, op, _, _) = read_frame(&mut s).expect("READY");
+    assert_eq!(op, 0x02, "READY");
+    s
+}
+
+/// Runs one statement and returns (opcode, error code).
+fn run(s: &mut TcpStream, stream: i16, text: &str) -> (u8, Option<u32>, Vec<u8>) {
+    s.write_all(&query(stream, text)).unwrap();
+    loop {
+        let (st, op, code, body) = read_frame(s).expect("answer");
+        if st == stream {
+            return (op, code, body);
+        }
+    }
+}
+
+/// Row count of a ROWS result body (kind 2): metadata flags, column count, [paging state],
+/// [global table spec], column specs, then the row count. Only the simple cases used here.
+fn row_count(s: &mut TcpStream, stream: i16, text: &str) -> i32 {
+    let (op, code, body) = run(s, stream, text);
+    assert_eq!((op, code), (0x08, None), "{text}");
+    assert_eq!(&body[0..4], &2i32.to_be_bytes(), "ROWS");
+    let flags = i32::from_be_bytes(body[4..8].try_into().unwrap());
+    let cols = i32::from_be_bytes(body[8..12].try_into().unwrap());
+    let mut p = 12;
+    let short_str = |p: &mut usize| {
+        let n = u16::from_be_bytes([body[*p], body[*p + 1]]) as usize;
+        *p += 2 + n;
+    };
+    if flags & 0x02 != 0 {
+        let n = i32::from_be_bytes(body[p..p + 4].try_into().unwrap());
+        p += 4 + n.max(0) as usize;
+    }
+    let global = flags & 0x01 != 0;
+    if flags & 0x04 == 0 {
+        if global {
+            short_str(&mut p);
+            short_str(&mut p);
+        }
+        for _ in 0..cols {
+            if !global {
+                short_str(&mut p);
+                short_str(&mut p);
+            }
+            short_str(&mut p);
+            let ty = u16::from_be_bytes([body[p], body[p + 1]]);
+            p += 2;
+            assert!(ty < 0x20, "simple column types only in this helper");
+        }
+    }
+    i32::from_be_bytes(body[p..p + 4].try_into().unwrap())
+}
+
+fn slow_node(dir: &std::path::Path, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--durability",
+        "periodic",
+        "--admission-min-concurrency",
+        "1",
+        "--admission-max-concurrency",
+        "1",
+        "--test-only-service-delay",
+        "40ms",
+    ];
+    args.extend_from_slice(extra);
+    Node::start(dir, 1, &args)
+}
+
+fn schema(s: &mut TcpStream) {
+    let ks = "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}";
+    assert_eq!(run(s, 2, ks).1, None);
+    assert_eq!(
+        run(s, 3, "CREATE TABLE ks.t (k int PRIMARY KEY, v int)").1,
+        None
+    );
+}
+
+#[test]
+fn a_write_with_using_timeout_1ms_queued_behind_slow_work_times_out_and_is_not_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    // A long CoDel interval: queued requests are not shed, so only deadlines act here.
+    let node = slow_node(&dir.path().join("db"), &["--admission-interval", "10s"]);
+    let mut s = connect(node.addr);
+    schema(&mut s);
+    // Eight slow writes (8 × 40 ms, one at a time), then the 1 ms write and a normal one.
+    let mut batch = Vec::new();
+    for i in 0..8i16 {
+        batch.extend(query(
+            10 + i,
+            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
+        ));
+    }
+    batch.extend(query(
+        30,
+        "INSERT INTO ks.t (k, v) VALUES (99, 1) USING TIMEOUT 1ms",
+    ));
+    batch.extend(query(
+        31,
+        "INSERT INTO ks.t (k, v) VALUES (100, 1) USING TIMEOUT 10s",
+    ));
+    s.write_all(&batch).unwrap();
+    let mut answers = std::collections::HashMap::new();
+    while answers.len() < 10 {
+        let (st, op, code, _) = read_frame(&mut s).expect("answer");
+        answers.insert(st, (op, code));
+    }
+    for i in 0..8i16 {
+        assert_eq!(answers[&(10 + i)], (0x08, None), "slow write {i} served");
+    }
+    assert_eq!(answers[&30], (0x00, Some(WRITE_TIMEOUT)), "typed timeout");
+    assert_eq!(answers[&31], (0x08, None), "a generous deadline is served");
+    assert_eq!(
+        row_count(&mut s, 40, "SELECT * FROM ks.t WHERE k = 99"),
+        0,
+        "not applied"
+    );
+    assert_eq!(row_count(&mut s, 41, "SELECT * FROM ks.t WHERE k = 100"), 1);
+    let expired = node.metric(
+        "sluice_rejected_total",
+        &[("reason", "expired_before_execution")],
+    );
+    assert!(
+        expired >= 1.0,
+        "counted as expired before execution: {expired}"
+    );
+    // An invalid duration is a clear Invalid error, not a timeout.
+    let (op, code, _) = run(
+        &mut s,
+        42,
+        "INSERT INTO ks.t (k, v) VALUES (1, 1) USING TIMEOUT -5ms",
+    );
+    assert_eq!(op, 0x00);
+    assert!(
+        matches!(code, Some(0x2000) | Some(0x2200)),
+        "syntax/invalid: {code:?}"
+    );
+}
+
+#[test]
+fn queued_requests_of_a_disconnected_client_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = slow_node(&dir.path().join("db"), &["--admission-interval", "10s"]);
+    let mut s = connect(node.addr);
+    schema(&mut s);
+    let mut gone = connect(node.addr);
+    let mut batch = Vec::new();
+    for i in 0..40i16 {
+        batch.extend(query(
+            10 + i,
+            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
+        ));
+    }
+    gone.write_all(&batch).unwrap();
+    // Let them all reach the queue (one runs at a time, 40 ms each), then hang up.
+    std::thread::sleep(Duration::from_millis(150));
+    drop(gone);
+    std::thread::sleep(Duration::from_millis(500));
+    let dropped = node.metric(
+        "sluice_rejected_total",
+        &[("reason", "client_disconnected")],
+    );
+    assert!(
+        dropped >= 20.0,
+        "most queued requests dropped, got {dropped}"
+    );
+    let applied = row_count(&mut s, 60, "SELECT * FROM ks.t");
+    assert!(
+        applied < 10,
+        "dropped requests were not executed: {applied} rows"
+    );
+    assert_eq!(node.metric("sluice_admission_queued", &[]), 0.0);
+}
+
+#[test]
+fn a_flood_gets_overloaded_and_a_second_client_stays_responsive() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = slow_node(&dir.path().join("db"), &["--admission-queue", "16"]);
+    let mut setup = connect(node.addr);
+    schema(&mut setup);
+    let mut flood = connect(node.addr);
+    let n = 600i16;
+    let mut batch = Vec::new();
+    for i in 0..n {
+        batch.extend(query(
+            100 + i,
+            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, 1)"),
+        ));
+    }
+    flood.write_all(&batch).unwrap();
+    // A second client, meanwhile: OPTIONS (a driver heartbeat) is never queued, and a
+    // query is answered (served or turned away) promptly rather than stuck.
+    let mut other = connect(node.addr);
+    let t = Instant::now();
+    other.write_all(&frame(5, 0x05, &[])).unwrap();
+    let (st, op, _, _) = read_frame(&mut other).expect("SUPPORTED");
+    assert_eq!((st, op), (5, 0x06));
+    let (op, code, _) = run(&mut other, 6, "SELECT * FROM ks.t WHERE k = 1");
+    assert!(op == 0x08 || code == Some(OVERLOADED), "{op} {code:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "second client waited {:?}",
+        t.elapsed()
+    );
+    let (mut served, mut overloaded) = (0, 0);
+    for _ in 0..n {
+        let (_, op, code, _) = read_frame(&mut flood).expect("every request answered");
+        match (op, code) {
+            (0x08, None) => served += 1,
+            (0x00, Some(OVERLOADED)) => overloaded += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(overloaded > n as i32 / 2, "flood shed: {overloaded} of {n}");
+    assert!(served >= 1, "work still gets done: {served}");
+    let m = node.metric("sluice_rejected_total", &[("reason", "overloaded")]);
+    assert!(m >= overloaded as f64, "metric {m} >= {overloaded}");
+    assert!(node
+        .metrics_text()
+        .contains("sluice_queue_delay_seconds_bucket"));
+}
