@@ -90,6 +90,8 @@ pub struct ServerConfig {
     /// TEST-ONLY: extra service time added to every admitted execution, to make "slow work"
     /// real in end-to-end overload tests. Always `None` in production.
     pub test_only_service_delay: Option<Duration>,
+    /// [B] per-shard per-partition rate limiter table (size, probes, cold start).
+    pub rate_limiter: sluice_overload::RateLimiterConfig,
 }
 
 impl ServerConfig {
@@ -110,6 +112,7 @@ impl ServerConfig {
             max_inflight_bytes_per_shard: 128 << 20,
             admission: Some(sluice_overload::AdmissionConfig::default()),
             test_only_service_delay: None,
+            rate_limiter: sluice_overload::RateLimiterConfig::default(),
         }
     }
 }

@@ -82,6 +82,8 @@ pub struct ShardMetrics {
     queue_delay_buckets: [AtomicU64; QUEUE_DELAY_BUCKETS_US.len() + 1],
     /// Sum of observed queue delays in microseconds.
     queue_delay_sum_us: AtomicU64,
+    /// [B] per-table accepted/rejected counters of the per-partition rate limiter.
+    pub rate_limits: crate::limiter::LimitMetrics,
 }
 
 /// Upper bounds (microseconds) of the queue-delay histogram buckets.
@@ -274,6 +276,7 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             let _ = writeln!(out, "{n}{{shard=\"{s}\"}} {}", get(m));
         }
     }
+    crate::limiter::render(&mut out, shards);
     out
 }
 

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::admission::{Admitted, Outcome, Ticket};
 use crate::connection::InFlight;
-use crate::limiter::LimitDecision;
+use crate::limiter::{op_type, LimitCheck, LimitDecision};
 use crate::shard::{Forwarded, ShardCtx};
 use crate::supported::{cql_version_acceptable, StartupOptIns};
 
@@ -175,6 +175,20 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
                 return;
             }
             let mut session = conn.session.borrow().clone();
+            // [B] a batch counts one write per distinct partition of a limited table.
+            let parts = shard
+                .engine
+                .batch_limited_partitions(session.keyspace.as_deref(), &batch);
+            if !parts.is_empty() {
+                let d = shard
+                    .limiter
+                    .borrow_mut()
+                    .check_all(&parts, &shard.engine, &shard.metrics);
+                if let LimitDecision::Reject(op) = d {
+                    answer_rate_limited(inf, op);
+                    return;
+                }
+            }
             let result = shard.engine.batch(&mut session, &batch, &ctx).await;
             match result {
                 Ok(r) => answer_result(inf, &r, compression),
@@ -235,16 +249,52 @@ async fn execute(
         now_micros: now_micros(),
     };
     let owner = route.token.map(|t| shard.owner_of(t));
-    // [B] per-partition limiter hook (single-partition statements only).
-    if let Some(token) = route.token {
-        match shard.limiter.borrow_mut().check(token) {
-            LimitDecision::Accept => {}
+    // [B] per-partition limiter: a single partition is checked where its work runs (here,
+    // or on the owner with the forwarded execution); multi-partition operations run and
+    // are accounted here. Tables without a limit skip all of it.
+    let mut remote_check = None;
+    if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
+        let parts = shard.engine.limited_partitions(&prepared, &params.values);
+        if !parts.is_empty() {
+            let d = shard
+                .limiter
+                .borrow_mut()
+                .check_all(&parts, &shard.engine, &shard.metrics);
+            if let LimitDecision::Reject(op) = d {
+                answer_rate_limited(inf, op);
+                return;
+            }
+        }
+    } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
+        route.token,
+        route.table,
+        route.rate_limits,
+        op_type(route.kind),
+    ) {
+        if let Some(limit) = rl.for_kind(route.kind) {
+            let mut limiter = shard.limiter.borrow_mut();
+            let check = LimitCheck {
+                table,
+                token,
+                op,
+                limit,
+                random: limiter.draw(),
+            };
+            if owner.is_some_and(|o| o != shard.id) {
+                remote_check = Some(check);
+            } else if let LimitDecision::Reject(op) =
+                limiter.check(&check, &shard.engine, &shard.metrics)
+            {
+                drop(limiter);
+                answer_rate_limited(inf, op);
+                return;
+            }
         }
     }
     let session = conn.session.borrow().clone();
     let (session, result) = match owner {
         Some(o) if o != shard.id => {
-            match forward(&shard, o, prepared, params, session, ctx).await {
+            match forward(&shard, o, prepared, params, session, ctx, remote_check).await {
                 Some(answer) => answer,
                 None => {
                     inf.answer_error(&SHUTTING_DOWN);
@@ -268,8 +318,42 @@ async fn execute(
             }
             answer_result(inf, &r, compression);
         }
+        // Rejected by the owner's limiter: the pre-encoded frame, as for a local reject.
+        Err(e) if e.code == ErrorCode::RateLimitReached => answer_rate_limited(inf, route_op(&e)),
         Err(e) => answer_detailed(inf, &e, compression),
     }
+}
+
+/// The limiter operation type of a rate-limit error.
+fn route_op(e: &DetailedError) -> sluice_overload::OpType {
+    match e.extra {
+        ErrorExtra::RateLimit {
+            op: sluice_protocol::OperationType::Read,
+            ..
+        } => sluice_overload::OpType::Read,
+        _ => sluice_overload::OpType::Write,
+    }
+}
+
+/// Answers a rate-limited operation with the pre-encoded frame: 0xF000 (with op type and
+/// rejected-by-coordinator) if the connection negotiated it at STARTUP, else Config_error.
+/// No allocation, no formatting, no logging.
+fn answer_rate_limited(inf: InFlight, op: sluice_overload::OpType) {
+    let shard = inf.shard.clone();
+    let negotiated = inf.conn.opt_ins.get().rate_limit_error;
+    let code = if negotiated {
+        ErrorCode::RateLimitReached
+    } else {
+        ErrorCode::ConfigError
+    };
+    shard.metrics.count_error(code as u32);
+    shard.metrics.rejected_rate_limited.fetch_add(1, Relaxed);
+    let stream = inf.stream;
+    let limiter = shard.limiter.borrow();
+    let frame = limiter.rejection_frame(op, negotiated);
+    inf.answer(false, |b| {
+        frame.append(b, stream);
+    });
 }
 
 /// Sends an execution to the shard that owns its partition and waits for the answer.
@@ -281,6 +365,7 @@ async fn forward(
     params: QueryParameters,
     session: Session,
     ctx: RequestContext,
+    limit: Option<LimitCheck>,
 ) -> Option<(Session, Result<ResultMessage, DetailedError>)> {
     shard.metrics.forwards_out.fetch_add(1, Relaxed);
     let (tx, rx) = oneshot::channel();
@@ -289,6 +374,7 @@ async fn forward(
         params,
         session,
         ctx,
+        limit,
         reply: tx,
     };
     // Bounded channel: a full owner queue makes this request wait (it holds its in-flight

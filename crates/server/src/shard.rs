@@ -36,6 +36,8 @@ pub struct Forwarded {
     pub session: Session,
     /// Deadline and time.
     pub ctx: RequestContext,
+    /// [B] the limiter check to run here, on the owner, before executing.
+    pub limit: Option<crate::limiter::LimitCheck>,
     /// Where the owner answers.
     pub reply: oneshot::Sender<(Session, Result<ResultMessage, DetailedError>)>,
 }
@@ -162,7 +164,7 @@ impl Server {
                             config.max_inflight_bytes_per_shard,
                         ))),
                         admission: RefCell::new(ShardAdmission::new(&config)),
-                        limiter: RefCell::new(ShardLimiter::new()),
+                        limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
                         config,
                         metrics: m,
                         peers,
@@ -255,6 +257,16 @@ async fn run_shard(
 fn run_forwarded(ctx: &Rc<ShardCtx>, fwd: Forwarded) {
     ctx.metrics.forwards_in.fetch_add(1, Relaxed);
     let ctx = ctx.clone();
+    // [B] the forwarded single-partition operation is accounted on its owner, once.
+    if let Some(c) = &fwd.limit {
+        let d = ctx.limiter.borrow_mut().check(c, &ctx.engine, &ctx.metrics);
+        if let crate::limiter::LimitDecision::Reject(op) = d {
+            let _ = fwd
+                .reply
+                .send((fwd.session, Err(crate::limiter::rejection(op))));
+            return;
+        }
+    }
     tokio::task::spawn_local(async move {
         let mut session = fwd.session;
         // [C] the engine checks the deadline again before any storage work.

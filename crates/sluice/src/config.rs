@@ -114,6 +114,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_INFLIGHT_BYTES_PER_SHARD", value_name = "SIZE")]
     pub max_inflight_bytes_per_shard: Option<String>,
 
+    /// Counter slots of the per-partition rate limiter per shard, rounded up to a power of
+    /// two between 16 and 16Mi (32 bytes each) [default: 65536].
+    #[arg(long, env = "SLUICE_RATE_LIMITER_SLOTS", value_name = "N")]
+    pub rate_limiter_slots: Option<usize>,
+
     /// Delay-based admission control per shard (CoDel queue + adaptive concurrency limit);
     /// `off` executes every request that passed backpressure at once [default: on].
     #[arg(long, env = "SLUICE_ADMISSION", value_name = "on|off")]
@@ -177,6 +182,7 @@ struct FileConfig {
     max_inflight_per_shard: Option<usize>,
     max_inflight_bytes_per_connection: Option<toml::Value>,
     max_inflight_bytes_per_shard: Option<toml::Value>,
+    rate_limiter_slots: Option<usize>,
     admission: Option<String>,
     admission_target: Option<String>,
     admission_interval: Option<String>,
@@ -221,6 +227,8 @@ pub struct ResolvedConfig {
     pub max_inflight_bytes_per_connection: usize,
     /// Per-shard cap on request bytes in flight.
     pub max_inflight_bytes_per_shard: usize,
+    /// Per-partition rate limiter slots per shard (a power of two).
+    pub rate_limiter_slots: usize,
     /// Delay-based admission, if on.
     pub admission: Option<AdmissionSettings>,
     /// TEST ONLY: service time added to every execution.
@@ -331,6 +339,14 @@ impl ServeArgs {
             &file.max_inflight_bytes_per_shard,
             128 << 20,
         )?;
+        let rate_limiter_slots = self
+            .rate_limiter_slots
+            .or(file.rate_limiter_slots)
+            .unwrap_or(1 << 16);
+        if !(16..=1 << 24).contains(&rate_limiter_slots) {
+            bail!("rate-limiter-slots must be between 16 and 16777216, got {rate_limiter_slots}");
+        }
+        let rate_limiter_slots = rate_limiter_slots.next_power_of_two();
         let admission_on = match self.admission.clone().or(file.admission.clone()) {
             None => true,
             Some(s) if s.eq_ignore_ascii_case("on") => true,
@@ -420,6 +436,7 @@ impl ServeArgs {
             max_inflight_per_shard: per_shard,
             max_inflight_bytes_per_connection: bytes_per_conn,
             max_inflight_bytes_per_shard: bytes_per_shard,
+            rate_limiter_slots,
             admission,
             test_only_service_delay,
             log: self.log.clone().or(file.log),

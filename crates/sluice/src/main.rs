@@ -143,6 +143,7 @@ fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::Se
     s.max_inflight_per_shard = cfg.max_inflight_per_shard;
     s.max_inflight_bytes_per_connection = cfg.max_inflight_bytes_per_connection;
     s.max_inflight_bytes_per_shard = cfg.max_inflight_bytes_per_shard;
+    s.rate_limiter.table_bits = cfg.rate_limiter_slots.trailing_zeros() as u8;
     s.admission = cfg.admission.map(|a| {
         let mut c = sluice_server::AdmissionConfig::default();
         c.codel.target = a.target;
