@@ -172,8 +172,11 @@ impl ShardLimiter {
         let stats = match self.tables.get(&c.table) {
             Some(s) => s,
             None => {
-                // First operation on this table on this shard: register its counters.
+                // First operation on this table on this shard: register its counters, and
+                // forget dropped tables so that both maps stay bounded by the schema.
                 let s = metrics.rate_limits.register(engine, &c.table);
+                let live = &metrics.rate_limits;
+                self.tables.retain(|id, _| live.contains(id));
                 self.tables.entry(c.table).or_insert(s)
             }
         };
@@ -245,6 +248,7 @@ impl LimitMetrics {
             return t.stats.clone();
         }
         let schema = engine.schema();
+        tables.retain(|t| schema.tables.values().any(|d| d.id.as_bytes() == &t.id));
         let (keyspace, table) = schema
             .tables
             .values()
@@ -261,6 +265,11 @@ impl LimitMetrics {
         stats
     }
 
+    fn contains(&self, id: &TableId) -> bool {
+        let tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        tables.iter().any(|t| &t.id == id)
+    }
+
     /// This shard's counters, by (keyspace, table).
     pub fn snapshot(&self) -> Vec<(String, String, TableLimitSnapshot)> {
         let tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,13 +280,20 @@ impl LimitMetrics {
     }
 }
 
+/// A Prometheus label value: `\`, `"` and newlines escaped (quoted CQL names may hold them).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// Appends `sluice_rate_limit_{accepted,rejected}_total{keyspace,table,op}`, summed over
 /// shards, in the Prometheus text format.
 pub fn render(out: &mut String, shards: &[Arc<ShardMetrics>]) {
     let mut sum: BTreeMap<(String, String), TableLimitSnapshot> = BTreeMap::new();
     for m in shards {
         for (ks, t, s) in m.rate_limits.snapshot() {
-            let e = sum.entry((ks, t)).or_default();
+            let e = sum.entry((escape(&ks), escape(&t))).or_default();
             e.read_accepted += s.read_accepted;
             e.read_rejected += s.read_rejected;
             e.write_accepted += s.write_accepted;
@@ -319,6 +335,7 @@ pub fn render(out: &mut String, shards: &[Arc<ShardMetrics>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     #[test]
     fn xorshift_draws_spread_over_u32() {
@@ -443,6 +460,123 @@ mod tests {
             "sluice_rate_limit_rejected_total{{keyspace=\"ks\",table=\"hot\",op=\"write\"}} {}",
             200 - accepted
         )));
+    }
+
+    /// Counts this thread's allocations (the harness's other threads do not disturb it).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            unsafe { std::alloc::System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(
+            &self,
+            ptr: *mut u8,
+            layout: std::alloc::Layout,
+            new_size: usize,
+        ) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    fn allocations() -> u64 {
+        ALLOCS.with(|c| c.get())
+    }
+
+    async fn engine_with(queries: &[&str]) -> (Arc<Engine>, tempfile::TempDir) {
+        let (e, dir) = engine();
+        for q in queries {
+            let p = e.prepare(None, q).unwrap();
+            e.execute(
+                &mut sluice_engine::Session::default(),
+                &p,
+                &Default::default(),
+                &sluice_engine::RequestContext::now(),
+            )
+            .await
+            .unwrap();
+        }
+        (e, dir)
+    }
+
+    #[tokio::test]
+    async fn reject_path_allocates_nothing_and_dropped_tables_are_forgotten() {
+        let (e, _dir) = engine_with(&[
+            "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+            "CREATE TABLE ks.a (pk int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_reads_per_second': 1}",
+            "CREATE TABLE ks.b (pk int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_reads_per_second': 1}",
+        ])
+        .await;
+        let metrics = ShardMetrics::default();
+        let mut l = ShardLimiter::new(RateLimiterConfig::default(), 1);
+        let a = *e.table("ks", "a").unwrap().id.as_bytes();
+        let check = |l: &mut ShardLimiter, table| LimitCheck {
+            table,
+            token: 7,
+            op: OpType::Read,
+            limit: 1,
+            random: l.draw(),
+        };
+        // Warm up: the table's counters are registered on its first operation.
+        let c = check(&mut l, a);
+        assert_eq!(l.check(&c, &e, &metrics), LimitDecision::Accept);
+        let mut out = BytesMut::with_capacity(4096);
+        let before = allocations();
+        let mut rejected = 0;
+        for stream in 0..50i16 {
+            let c = check(&mut l, a);
+            if let LimitDecision::Reject(op) = l.check(&c, &e, &metrics) {
+                l.rejection_frame(op, true).append(&mut out, stream);
+                rejected += 1;
+            }
+        }
+        assert_eq!(allocations() - before, 0, "the reject path allocated");
+        assert!(rejected >= 45, "{rejected} rejected");
+        // The typed error for negotiated connections, Config_error otherwise.
+        assert_eq!(&out[9..13], &[0, 0, 0xF0, 0]);
+        let config = l.rejection_frame(OpType::Read, false).as_bytes();
+        assert_eq!(&config[9..13], &[0, 0, 0x23, 0]);
+
+        // A dropped table's counters go away when the next table registers.
+        let mut s = sluice_engine::Session::default();
+        let p = e.prepare(None, "DROP TABLE ks.a").unwrap();
+        e.execute(
+            &mut s,
+            &p,
+            &Default::default(),
+            &sluice_engine::RequestContext::now(),
+        )
+        .await
+        .unwrap();
+        let b = *e.table("ks", "b").unwrap().id.as_bytes();
+        let c = check(&mut l, b);
+        l.check(&c, &e, &metrics);
+        let names: Vec<String> = metrics
+            .rate_limits
+            .snapshot()
+            .into_iter()
+            .map(|(_, t, _)| t)
+            .collect();
+        assert_eq!(names, vec!["b".to_string()]);
+        assert_eq!(l.tables.len(), 1);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape("x\ny"), "x\\ny");
     }
 
     #[test]
