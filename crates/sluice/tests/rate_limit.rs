@@ -178,6 +178,24 @@ async fn hot_partition_is_limited_and_rejected_writes_leave_no_data() {
             "{bad}: {e:?}"
         );
     }
+    // system_schema.tables shows it as ScyllaDB's schema extension.
+    let (ext,): (std::collections::HashMap<String, Vec<u8>>,) = session
+        .query_unpaged(
+            "SELECT extensions FROM system_schema.tables \
+             WHERE keyspace_name = 'rl' AND table_name = 't'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row()
+        .unwrap();
+    let blob = &ext["per_partition_rate_limit"];
+    assert!(
+        blob.windows(21).any(|w| w == b"max_writes_per_second"),
+        "{blob:?}"
+    );
     let described = describe(&session).await;
     assert!(
         described.contains("AND per_partition_rate_limit = {'max_writes_per_second': 10}"),
