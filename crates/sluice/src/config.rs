@@ -596,4 +596,24 @@ mod tests {
         };
         assert!(bad_port.resolve().is_err());
     }
+
+    #[test]
+    fn rate_limiter_slots_default_round_up_and_bounds() {
+        assert_eq!(
+            ServeArgs::default().resolve().unwrap().rate_limiter_slots,
+            1 << 16
+        );
+        let slots = |n| {
+            ServeArgs {
+                rate_limiter_slots: Some(n),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .map(|c| c.rate_limiter_slots)
+        };
+        assert_eq!(slots(100).unwrap(), 128);
+        assert_eq!(slots(1 << 20).unwrap(), 1 << 20);
+        assert!(slots(15).is_err());
+        assert!(slots((1 << 24) + 1).is_err());
+    }
 }
