@@ -111,6 +111,7 @@ pub struct ShardAdmission {
     slots: Vec<Slot>,
     free: Vec<u32>,
     origin: Instant,
+    queue_capacity: usize,
     /// The queue's deadline bound: the exact deadline needs the body (`USING TIMEOUT`), so
     /// the queue uses the largest per-kind default; the exact one is checked after decode.
     queue_timeout: Duration,
@@ -124,12 +125,13 @@ pub struct ShardAdmission {
 impl ShardAdmission {
     /// State for one shard: the slab and queue are allocated here, once.
     pub fn new(config: &ServerConfig) -> ShardAdmission {
-        let (ctl, nslots) = match config.admission {
+        let (ctl, nslots, queue_capacity) = match config.admission {
             Some(cfg) => {
-                let n = cfg.queue_capacity.max(1) + cfg.concurrency.max.max(1) as usize;
-                (Some(AdmissionController::new(cfg)), n)
+                let q = cfg.queue_capacity.max(1);
+                let n = q + cfg.concurrency.max.max(1) as usize;
+                (Some(AdmissionController::new(cfg)), n, q)
             }
-            None => (None, 0),
+            None => (None, 0, 0),
         };
         let slots = (0..nslots)
             .map(|_| Slot {
@@ -144,6 +146,7 @@ impl ShardAdmission {
             slots,
             free: (0..nslots as u32).rev().collect(),
             origin: Instant::now(),
+            queue_capacity,
             queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
             frames: PreencodedErrors::new(),
             admitted: 0,
@@ -172,13 +175,19 @@ impl ShardAdmission {
             self.admitted += 1;
             return Admit::Accept(Ticket::BYPASS);
         }
-        let now = self.nanos(arrival);
-        let deadline = Deadline(now.saturating_add(self.queue_timeout));
+        // Full: decided before any time arithmetic, the cheapest possible rejection.
+        if self.queued() >= self.queue_capacity {
+            self.counts.rejected_full += 1;
+            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+            return Admit::Reject;
+        }
         let Some(idx) = self.free.pop() else {
             self.counts.rejected_full += 1;
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         };
+        let now = self.nanos(arrival);
+        let deadline = Deadline(now.saturating_add(self.queue_timeout));
         let queued = match self.ctl.as_mut() {
             Some(ctl) => ctl.enqueue(idx, now, deadline).is_ok(),
             None => false,
@@ -271,6 +280,12 @@ impl ShardAdmission {
             SlotState::Done(o) => Poll::Ready(o),
             SlotState::Free => Poll::Ready(Outcome::Dropped),
         }
+    }
+
+    /// Releases a ticket outside a shard (benchmarks, tests); in the server [`Admitted`]
+    /// does this when the request's task ends.
+    pub fn complete(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
+        self.release(ticket, metrics);
     }
 
     /// Releases a ticket: completes a running request (its latency feeds the concurrency

@@ -291,7 +291,7 @@ pub(crate) fn byte_cap(cap: usize) -> usize {
 /// Answers `stream` with the pre-encoded `Overloaded` frame (a copy and a stream-id patch:
 /// no allocation beyond the outbox's capacity, no formatting, no logging).
 pub fn reject_overloaded(shard: &ShardCtx, conn: &ConnState, stream: i16) {
-    shard.metrics.count_error(ErrorCode::Overloaded as u32);
+    shard.metrics.count_overloaded_error();
     let admission = shard.admission.borrow();
     conn.outbox.push(|b| admission.append_overloaded(b, stream));
 }

@@ -44,6 +44,10 @@ const ERROR_CODES: [(u32, &str); 16] = [
     (0xF000, "rate_limit"),
 ];
 
+/// Index of Overloaded in `ERROR_CODES` (checked at compile time).
+const OVERLOADED_INDEX: usize = 4;
+const _: () = assert!(ERROR_CODES[OVERLOADED_INDEX].0 == 0x1001);
+
 /// Counters of one shard.
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
@@ -99,6 +103,12 @@ impl ShardMetrics {
             .position(|(op, _)| *op == opcode)
             .unwrap_or(OPCODES.len());
         self.requests[i].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one `Overloaded` answer: a constant index, for the shed path.
+    #[inline]
+    pub fn count_overloaded_error(&self) {
+        self.errors[OVERLOADED_INDEX].fetch_add(1, Relaxed);
     }
 
     /// Counts one error answer with this code.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Instructions per request on the in-process request path, by outcome, under callgrind:
+# each path runs N and 2N iterations and the difference / N is its per-request cost (start-up
+# and warm-up cancel out). Prints each path and its ratio to the served single-partition write.
+# Goals (issue 4): overloaded <= 2%, rate_limited and expired <= 10%.
+#
+# Usage: scripts/insns.sh [N]   (default 2000; needs valgrind)
+set -euo pipefail
+N=${1:-2000}
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build --quiet --release -p sluice-server --example request_path_insns
+BIN=$CARGO_TARGET_DIR/release/examples/request_path_insns
+
+collected() { # path iterations -> total instructions
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$BIN" "$1" "$2" 2>&1 >/dev/null |
+        sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+
+declare -A per
+for path in served overloaded rate_limited expired; do
+    a=$(collected "$path" "$N")
+    b=$(collected "$path" $((2 * N)))
+    per[$path]=$(((b - a) / N))
+done
+printf '%-14s %14s %10s\n' path insns/request 'vs served'
+for path in served overloaded rate_limited expired; do
+    awk -v p="$path" -v i="${per[$path]}" -v s="${per[served]}" \
+        'BEGIN { printf "%-14s %14d %9.2f%%\n", p, i, 100 * i / s }'
+done
