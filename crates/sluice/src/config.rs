@@ -579,6 +579,57 @@ mod tests {
     }
 
     #[test]
+    fn admission_flags_resolve_with_documented_defaults() {
+        let c = ServeArgs::default().resolve().unwrap();
+        let a = c.admission.expect("admission is on by default");
+        assert_eq!(a.target, Duration::from_millis(5));
+        assert_eq!(a.interval, Duration::from_millis(100));
+        assert_eq!(
+            (a.queue, a.min_concurrency, a.max_concurrency),
+            (4096, 4, 1024)
+        );
+        assert_eq!(c.max_inflight_bytes_per_connection, 8 << 20);
+        assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
+        assert_eq!(c.test_only_service_delay, None);
+        let off = ServeArgs {
+            admission: Some("OFF".into()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(off.resolve().unwrap().admission, None);
+        let tuned = ServeArgs {
+            admission_target: Some("2ms".into()),
+            admission_queue: Some(64),
+            max_inflight_bytes_per_connection: Some("1MiB".into()),
+            ..ServeArgs::default()
+        };
+        let t = tuned.resolve().unwrap();
+        assert_eq!(t.admission.unwrap().target, Duration::from_millis(2));
+        assert_eq!(t.admission.unwrap().queue, 64);
+        assert_eq!(t.max_inflight_bytes_per_connection, 1 << 20);
+        for bad in [
+            ServeArgs {
+                admission: Some("maybe".into()),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                admission_min_concurrency: Some(8),
+                admission_max_concurrency: Some(4),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                admission_queue: Some(0),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                max_inflight_bytes_per_shard: Some("10".into()),
+                ..ServeArgs::default()
+            },
+        ] {
+            assert!(bad.resolve().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn invalid_values_are_rejected() {
         let bad_shards = ServeArgs {
             shards: Some(0),

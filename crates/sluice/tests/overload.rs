@@ -278,3 +278,71 @@ fn a_flood_gets_overloaded_and_a_second_client_stays_responsive() {
         .metrics_text()
         .contains("sluice_queue_delay_seconds_bucket"));
 }
+
+/// The same flood through the stock Rust driver: it surfaces `Overloaded` to the caller
+/// (a single node leaves its retry policy nowhere else to go), every request completes, and
+/// a second session keeps being served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_driver_receives_overloaded_under_a_flood() {
+    use scylla::client::session_builder::SessionBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    // A 1 s interval: the driver's own burst of metadata queries after each schema change
+    // (about ten, 40 ms each here) is not shed; the flood overflows the 16-slot queue.
+    let args = ["--admission-queue", "16", "--admission-interval", "1s"];
+    let node = slow_node(&dir.path().join("db"), &args);
+    let session = SessionBuilder::new()
+        .known_node(node.addr.to_string())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect");
+    let ks = "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}";
+    session.query_unpaged(ks, &[]).await.unwrap();
+    session
+        .query_unpaged("CREATE TABLE ks.t (k int PRIMARY KEY, v int)", &[])
+        .await
+        .unwrap();
+    let ins = session
+        .prepare("INSERT INTO ks.t (k, v) VALUES (?, ?)")
+        .await
+        .unwrap();
+    let session = std::sync::Arc::new(session);
+    let mut tasks = Vec::new();
+    for i in 0..400i32 {
+        let (s, ins) = (session.clone(), ins.clone());
+        tasks.push(tokio::spawn(async move {
+            s.execute_unpaged(&ins, (i, 1i32)).await
+        }));
+    }
+    let other = SessionBuilder::new()
+        .known_node(node.addr.to_string())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("second client");
+    let t = Instant::now();
+    let r = other.query_unpaged("SELECT * FROM system.local", &[]).await;
+    assert!(
+        r.is_ok() || format!("{r:?}").contains("Overloaded"),
+        "second client: {r:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "second client waited {:?}",
+        t.elapsed()
+    );
+    let (mut ok, mut overloaded) = (0, 0);
+    for t in tasks {
+        match tokio::time::timeout(Duration::from_secs(30), t).await {
+            Ok(Ok(Ok(_))) => ok += 1,
+            Ok(Ok(Err(e))) => {
+                let text = format!("{e:?}");
+                assert!(text.contains("Overloaded"), "unexpected error {text}");
+                overloaded += 1;
+            }
+            other => panic!("request did not complete: {other:?}"),
+        }
+    }
+    assert!(overloaded > 0, "the driver saw Overloaded ({ok} served)");
+    assert!(ok > 0, "work still gets done");
+}
