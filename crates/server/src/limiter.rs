@@ -2,16 +2,15 @@
 //!
 //! Each shard owns one [`RateLimiter`] (fixed-size table of counters from `sluice-overload`),
 //! reached through `&mut self` with no lock. `request.rs` consults it once per operation,
-//! on the shard where the partition's work runs:
+//! on the shard that owns the partition:
 //!
 //! * a single-partition statement is checked on the shard that owns its token: locally when
 //!   the driver is shard-aware, else the check travels with the forwarded execution
 //!   ([`LimitCheck`] in `shard::Forwarded`) and runs on the owner before execution;
-//! * multi-partition operations (`IN` reads, text and protocol batches) run on the receiving
-//!   shard, so their partitions are accounted there, each on its own token. A partition
-//!   written both by batches arriving on shard A and single writes on its owner B is counted
-//!   in two tables (under-counting by at most the number of shards), the price of lock-free
-//!   per-shard tables; token-aware drivers send single-partition batches to the owner.
+//! * each partition of a multi-partition operation (`IN` read, text or protocol batch) is
+//!   checked on its owner too: the receiving shard checks its own partitions and sends one
+//!   [`LimitRequest`] per other owner (a round trip, paid only on limited tables), so a
+//!   partition has exactly one counter whichever shard the operation arrives on.
 //!
 //! Tables without `per_partition_rate_limit` (or without a limit for the operation) never
 //! reach the table. The random number is drawn once per operation on the receiving shard
@@ -34,6 +33,8 @@ use sluice_protocol::preencoded::{PreencodedErrors, PreencodedFrame, RATE_LIMIT_
 use sluice_protocol::{DetailedError, ErrorCode, ErrorExtra, OperationType};
 
 use crate::metrics::ShardMetrics;
+use crate::shard::ShardCtx;
+use tokio::sync::oneshot;
 
 /// A table's storage id (its UUID's bytes), as in `sluice_engine::Route::table`.
 pub type TableId = [u8; 16];
@@ -189,24 +190,6 @@ impl ShardLimiter {
         }
     }
 
-    /// Accounts every partition of a multi-partition operation (each with its own random
-    /// number); stops at the first rejection, which rejects the whole operation.
-    pub fn check_all(
-        &mut self,
-        parts: &[LimitedPartition],
-        engine: &Engine,
-        metrics: &ShardMetrics,
-    ) -> LimitDecision {
-        for p in parts {
-            if let Some(c) = self.check_for(p) {
-                if let d @ LimitDecision::Reject(_) = self.check(&c, engine, metrics) {
-                    return d;
-                }
-            }
-        }
-        LimitDecision::Accept
-    }
-
     /// The pre-encoded rejection frame for `op` (`negotiated`: the connection sent
     /// `SCYLLA_RATE_LIMIT_ERROR` at STARTUP).
     pub fn rejection_frame(&self, op: OpType, negotiated: bool) -> &PreencodedFrame {
@@ -222,6 +205,78 @@ impl ShardLimiter {
     pub fn memory_bytes(&self) -> usize {
         self.limiter.memory_bytes()
     }
+}
+
+/// Checks sent to the shard that owns their partitions (multi-partition operations).
+#[derive(Debug)]
+pub struct LimitRequest {
+    /// The operations to account, all on partitions the receiving shard owns.
+    pub checks: Vec<LimitCheck>,
+    /// The verdict: the first rejection, else accept.
+    pub reply: oneshot::Sender<LimitDecision>,
+}
+
+/// Runs a [`LimitRequest`] on the owning shard (synchronous: no await between the checks).
+pub fn run_request(ctx: &ShardCtx, req: LimitRequest) {
+    let mut limiter = ctx.limiter.borrow_mut();
+    let mut decision = LimitDecision::Accept;
+    for c in &req.checks {
+        if let d @ LimitDecision::Reject(_) = limiter.check(c, &ctx.engine, &ctx.metrics) {
+            decision = d;
+            break;
+        }
+    }
+    let _ = req.reply.send(decision);
+}
+
+/// Accounts every partition of a multi-partition operation (an `IN` read or a batch) on the
+/// shard that owns it, each with its own random number: this shard's partitions here, the
+/// others through one [`LimitRequest`] per owner. The operation is rejected if any partition
+/// is. An owner that has stopped (shutdown) does not reject.
+pub async fn check_partitions(shard: &ShardCtx, parts: &[LimitedPartition]) -> LimitDecision {
+    let mut remote: Vec<(usize, Vec<LimitCheck>)> = Vec::new();
+    {
+        let mut limiter = shard.limiter.borrow_mut();
+        for p in parts {
+            let Some(c) = limiter.check_for(p) else {
+                continue;
+            };
+            let owner = shard.owner_of(p.token);
+            if owner == shard.id {
+                if let d @ LimitDecision::Reject(_) =
+                    limiter.check(&c, &shard.engine, &shard.metrics)
+                {
+                    return d;
+                }
+            } else if let Some((_, v)) = remote.iter_mut().find(|(o, _)| *o == owner) {
+                v.push(c);
+            } else {
+                remote.push((owner, vec![c]));
+            }
+        }
+    }
+    let mut replies = Vec::with_capacity(remote.len());
+    for (owner, checks) in remote {
+        let Some(peer) = shard.peers.get(owner) else {
+            continue;
+        };
+        let (reply, rx) = oneshot::channel();
+        if peer
+            .limits
+            .send(LimitRequest { checks, reply })
+            .await
+            .is_ok()
+        {
+            replies.push(rx);
+        }
+    }
+    let mut decision = LimitDecision::Accept;
+    for rx in replies {
+        if let Ok(d @ LimitDecision::Reject(_)) = rx.await {
+            decision = d;
+        }
+    }
+    decision
 }
 
 /// One table's counters on one shard, with the names used as metric labels.

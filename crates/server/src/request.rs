@@ -175,15 +175,13 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
                 return;
             }
             let mut session = conn.session.borrow().clone();
-            // [B] a batch counts one write per distinct partition of a limited table.
+            // [B] a batch counts one write per distinct partition of a limited table, each
+            // on the shard that owns it.
             let parts = shard
                 .engine
                 .batch_limited_partitions(session.keyspace.as_deref(), &batch);
             if !parts.is_empty() {
-                let d = shard
-                    .limiter
-                    .borrow_mut()
-                    .check_all(&parts, &shard.engine, &shard.metrics);
+                let d = crate::limiter::check_partitions(&shard, &parts).await;
                 if let LimitDecision::Reject(op) = d {
                     answer_rate_limited(inf, op);
                     return;
@@ -249,17 +247,14 @@ async fn execute(
         now_micros: now_micros(),
     };
     let owner = route.token.map(|t| shard.owner_of(t));
-    // [B] per-partition limiter: a single partition is checked where its work runs (here,
-    // or on the owner with the forwarded execution); multi-partition operations run and
-    // are accounted here. Tables without a limit skip all of it.
+    // [B] per-partition limiter, always on the shard that owns the partition: a single
+    // partition here or on the owner with the forwarded execution; each partition of a
+    // multi-partition operation on its owner. Tables without a limit skip all of it.
     let mut remote_check = None;
     if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
         let parts = shard.engine.limited_partitions(&prepared, &params.values);
         if !parts.is_empty() {
-            let d = shard
-                .limiter
-                .borrow_mut()
-                .check_all(&parts, &shard.engine, &shard.metrics);
+            let d = crate::limiter::check_partitions(&shard, &parts).await;
             if let LimitDecision::Reject(op) = d {
                 answer_rate_limited(inf, op);
                 return;

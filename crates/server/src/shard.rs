@@ -49,6 +49,8 @@ pub struct ShardHandle {
     pub connections: mpsc::Sender<std::net::TcpStream>,
     /// Executions forwarded from other shards.
     pub forwards: mpsc::Sender<Forwarded>,
+    /// [B] limiter checks of multi-partition operations, for the partitions this shard owns.
+    pub limits: mpsc::Sender<crate::limiter::LimitRequest>,
 }
 
 /// Everything a shard's tasks share. Lives on the shard thread only (`Rc`).
@@ -110,11 +112,13 @@ impl Server {
         for _ in 0..n {
             let (ctx, crx) = mpsc::channel(CONNECTION_QUEUE);
             let (ftx, frx) = mpsc::channel(FORWARD_QUEUE);
+            let (ltx, lrx) = mpsc::channel(FORWARD_QUEUE);
             handles.push(ShardHandle {
                 connections: ctx,
                 forwards: ftx,
+                limits: ltx,
             });
-            receivers.push((crx, frx));
+            receivers.push((crx, frx, lrx));
         }
         let peers = Arc::new(handles);
 
@@ -124,7 +128,7 @@ impl Server {
         let metrics_addr = listeners.metrics_addr()?;
 
         let mut threads = Vec::with_capacity(n + 1);
-        for (id, (crx, frx)) in receivers.into_iter().enumerate() {
+        for (id, (crx, frx, lrx)) in receivers.into_iter().enumerate() {
             let engine = engine.clone();
             let config = config.clone();
             let peers = peers.clone();
@@ -171,7 +175,7 @@ impl Server {
                         supported,
                         shutdown,
                     });
-                    local.block_on(&rt, run_shard(ctx, crx, frx));
+                    local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;
             threads.push(t);
         }
@@ -228,6 +232,7 @@ async fn run_shard(
     ctx: Rc<ShardCtx>,
     mut connections: mpsc::Receiver<std::net::TcpStream>,
     mut forwards: mpsc::Receiver<Forwarded>,
+    mut limits: mpsc::Receiver<crate::limiter::LimitRequest>,
 ) {
     let mut shutdown = ctx.shutdown.clone();
     loop {
@@ -238,6 +243,7 @@ async fn run_shard(
                 tokio::task::spawn_local(crate::connection::serve(ctx.clone(), stream));
             }
             Some(fwd) = forwards.recv() => run_forwarded(&ctx, fwd),
+            Some(req) = limits.recv() => crate::limiter::run_request(&ctx, req),
         }
     }
     // Connections see the same shutdown signal: they stop reading, answer what is in
@@ -246,6 +252,7 @@ async fn run_shard(
         while ctx.metrics.connections.load(Relaxed) > 0 {
             tokio::select! {
                 Some(fwd) = forwards.recv() => run_forwarded(&ctx, fwd),
+                Some(req) = limits.recv() => crate::limiter::run_request(&ctx, req),
                 _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
             }
         }
