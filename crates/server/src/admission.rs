@@ -402,7 +402,9 @@ impl Admitted {
     }
 
     /// Appends the pre-encoded rejection for `outcome` to `buf` (Overloaded for a shed
-    /// request, the typed timeout for an expired one; nothing otherwise).
+    /// request, the typed timeout for an expired one; nothing otherwise). The body was never
+    /// decoded, so read or write is unknown except for BATCH: Read_timeout with 0 of 1
+    /// replicas answered is retried by no default policy, like the Write_timeout.
     pub fn append_rejection(&self, outcome: Outcome, op: Opcode, buf: &mut BytesMut, stream: i16) {
         match outcome {
             Outcome::Shed => self.shard.admission.borrow().append_overloaded(buf, stream),
