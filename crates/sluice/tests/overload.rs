@@ -346,3 +346,40 @@ async fn the_rust_driver_receives_overloaded_under_a_flood() {
     assert!(overloaded > 0, "the driver saw Overloaded ({ok} served)");
     assert!(ok > 0, "work still gets done");
 }
+
+#[test]
+fn over_the_bytes_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--max-inflight-bytes-per-connection",
+        "1KiB",
+        "--admission-interval",
+        "10s",
+    ];
+    let node = slow_node(&dir.path().join("db"), &args);
+    let mut s = connect(node.addr);
+    schema(&mut s);
+    let pause_before = node.metric("sluice_backpressure_pauses_total", &[]);
+    // 20 writes of about 300 bytes each: at most 3 fit under the cap at once.
+    let pad = "x".repeat(250);
+    let mut batch = Vec::new();
+    for i in 0..20i16 {
+        let q = format!("INSERT INTO ks.t (k, v) VALUES ({i}, 1) /* {pad} */");
+        batch.extend(query(10 + i, &q));
+    }
+    s.write_all(&batch).unwrap();
+    for _ in 0..20 {
+        let (_, op, code, _) = read_frame(&mut s).expect("answer");
+        assert_eq!((op, code), (0x08, None), "served, not rejected");
+    }
+    let paused = node.metric("sluice_backpressure_pauses_total", &[]) - pause_before;
+    assert!(
+        paused >= 1.0,
+        "the reader waited for bytes in flight: {paused}"
+    );
+    assert_eq!(
+        node.metric("sluice_rejected_total", &[("reason", "overloaded")]),
+        0.0
+    );
+    assert_eq!(row_count(&mut s, 40, "SELECT * FROM ks.t"), 20);
+}
