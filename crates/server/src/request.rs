@@ -135,7 +135,11 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
             let keyspace = conn.session.borrow().keyspace.clone();
             match shard.engine.prepare(keyspace.as_deref(), text) {
                 Ok(p) => {
-                    let result = shard.engine.prepared_result(&p);
+                    let mut result = shard.engine.prepared_result(&p);
+                    // ScyllaDB's LWT bit is only for connections that opted in at STARTUP.
+                    if let ResultMessage::Prepared { metadata, .. } = &mut result {
+                        metadata.lwt &= conn.opt_ins.get().lwt_metadata_mark;
+                    }
                     answer_result(inf, &result, compression);
                 }
                 Err(e) => answer_detailed(inf, &e, compression),

@@ -25,21 +25,46 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start a node: the CQL listener, its shards and the storage engine.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Open-loop goodput benchmark against any CQL endpoint (Sluice, Cassandra, ...).
+    Bench(Box<sluice_bench::BenchArgs>),
+    /// A newcomer's first minute: start a node in a temporary directory, run a short ramp,
+    /// write report.html.
+    Demo(Box<sluice_bench::DemoArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Serve(args) => match serve(args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("sluice: {e:#}");
-                1
-            }
-        },
+        Command::Serve(args) => report(serve(*args)),
+        Command::Bench(args) => report(run_tool(sluice_bench::run_bench(*args))),
+        Command::Demo(args) => report(
+            std::env::current_exe()
+                .context("locating the sluice executable")
+                .and_then(|exe| run_tool(sluice_bench::run_demo(*args, &exe))),
+        ),
     };
     std::process::exit(code);
+}
+
+/// Exit code of a subcommand, printing its error.
+fn report(result: Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            1
+        }
+    }
+}
+
+/// Runs a client-side tool (bench, demo) on a multi-threaded runtime of its own.
+fn run_tool(fut: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tool's runtime")?
+        .block_on(fut)
 }
 
 fn init_logging(filter: Option<&str>) {
