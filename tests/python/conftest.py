@@ -1,5 +1,7 @@
-"""Starts the real `sluice` binary on free ports with a temporary data dir."""
+"""Starts the real `sluice` binary on free ports with a temporary data dir, and opens driver
+sessions to it (the cassandra-driver and the scylla-driver both ship the `cassandra` package)."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -106,3 +108,74 @@ def node():
         code = n.proc.poll()
         n.stop()
         assert code is None, f"sluice died during the tests (exit {code})"
+
+
+@pytest.fixture(scope="session")
+def cql_session(node):
+    """A context manager opening a v4 session to the node that creates `keyspace` (one replica),
+    runs `ddl`, optionally makes the keyspace current, and shuts the cluster down on exit."""
+    from cassandra.cluster import Cluster
+
+    @contextlib.contextmanager
+    def open_session(keyspace, *ddl, use_keyspace=False):
+        cluster = Cluster(["127.0.0.1"], port=node.port, protocol_version=4, connect_timeout=20)
+        try:
+            s = cluster.connect()
+            s.default_timeout = 30
+            s.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = "
+                      "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+            for statement in ddl:
+                s.execute(statement)
+            if use_keyspace:
+                s.set_keyspace(keyspace)
+            yield s
+        finally:
+            cluster.shutdown()
+
+    return open_session
+
+
+@pytest.fixture(scope="session")
+def rate_limited_session(cql_session):
+    """Like `cql_session`, also creating `keyspace.t` (pk, ck, v) limited to `limit` writes per
+    second and partition."""
+
+    def open_session(keyspace, limit):
+        return cql_session(
+            keyspace,
+            f"CREATE TABLE IF NOT EXISTS {keyspace}.t (pk int, ck int, v int, PRIMARY KEY (pk, ck)) "
+            f"WITH per_partition_rate_limit = {{'max_writes_per_second': {limit}}}")
+
+    return open_session
+
+
+@pytest.fixture(scope="session")
+def hammer_hot_partition(node):
+    """Writes 300 rows to partition 1 of `keyspace.t` (pk, ck, v) as fast as possible, where the
+    table limits writes to `limit` per second; each rejection must raise `rejection`, which
+    `check` inspects. Asserts that no rejected write was retried or left data behind and that
+    other partitions are unaffected; returns the rejected clustering keys."""
+
+    def hammer(session, keyspace, limit, rejection, check):
+        ins = session.prepare(f"INSERT INTO {keyspace}.t (pk, ck, v) VALUES (?, ?, ?)")
+        executes_before = node.metric_sum("sluice_requests_total", opcode="execute")
+        accepted, rejected = set(), set()
+        for ck in range(300):
+            try:
+                session.execute(ins, (1, ck, ck))
+                accepted.add(ck)
+            except rejection as e:
+                check(e)
+                rejected.add(ck)
+        executes = node.metric_sum("sluice_requests_total", opcode="execute") - executes_before
+        assert executes == 300, "a rate-limited write must not be retried"
+        assert rejected, "300 writes to one partition: none rejected"
+        assert len(accepted) >= limit
+        stored = {r.ck for r in session.execute(f"SELECT ck FROM {keyspace}.t WHERE pk = 1")}
+        assert stored == accepted, "a rejected write left data behind"
+        # Other partitions are unaffected.
+        for pk in range(2, 40):
+            session.execute(ins, (pk, 0, 0))
+        return rejected
+
+    return hammer

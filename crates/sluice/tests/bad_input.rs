@@ -11,48 +11,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Node;
+use common::{frame, query, read_frame, startup, Node};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use scylla::client::session_builder::SessionBuilder;
 
-fn frame(version: u8, stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = vec![version, 0];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.push(opcode);
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(body);
-    f
-}
-
-fn startup() -> Vec<u8> {
-    let mut body = vec![0, 1];
-    for s in ["CQL_VERSION", "3.0.0"] {
-        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        body.extend_from_slice(s.as_bytes());
-    }
-    frame(4, 1, 0x01, &body)
-}
-
-fn query(stream: i16, text: &[u8]) -> Vec<u8> {
-    let mut body = (text.len() as u32).to_be_bytes().to_vec();
-    body.extend_from_slice(text);
-    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
-    frame(4, stream, 0x07, &body)
-}
-
 /// Reads whole frames until `stream` is answered; returns (opcode, error code if ERROR).
 fn read_answer(s: &mut TcpStream, stream: i16) -> Option<(u8, Option<u32>)> {
     loop {
-        let mut h = [0u8; 9];
-        s.read_exact(&mut h).ok()?;
-        let len = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize;
-        let mut body = vec![0u8; len];
-        s.read_exact(&mut body).ok()?;
-        if i16::from_be_bytes([h[2], h[3]]) == stream {
-            let code = (h[4] == 0 && len >= 4)
-                .then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
-            return Some((h[4], code));
+        let (st, op, code, _) = read_frame(s)?;
+        if st == stream {
+            return Some((op, code));
         }
     }
 }

@@ -8,18 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Node;
-use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
-
-async fn connect(node: &Node) -> Session {
-    SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
+use common::{connect, create_keyspace, Node};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
@@ -27,14 +16,7 @@ async fn acknowledged_writes_survive_kill_9() {
     let data = dir.path().join("data");
     let mut node = Node::start(&data, 2, &["--durability", "batch"]);
     let session = Arc::new(connect(&node).await);
-    session
-        .query_unpaged(
-            "CREATE KEYSPACE IF NOT EXISTS crash WITH replication = \
-             {'class': 'SimpleStrategy', 'replication_factor': 1}",
-            &[],
-        )
-        .await
-        .unwrap();
+    create_keyspace(&session, "crash").await;
     session
         .query_unpaged(
             "CREATE TABLE IF NOT EXISTS crash.t (k bigint PRIMARY KEY, v text)",
@@ -127,14 +109,7 @@ async fn sigterm_flushes_storage_and_exits_zero() {
         &["--durability", "periodic", "--periodic-sync-ms", "600000"],
     );
     let session = connect(&node).await;
-    session
-        .query_unpaged(
-            "CREATE KEYSPACE IF NOT EXISTS term WITH replication = \
-             {'class': 'SimpleStrategy', 'replication_factor': 1}",
-            &[],
-        )
-        .await
-        .unwrap();
+    create_keyspace(&session, "term").await;
     session
         .query_unpaged(
             "CREATE TABLE IF NOT EXISTS term.t (k int PRIMARY KEY, v int)",

@@ -6,21 +6,12 @@ mod common;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use common::Node;
+use common::{connect, create_keyspace, Node};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::value::{
     CqlDate, CqlDecimal, CqlDuration, CqlTime, CqlTimestamp, CqlTimeuuid, CqlValue, CqlVarint,
 };
-
-async fn connect(node: &Node) -> Session {
-    SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
 
 async fn wait_all_shards_connected(session: &Session, shards: usize) {
     // The driver opens one connection per shard in the background; wait until it has.
@@ -42,14 +33,7 @@ async fn ddl_prepared_statements_and_routing() {
     let session = connect(&node).await;
     wait_all_shards_connected(&session, 2).await;
 
-    session
-        .query_unpaged(
-            "CREATE KEYSPACE IF NOT EXISTS rs WITH replication = \
-             {'class': 'SimpleStrategy', 'replication_factor': 1}",
-            &[],
-        )
-        .await
-        .unwrap();
+    create_keyspace(&session, "rs").await;
     session
         .query_unpaged(
             "CREATE TABLE IF NOT EXISTS rs.kv (pk bigint, ck int, v text, PRIMARY KEY (pk, ck))",
@@ -142,14 +126,7 @@ async fn lz4_and_snappy_compression() {
             .build()
             .await
             .expect("connect with compression");
-        session
-            .query_unpaged(
-                "CREATE KEYSPACE IF NOT EXISTS cz WITH replication = \
-                 {'class': 'SimpleStrategy', 'replication_factor': 1}",
-                &[],
-            )
-            .await
-            .unwrap();
+        create_keyspace(&session, "cz").await;
         session
             .query_unpaged(
                 "CREATE TABLE IF NOT EXISTS cz.t (k int PRIMARY KEY, v text)",
@@ -279,14 +256,7 @@ async fn every_type_round_trips() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(&dir.path().join("data"), 2, &["--durability", "periodic"]);
     let session = connect(&node).await;
-    session
-        .query_unpaged(
-            "CREATE KEYSPACE IF NOT EXISTS ty WITH replication = \
-             {'class': 'SimpleStrategy', 'replication_factor': 1}",
-            &[],
-        )
-        .await
-        .unwrap();
+    create_keyspace(&session, "ty").await;
     for (i, (ty, value)) in types_and_values().into_iter().enumerate() {
         let table = format!("ty.t{i}");
         session

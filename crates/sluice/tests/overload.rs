@@ -7,51 +7,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::Node;
+use common::{frame, query, read_frame, startup, Node};
 
 const OVERLOADED: u32 = 0x1001;
 const WRITE_TIMEOUT: u32 = 0x1100;
-
-fn frame(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = vec![4, 0];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.push(opcode);
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(body);
-    f
-}
-
-fn startup() -> Vec<u8> {
-    let mut body = vec![0, 1];
-    for s in ["CQL_VERSION", "3.0.0"] {
-        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        body.extend_from_slice(s.as_bytes());
-    }
-    frame(1, 0x01, &body)
-}
-
-fn query(stream: i16, text: &str) -> Vec<u8> {
-    let mut body = (text.len() as u32).to_be_bytes().to_vec();
-    body.extend_from_slice(text.as_bytes());
-    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
-    frame(stream, 0x07, &body)
-}
-
-/// One answer: (stream, opcode, error code if ERROR, body).
-fn read_frame(s: &mut TcpStream) -> Option<(i16, u8, Option<u32>, Vec<u8>)> {
-    let mut h = [0u8; 9];
-    s.read_exact(&mut h).ok()?;
-    let len = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize;
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).ok()?;
-    let code =
-        (h[4] == 0 && len >= 4).then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
-    Some((i16::from_be_bytes([h[2], h[3]]), h[4], code, body))
-}
 
 fn connect(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
@@ -147,7 +110,7 @@ fn a_write_with_using_timeout_1ms_queued_behind_slow_work_times_out_and_is_not_a
     for i in 0..8i16 {
         batch.extend(query(
             10 + i,
-            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
+            format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
         ));
     }
     batch.extend(query(
@@ -207,7 +170,7 @@ fn queued_requests_of_a_disconnected_client_are_dropped() {
     for i in 0..40i16 {
         batch.extend(query(
             10 + i,
-            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
+            format!("INSERT INTO ks.t (k, v) VALUES ({i}, {i})"),
         ));
     }
     gone.write_all(&batch).unwrap();
@@ -243,7 +206,7 @@ fn a_flood_gets_overloaded_and_a_second_client_stays_responsive() {
     for i in 0..n {
         batch.extend(query(
             100 + i,
-            &format!("INSERT INTO ks.t (k, v) VALUES ({i}, 1)"),
+            format!("INSERT INTO ks.t (k, v) VALUES ({i}, 1)"),
         ));
     }
     flood.write_all(&batch).unwrap();
@@ -251,7 +214,7 @@ fn a_flood_gets_overloaded_and_a_second_client_stays_responsive() {
     // query is answered (served or turned away) promptly rather than stuck.
     let mut other = connect(node.addr);
     let t = Instant::now();
-    other.write_all(&frame(5, 0x05, &[])).unwrap();
+    other.write_all(&frame(4, 5, 0x05, &[])).unwrap();
     let (st, op, _, _) = read_frame(&mut other).expect("SUPPORTED");
     assert_eq!((st, op), (5, 0x06));
     let (op, code, _) = run(&mut other, 6, "SELECT * FROM ks.t WHERE k = 1");
@@ -284,18 +247,12 @@ fn a_flood_gets_overloaded_and_a_second_client_stays_responsive() {
 /// a second session keeps being served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_driver_receives_overloaded_under_a_flood() {
-    use scylla::client::session_builder::SessionBuilder;
     let dir = tempfile::tempdir().unwrap();
     // A 1 s interval: the driver's own burst of metadata queries after each schema change
     // (about ten, 40 ms each here) is not shed; the flood overflows the 16-slot queue.
     let args = ["--admission-queue", "16", "--admission-interval", "1s"];
     let node = slow_node(&dir.path().join("db"), &args);
-    let session = SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect");
+    let session = common::connect(&node).await;
     let ks = "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}";
     session.query_unpaged(ks, &[]).await.unwrap();
     session
@@ -314,12 +271,7 @@ async fn the_rust_driver_receives_overloaded_under_a_flood() {
             s.execute_unpaged(&ins, (i, 1i32)).await
         }));
     }
-    let other = SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("second client");
+    let other = common::connect(&node).await;
     let t = Instant::now();
     let r = other.query_unpaged("SELECT * FROM system.local", &[]).await;
     assert!(

@@ -6,24 +6,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::Node;
+use common::{connect, Node};
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, OperationType, RequestAttemptError};
 use scylla::statement::prepared::PreparedStatement;
 
 const LIMIT: usize = 10;
-
-async fn connect(node: &Node) -> Session {
-    SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
 
 /// The server-side error of a failed request, if it was one.
 fn db_error(e: &ExecutionError) -> Option<&DbError> {
@@ -33,8 +23,42 @@ fn db_error(e: &ExecutionError) -> Option<&DbError> {
     }
 }
 
+/// Whether a write was accepted (true) or rejected by the rate limit with ScyllaDB's typed
+/// error from the coordinator (false); any other error panics with `what` and the error.
+fn write_accepted<T>(result: Result<T, ExecutionError>, what: std::fmt::Arguments) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(e) => match db_error(&e) {
+            Some(DbError::RateLimitReached {
+                op_type: OperationType::Write,
+                rejected_by_coordinator: true,
+            }) => false,
+            _ => panic!("{what} {e:?}"),
+        },
+    }
+}
+
 async fn ddl(session: &Session, q: &str) -> Result<(), ExecutionError> {
     session.query_unpaged(q, &[]).await.map(|_| ())
+}
+
+/// Connects and creates `rl.t` with a write limit of [`LIMIT`] per second.
+async fn create_rl_table(node: &Node) -> Session {
+    let session = connect(node).await;
+    ddl(
+        &session,
+        "CREATE KEYSPACE rl WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+    )
+    .await
+    .unwrap();
+    ddl(
+        &session,
+        "CREATE TABLE rl.t (pk int, ck int, v int, PRIMARY KEY (pk, ck)) \
+         WITH per_partition_rate_limit = {'max_writes_per_second': 10}",
+    )
+    .await
+    .unwrap();
+    session
 }
 
 async fn describe(session: &Session) -> String {
@@ -70,20 +94,9 @@ async fn hammer(
 ) -> (BTreeSet<i32>, BTreeSet<i32>) {
     let (mut ok, mut rejected) = (BTreeSet::new(), BTreeSet::new());
     for ck in cks {
-        match session.execute_unpaged(ins, (pk, ck, ck)).await {
-            Ok(_) => {
-                ok.insert(ck);
-            }
-            Err(e) => match db_error(&e) {
-                Some(DbError::RateLimitReached {
-                    op_type: OperationType::Write,
-                    rejected_by_coordinator: true,
-                }) => {
-                    rejected.insert(ck);
-                }
-                _ => panic!("write {pk}/{ck}: unexpected error {e:?}"),
-            },
-        }
+        let result = session.execute_unpaged(ins, (pk, ck, ck)).await;
+        let accepted = write_accepted(result, format_args!("write {pk}/{ck}: unexpected error"));
+        (if accepted { &mut ok } else { &mut rejected }).insert(ck);
     }
     (ok, rejected)
 }
@@ -93,20 +106,7 @@ async fn hot_partition_is_limited_and_rejected_writes_leave_no_data() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut node = Node::start(&data, 2, &["--durability", "periodic"]);
-    let session = connect(&node).await;
-    ddl(
-        &session,
-        "CREATE KEYSPACE rl WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
-    )
-    .await
-    .unwrap();
-    ddl(
-        &session,
-        "CREATE TABLE rl.t (pk int, ck int, v int, PRIMARY KEY (pk, ck)) \
-         WITH per_partition_rate_limit = {'max_writes_per_second': 10}",
-    )
-    .await
-    .unwrap();
+    let session = create_rl_table(&node).await;
     session.refresh_metadata().await.unwrap();
     let ins = session
         .prepare("INSERT INTO rl.t (pk, ck, v) VALUES (?, ?, ?)")
@@ -284,20 +284,7 @@ async fn hot_partition_is_limited_and_rejected_writes_leave_no_data() {
 async fn batch_counts_each_partition_it_touches() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(&dir.path().join("data"), 2, &["--durability", "periodic"]);
-    let session = connect(&node).await;
-    ddl(
-        &session,
-        "CREATE KEYSPACE rl WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
-    )
-    .await
-    .unwrap();
-    ddl(
-        &session,
-        "CREATE TABLE rl.t (pk int, ck int, v int, PRIMARY KEY (pk, ck)) \
-         WITH per_partition_rate_limit = {'max_writes_per_second': 10}",
-    )
-    .await
-    .unwrap();
+    let session = create_rl_table(&node).await;
     let ins = session
         .prepare("INSERT INTO rl.t (pk, ck, v) VALUES (?, ?, ?)")
         .await
@@ -342,20 +329,7 @@ async fn batch_counts_each_partition_it_touches() {
 async fn forwarded_statements_are_counted_once_on_the_owner() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(&dir.path().join("data"), 2, &["--durability", "periodic"]);
-    let session = connect(&node).await;
-    ddl(
-        &session,
-        "CREATE KEYSPACE rl WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
-    )
-    .await
-    .unwrap();
-    ddl(
-        &session,
-        "CREATE TABLE rl.t (pk int, ck int, v int, PRIMARY KEY (pk, ck)) \
-         WITH per_partition_rate_limit = {'max_writes_per_second': 10}",
-    )
-    .await
-    .unwrap();
+    let session = create_rl_table(&node).await;
     // Unprepared statements without values carry no routing information: the driver
     // spreads them over its per-shard connections, so about half are forwarded.
     let forwards_before = node.metric("sluice_cross_shard_forwards_total", &[]);
@@ -363,20 +337,11 @@ async fn forwarded_statements_are_counted_once_on_the_owner() {
     let started = Instant::now();
     for ck in 0..300 {
         let q = format!("INSERT INTO rl.t (pk, ck, v) VALUES (5, {ck}, 0)");
-        match session.query_unpaged(q, &[]).await {
-            Ok(_) => {
-                ok.insert(ck);
-            }
-            Err(e) => match db_error(&e) {
-                Some(DbError::RateLimitReached {
-                    op_type: OperationType::Write,
-                    rejected_by_coordinator: true,
-                }) => {
-                    rejected.insert(ck);
-                }
-                _ => panic!("unexpected {e:?}"),
-            },
-        }
+        let accepted = write_accepted(
+            session.query_unpaged(q, &[]).await,
+            format_args!("unexpected"),
+        );
+        (if accepted { &mut ok } else { &mut rejected }).insert(ck);
     }
     let forwards = node.metric("sluice_cross_shard_forwards_total", &[]) - forwards_before;
     assert!(forwards > 0.0, "no statement was forwarded");

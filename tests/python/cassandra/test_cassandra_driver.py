@@ -8,21 +8,14 @@ import uuid
 
 import pytest
 from cassandra import InvalidRequest
-from cassandra.cluster import Cluster
 from cassandra.query import BatchStatement, BatchType, SimpleStatement
 from cassandra.util import Date, Duration, Time
 
 
 @pytest.fixture(scope="module")
-def session(node):
-    cluster = Cluster(["127.0.0.1"], port=node.port, protocol_version=4, connect_timeout=20)
-    s = cluster.connect()
-    s.default_timeout = 30
-    s.execute("CREATE KEYSPACE IF NOT EXISTS pyd WITH replication = "
-              "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-    s.set_keyspace("pyd")
-    yield s
-    cluster.shutdown()
+def session(cql_session):
+    with cql_session("pyd", use_keyspace=True) as s:
+        yield s
 
 
 def test_system_local_is_served(session):

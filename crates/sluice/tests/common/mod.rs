@@ -1,5 +1,6 @@
-//! Starts the real `sluice` binary on free local ports with a temporary data directory and
-//! stops it (SIGKILL) when dropped.
+//! Shared harness of the integration tests: starts the real `sluice` binary on free local
+//! ports with a temporary data directory and stops it (SIGKILL) when dropped, reads its
+//! metrics, connects `scylla` sessions, and builds raw CQL v4 frames.
 
 #![allow(dead_code)]
 
@@ -8,6 +9,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
 
 /// A running node.
 pub struct Node {
@@ -165,4 +169,69 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A driver session to `node`, with a generous connection timeout for slow CI machines.
+pub async fn connect(node: &Node) -> Session {
+    SessionBuilder::new()
+        .known_node(node.addr.to_string())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// `CREATE KEYSPACE IF NOT EXISTS ks` with SimpleStrategy and one replica.
+pub async fn create_keyspace(session: &Session, ks: &str) {
+    session
+        .query_unpaged(
+            format!(
+                "CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = \
+                 {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// A raw frame: v`version` request header (no flags) followed by `body`.
+pub fn frame(version: u8, stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = vec![version, 0];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.push(opcode);
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(body);
+    f
+}
+
+/// A v4 STARTUP frame on stream 1 asking for CQL 3.0.0.
+pub fn startup() -> Vec<u8> {
+    let mut body = vec![0, 1];
+    for s in ["CQL_VERSION", "3.0.0"] {
+        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
+        body.extend_from_slice(s.as_bytes());
+    }
+    frame(4, 1, 0x01, &body)
+}
+
+/// A v4 QUERY frame for `text` (raw bytes, so that invalid UTF-8 can be sent).
+pub fn query(stream: i16, text: impl AsRef<[u8]>) -> Vec<u8> {
+    let text = text.as_ref();
+    let mut body = (text.len() as u32).to_be_bytes().to_vec();
+    body.extend_from_slice(text);
+    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
+    frame(4, stream, 0x07, &body)
+}
+
+/// One answer: (stream, opcode, error code if ERROR, body); `None` once the socket fails.
+pub fn read_frame(s: &mut TcpStream) -> Option<(i16, u8, Option<u32>, Vec<u8>)> {
+    let mut h = [0u8; 9];
+    s.read_exact(&mut h).ok()?;
+    let len = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    let code =
+        (h[4] == 0 && len >= 4).then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
+    Some((i16::from_be_bytes([h[2], h[3]]), h[4], code, body))
 }
