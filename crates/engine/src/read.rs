@@ -151,9 +151,23 @@ fn cells_of(row: &ReadRow, id: u16) -> impl Iterator<Item = &ReadCell> {
 /// Assembles the value of a column from its cells.
 pub(crate) fn column_value(ty: &CqlType, row: &ReadRow, id: u16) -> Option<Bytes> {
     if ty.is_multi_cell_collection() {
-        let cells: Vec<&ReadCell> = cells_of(row, id).filter(|c| c.path.is_some()).collect();
+        let mut cells: Vec<&ReadCell> = cells_of(row, id).filter(|c| c.path.is_some()).collect();
         if cells.is_empty() {
             return None;
+        }
+        // Storage orders element cells by the raw bytes of their path; CQL orders set
+        // elements and map keys by their type (e.g. -1 before 1 for int). List paths are
+        // built order-preserving by the writer, so lists keep storage order.
+        let key_type = match ty {
+            CqlType::Set(e) => Some(e.as_ref()),
+            CqlType::Map(k, _) => Some(k.as_ref()),
+            _ => None,
+        };
+        if let Some(kt) = key_type {
+            cells.sort_by(|a, b| match (a.path.as_deref(), b.path.as_deref()) {
+                (Some(x), Some(y)) => sluice_types::compare(kt, x, y),
+                _ => Ordering::Equal,
+            });
         }
         return Some(match ty {
             CqlType::Set(_) => codec::collection(cells.iter().filter_map(|c| c.path.as_deref())),

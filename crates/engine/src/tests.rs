@@ -1137,6 +1137,33 @@ async fn describe_outputs_recreatable_cql() {
 }
 
 #[tokio::test]
+async fn set_elements_and_map_keys_come_back_in_type_order() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.ord (k int PRIMARY KEY, s set<int>, m map<int, text>)")
+        .await;
+    h.ok("INSERT INTO ks.ord (k, s, m) VALUES (1, {1, -1, 0, -300}, {5: 'a', -5: 'b'})")
+        .await;
+    h.ok("UPDATE ks.ord SET s = s + {-2}, m[-7] = 'c' WHERE k = 1")
+        .await;
+    let r = h
+        .select("SELECT s, m FROM ks.ord WHERE k = 1", vec![])
+        .await;
+    let set: Vec<i32> = crate::codec::split_collection(r[0][0].as_ref().unwrap())
+        .unwrap()
+        .iter()
+        .map(|x| i32::from_be_bytes(x.as_ref().try_into().unwrap()))
+        .collect();
+    assert_eq!(set, vec![-300, -2, -1, 0, 1]);
+    let keys: Vec<i32> = crate::codec::split_map(r[0][1].as_ref().unwrap())
+        .unwrap()
+        .iter()
+        .map(|(k, _)| i32::from_be_bytes(k.as_ref().try_into().unwrap()))
+        .collect();
+    assert_eq!(keys, vec![-7, -5, 5]);
+}
+
+#[tokio::test]
 async fn collections() {
     let mut h = H::new();
     h.setup_kv().await;
