@@ -1827,6 +1827,12 @@ pub(crate) fn analyze(
         ),
     };
     let bind_specs = a.finish()?;
+    let const_timeout = crate::exec::constant_timeout(match &plan {
+        Plan::Select(s) => s.timeout.as_ref(),
+        Plan::Write(w) => w.timeout.as_ref(),
+        Plan::Batch(bp) => bp.timeout.as_ref(),
+        Plan::Dynamic(_) => None,
+    });
     Ok(Prepared {
         id,
         keyspace: keyspace.map(str::to_string),
@@ -1839,6 +1845,7 @@ pub(crate) fn analyze(
         table_id,
         table_keyspace: keyspace_ref,
         plan,
+        const_timeout,
         last_used: std::sync::atomic::AtomicU64::new(0),
         schema_version: schema.version,
     })

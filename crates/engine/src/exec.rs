@@ -198,8 +198,23 @@ pub(crate) fn timeout_of(b: &Binder, v: &Val) -> Result<Option<Duration>, Detail
     let R::V(bytes) = b.get(v) else {
         return Ok(None);
     };
+    decode_timeout(&bytes).map(Some)
+}
+
+/// The timeout a statement written with a constant `USING TIMEOUT` has, decided once at
+/// analysis: `None` when it depends on a bind marker and must be bound per request.
+pub(crate) fn constant_timeout(v: Option<&Val>) -> Option<Result<Option<Duration>, DetailedError>> {
+    match v {
+        None | Some(Val::Const(None)) => Some(Ok(None)),
+        Some(Val::Const(Some(bytes))) => Some(decode_timeout(bytes).map(Some)),
+        Some(_) => None,
+    }
+}
+
+/// Decodes a `duration` value as a request timeout (no months, not negative).
+fn decode_timeout(bytes: &[u8]) -> Result<Duration, DetailedError> {
     let ty = CqlType::native(NativeType::Duration);
-    match sluice_types::Value::decode(&ty, &bytes) {
+    match sluice_types::Value::decode(&ty, bytes) {
         Ok(sluice_types::Value::Duration(d)) => {
             if d.months != 0 || d.days < 0 || d.nanos < 0 {
                 return Err(invalid(
@@ -209,7 +224,7 @@ pub(crate) fn timeout_of(b: &Binder, v: &Val) -> Result<Option<Duration>, Detail
             let nanos = (d.days as u64)
                 .saturating_mul(86_400_000_000_000)
                 .saturating_add(d.nanos as u64);
-            Ok(Some(Duration::from_nanos(nanos)))
+            Ok(Duration::from_nanos(nanos))
         }
         _ => Err(invalid("Invalid timeout duration")),
     }

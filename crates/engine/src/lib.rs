@@ -218,6 +218,8 @@ pub struct Prepared {
     /// The keyspace of that table.
     pub table_keyspace: Option<String>,
     pub(crate) plan: Plan,
+    /// `USING TIMEOUT` when written as a constant, decided at analysis (None: a bind marker).
+    pub(crate) const_timeout: Option<Result<Option<std::time::Duration>, DetailedError>>,
     pub(crate) last_used: AtomicU64,
     /// The schema version the plan was analysed against.
     pub(crate) schema_version: Uuid,
@@ -474,9 +476,11 @@ impl Engine {
             ),
             Plan::Dynamic(_) => (None, None, None),
         };
-        let timeout = match timeout {
-            Some(v) => exec::timeout_of(&b, v)?,
-            None => None,
+        // A constant timeout was decoded once at analysis; only a marker is bound here.
+        let timeout = match (&p.const_timeout, timeout) {
+            (Some(decided), _) => decided.clone()?,
+            (None, Some(v)) => exec::timeout_of(&b, v)?,
+            (None, None) => None,
         };
         let mut route = Route {
             token: None,
