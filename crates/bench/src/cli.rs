@@ -1,12 +1,13 @@
 //! Command-line entry points: `sluice bench ...` and `sluice demo`.
 
-use crate::driver::{Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
+use crate::driver::{format_durability, Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
 use crate::report::{
     file_stem, hgrm, html_compare, html_report, standalone_svg, text_table, RunReport, Settings,
 };
 use crate::runner::RunConfig;
 use crate::scenario::{self, HotPlan, Plan, Workload};
 use crate::schedule::Arrival;
+use crate::versus::{self, VersusPlan, VersusReport};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,6 +48,8 @@ pub enum Scenario {
     HotPartition,
     /// The generator's own ceiling against an in-process target that answers at once.
     Ceiling,
+    /// --nodes against --against in one run: capacity and latency at a common rate, per workload.
+    Versus,
 }
 
 impl Scenario {
@@ -57,6 +60,7 @@ impl Scenario {
             Scenario::Sweep => "sweep",
             Scenario::HotPartition => "hot-partition",
             Scenario::Ceiling => "ceiling",
+            Scenario::Versus => "versus",
         }
     }
 }
@@ -157,6 +161,24 @@ pub struct BenchArgs {
     /// Write each step's full latency histogram as HdrHistogram `.hgrm` files into this folder.
     #[arg(long)]
     pub hgrm_dir: Option<PathBuf>,
+    /// versus: the reference endpoint (e.g. Cassandra), host:port (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    pub against: Vec<String>,
+    /// versus: label of the --against endpoint (--label names the --nodes one, default sluice).
+    #[arg(long, default_value = "cassandra")]
+    pub against_label: String,
+    /// versus: workloads, in the order they run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["write", "read"])]
+    pub workloads: Vec<Workload>,
+    /// versus: the latency step runs both endpoints at this fraction of the lower capacity.
+    #[arg(long, default_value_t = 0.8)]
+    pub common_fraction: f64,
+    /// versus: a fixed rate for the latency step instead, requests/s.
+    #[arg(long)]
+    pub common_rate: Option<f64>,
+    /// versus: the durability settings of both endpoints, printed verbatim in the header.
+    #[arg(long)]
+    pub durability_note: Option<String>,
     /// Compare two JSON runs side by side in the --report (no load is generated).
     #[arg(long, num_args = 2, value_names = ["A_JSON", "B_JSON"])]
     pub compare: Option<Vec<PathBuf>>,
@@ -295,9 +317,14 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let Some(s) = args.scenario else {
-        bail!("name a scenario (capacity, ramp, sweep, hot-partition, ceiling) or use --compare");
+        bail!(
+            "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus) or use --compare"
+        );
     };
     let plan = args.plan(s);
+    if s == Scenario::Versus {
+        return run_versus(&args, &plan).await;
+    }
     let report = match s {
         Scenario::Ceiling => {
             let mut r = args.new_report(s, &plan, &["generator"]);
@@ -412,9 +439,164 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
             })
             .await;
         }
-        Scenario::Capacity | Scenario::Ceiling => {}
+        Scenario::Capacity | Scenario::Ceiling | Scenario::Versus => {}
     }
     Ok(r)
+}
+
+/// Table of the `versus` scenario: created afresh on both endpoints so that both start empty.
+const VERSUS_TABLE: &str = "versus_kv";
+
+/// Checks the options of `versus` before any connection is made.
+fn check_versus(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.against.is_empty() {
+        bail!("versus needs --against HOST:PORT (the reference endpoint, e.g. Cassandra)");
+    }
+    if args.workloads.is_empty() {
+        bail!("versus needs at least one workload (--workloads write,read)");
+    }
+    if args.capacity.is_some() {
+        bail!("versus measures each endpoint's capacity itself; use --common-rate to fix the rate of the latency step");
+    }
+    if args.svg.is_some() {
+        bail!("versus writes no --svg; use --report for its side-by-side page");
+    }
+    if !(args.common_fraction > 0.0 && args.common_fraction <= 10.0) {
+        bail!("--common-fraction must be in (0, 10]");
+    }
+    if args
+        .common_rate
+        .is_some_and(|r| !(r.is_finite() && r > 0.0))
+    {
+        bail!("--common-rate must be a positive rate");
+    }
+    Ok(())
+}
+
+/// One line of what both sides share.
+fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
+    let workloads: Vec<&str> = args.workloads.iter().map(|w| w.name()).collect();
+    format!(
+        "scylla driver, {} connection(s)/host, consistency ONE, retry policy {};          table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions          (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s          (p99 <= {} ms, errors < 0.1%), cooldown {} s; common-rate step {} s at {};          deadline {} ms, client timeout {} ms, lag tolerance {} ms",
+        args.connections,
+        match args.retry_policy {
+            RetryMode::None => "none".to_string(),
+            RetryMode::Stock => format!("stock ({} retries)", args.retries),
+        },
+        crate::driver::VALUE_LEN,
+        plan.partitions,
+        format!("{:?}", plan.run.arrival).to_lowercase(),
+        workloads.join(","),
+        plan.probe_step.as_secs_f64(),
+        plan.start_rate,
+        plan.slo.as_secs_f64() * 1e3,
+        plan.cooldown.as_secs_f64(),
+        plan.step.as_secs_f64(),
+        match args.common_rate {
+            Some(r) => format!("{r:.0}/s"),
+            None => format!(
+                "{}x the lower capacity",
+                crate::report_num(args.common_fraction)
+            ),
+        },
+        plan.run.deadline.as_secs_f64() * 1e3,
+        plan.run.client_timeout.as_secs_f64() * 1e3,
+        plan.run.lag_tolerance.as_secs_f64() * 1e3,
+    )
+}
+
+/// `sluice bench versus`: both endpoints, one generator, one table.
+async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
+    check_versus(args)?;
+    let labels = [
+        args.label.clone().unwrap_or_else(|| "sluice".into()),
+        args.against_label.clone(),
+    ];
+    let nodes = [args.nodes.clone(), args.against.clone()];
+    let mut reports: [RunReport; 2] = Default::default();
+    let mut targets = Vec::with_capacity(2);
+    let mut durability: [String; 2] = Default::default();
+    for side in 0..2 {
+        let opts = DriverOptions {
+            nodes: nodes[side].clone(),
+            connections: args.connections,
+            client_timeout: plan.run.client_timeout,
+            retry: args.retry_policy,
+            retries: args.retries,
+        };
+        let conn = Connection::open(&opts)
+            .await
+            .with_context(|| format!("{} endpoint", labels[side]))?;
+        durability[side] = format_durability(&conn.durability_settings().await);
+        conn.create_table(VERSUS_TABLE, true)
+            .await
+            .with_context(|| format!("schema on {}", labels[side]))?;
+        let (target, notes) = CqlTarget::prepare(&conn, VERSUS_TABLE, None).await?;
+        let mut r = args.new_report(Scenario::Versus, plan, &["requests"]);
+        r.label = labels[side].clone();
+        r.target = nodes[side].join(",");
+        r.notes.extend(notes);
+        reports[side] = r;
+        targets.push(Arc::new(target));
+    }
+    let [a, b] = [&targets[0], &targets[1]];
+    if args.workloads.iter().any(|w| w.read_fraction() > 0.0) {
+        for (side, t) in [a, b].into_iter().enumerate() {
+            eprintln!(
+                "populating {} partitions on {}...",
+                plan.partitions, labels[side]
+            );
+            let failed = t.populate(0..plan.partitions as i64, 1).await;
+            if failed > 0 {
+                reports[side]
+                    .notes
+                    .push(format!("{failed} populate writes failed"));
+            }
+        }
+    }
+    let vp = VersusPlan {
+        workloads: args.workloads.clone(),
+        common_fraction: args.common_fraction,
+        common_rate: args.common_rate,
+    };
+    let outcome = versus::run([a, b], &mut reports, plan, &vp).await;
+    let v = VersusReport {
+        shared: shared_settings(args, plan),
+        durability_note: args.durability_note.clone(),
+        durability,
+        outcome,
+        runs: reports,
+        max_lag: plan.max_lag,
+    };
+    println!();
+    print!("{}", v.text());
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_vec_pretty(&v)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.report {
+        std::fs::write(p, v.html()).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(dir) = &args.hgrm_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut n = 0;
+        for r in &v.runs {
+            for (i, (step, class, h)) in r.histograms.iter().enumerate() {
+                let p = dir.join(format!(
+                    "{}-{i:02}-{}-{}.hgrm",
+                    file_stem(&r.label),
+                    file_stem(step),
+                    file_stem(class)
+                ));
+                std::fs::write(&p, hgrm(h)).with_context(|| format!("writing {}", p.display()))?;
+                n += 1;
+            }
+        }
+        eprintln!("wrote {n} histograms into {}", dir.display());
+    }
+    Ok(())
 }
 
 /// Arguments of `sluice demo`.
@@ -508,6 +690,12 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         report: Some(out.clone()),
         svg: None,
         hgrm_dir: None,
+        against: Vec::new(),
+        against_label: "cassandra".into(),
+        workloads: vec![Workload::Write, Workload::Read],
+        common_fraction: 0.8,
+        common_rate: None,
+        durability_note: None,
         compare: None,
         quiet: false,
     };
@@ -557,5 +745,45 @@ mod tests {
             .expect("parse");
         assert_eq!(t.a.compare.map(|v| v.len()), Some(2));
         assert!(T::try_parse_from(["x", "warp"]).is_err());
+    }
+
+    #[test]
+    fn versus_options_parse_and_are_checked() {
+        let t = T::try_parse_from([
+            "x",
+            "versus",
+            "--nodes",
+            "127.0.0.1:9342",
+            "--against",
+            "127.0.0.1:9343",
+            "--slo",
+            "20ms",
+            "--durability-note",
+            "periodic 10 s on both",
+        ])
+        .expect("parse");
+        assert_eq!(t.a.scenario, Some(Scenario::Versus));
+        assert_eq!(t.a.against, vec!["127.0.0.1:9343"]);
+        assert_eq!(t.a.workloads, vec![Workload::Write, Workload::Read]);
+        assert_eq!(t.a.against_label, "cassandra");
+        assert_eq!(
+            t.a.durability_note.as_deref(),
+            Some("periodic 10 s on both")
+        );
+        assert_eq!(t.a.plan(Scenario::Versus).slo, Duration::from_millis(20));
+        assert!(check_versus(&t.a).is_ok());
+        let shared = shared_settings(&t.a, &t.a.plan(Scenario::Versus));
+        assert!(shared.contains("p99 <= 20 ms") && shared.contains("0.8x the lower capacity"));
+
+        let t = T::try_parse_from(["x", "versus", "--workloads", "read,mix"]).expect("parse");
+        assert_eq!(t.a.workloads, vec![Workload::Read, Workload::Mix]);
+        let e = check_versus(&t.a).expect_err("no --against");
+        assert!(e.to_string().contains("--against"));
+        let t = T::try_parse_from(["x", "versus", "--against", "h:1", "--capacity", "5"])
+            .expect("parse");
+        assert!(check_versus(&t.a).is_err());
+        let t = T::try_parse_from(["x", "versus", "--against", "h:1", "--common-fraction", "0"])
+            .expect("parse");
+        assert!(check_versus(&t.a).is_err());
     }
 }

@@ -170,6 +170,27 @@ impl Connection {
             .map_err(|e| e.to_string())
     }
 
+    /// The commit-log settings the endpoint reports in `system_views.settings` (Cassandra 4.0+);
+    /// Err with a short reason when the table is missing or unreadable (Sluice, ScyllaDB, 3.x).
+    pub async fn durability_settings(&self) -> Result<Vec<(String, Option<String>)>, String> {
+        let mut st = scylla::statement::Statement::new(durability_query());
+        st.set_request_timeout(Some(Duration::from_secs(10)));
+        let res = self
+            .session
+            .query_unpaged(st, ())
+            .await
+            .map_err(|e| format!("system_views.settings: {e}"))?;
+        let rows = res
+            .into_rows_result()
+            .map_err(|e| format!("system_views.settings: {e}"))?;
+        let iter = rows
+            .rows::<(String, Option<String>)>()
+            .map_err(|e| format!("system_views.settings: {e}"))?;
+        // The IN list bounds the answer to a handful of rows.
+        iter.map(|r| r.map_err(|e| format!("system_views.settings: {e}")))
+            .collect()
+    }
+
     /// Creates the keyspace and a `(pk bigint, ck int, v blob)` table; drops it first if `fresh`.
     pub async fn create_table(&self, table: &str, fresh: bool) -> anyhow::Result<()> {
         self.ddl(&format!(
@@ -192,6 +213,52 @@ impl Connection {
         .await
         .map_err(anyhow::Error::msg)
         .context("creating table")
+    }
+}
+
+/// Names under which Cassandra lists commit-log durability in `system_views.settings`: 4.1 and
+/// later use `commitlog_sync_period` and `commitlog_sync_group_window`, 4.0 the `*_in_ms` forms.
+pub const DURABILITY_SETTINGS: [&str; 5] = [
+    "commitlog_sync",
+    "commitlog_sync_period",
+    "commitlog_sync_period_in_ms",
+    "commitlog_sync_group_window",
+    "commitlog_sync_group_window_in_ms",
+];
+
+/// The `system_views.settings` query for [`DURABILITY_SETTINGS`].
+pub fn durability_query() -> String {
+    let names: Vec<String> = DURABILITY_SETTINGS
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    format!(
+        "SELECT name, value FROM system_views.settings WHERE name IN ({})",
+        names.join(", ")
+    )
+}
+
+/// One line for a header: `name=value, ...` in [`DURABILITY_SETTINGS`] order, or `unknown (why)`.
+pub fn format_durability(reported: &Result<Vec<(String, Option<String>)>, String>) -> String {
+    match reported {
+        Err(why) => format!("unknown ({why})"),
+        Ok(rows) if rows.is_empty() => {
+            "unknown (system_views.settings lists no commit-log setting)".into()
+        }
+        Ok(rows) => {
+            let rank = |n: &str| {
+                DURABILITY_SETTINGS
+                    .iter()
+                    .position(|d| *d == n)
+                    .unwrap_or(usize::MAX)
+            };
+            let mut rows: Vec<&(String, Option<String>)> = rows.iter().collect();
+            rows.sort_by_key(|(n, _)| rank(n));
+            rows.iter()
+                .map(|(n, v)| format!("{n}={}", v.as_deref().unwrap_or("null")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
     }
 }
 
@@ -349,6 +416,36 @@ mod tests {
         );
         assert_eq!(classify_error(&db(DbError::SyntaxError)), Reply::Other);
         assert_eq!(classify_error(&ExecutionError::EmptyPlan), Reply::Other);
+    }
+
+    #[test]
+    fn durability_query_names_every_setting_and_formats_what_is_reported() {
+        let q = durability_query();
+        assert!(q.starts_with("SELECT name, value FROM system_views.settings WHERE name IN ("));
+        for n in DURABILITY_SETTINGS {
+            assert!(q.contains(&format!("'{n}'")), "{n} missing from {q}");
+        }
+        // Rows come back in token order; the line follows the list order.
+        let rows = Ok(vec![
+            (
+                "commitlog_sync_period".to_string(),
+                Some("10000ms".to_string()),
+            ),
+            ("commitlog_sync".to_string(), Some("periodic".to_string())),
+            ("commitlog_sync_group_window".to_string(), None),
+        ]);
+        assert_eq!(
+            format_durability(&rows),
+            "commitlog_sync=periodic, commitlog_sync_period=10000ms, commitlog_sync_group_window=null"
+        );
+        assert_eq!(
+            format_durability(&Ok(vec![])),
+            "unknown (system_views.settings lists no commit-log setting)"
+        );
+        assert_eq!(
+            format_durability(&Err("system_views.settings: no such keyspace".into())),
+            "unknown (system_views.settings: no such keyspace)"
+        );
     }
 
     #[test]

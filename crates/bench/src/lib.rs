@@ -12,6 +12,7 @@ pub mod scenario;
 pub mod schedule;
 pub mod stats;
 pub mod target;
+pub mod versus;
 
 /// Formats a multiple without trailing zeros (0.5, 1, 10).
 pub(crate) fn report_num(m: f64) -> String {

@@ -253,30 +253,53 @@ pub fn table_rows(r: &RunReport) -> Vec<Vec<String>> {
 
 /// The summary table as aligned text.
 pub fn text_table(r: &RunReport) -> String {
-    let rows = table_rows(r);
-    let mut widths: Vec<usize> = TABLE_HEADERS.iter().map(|h| h.len()).collect();
-    for row in &rows {
+    aligned(&TABLE_HEADERS, &table_rows(r), 2)
+}
+
+/// Rows under headers as aligned text: the first `left` columns left-aligned, the rest right.
+pub fn aligned(headers: &[&str], rows: &[Vec<String>], left: usize) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
     let line = |out: &mut String, cells: &[String]| {
         for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i < 2 {
+            if i < left {
                 let _ = write!(out, "{c:<w$}  ");
             } else {
                 let _ = write!(out, "{c:>w$}  ");
             }
         }
+        out.truncate(out.trim_end().len());
         out.push('\n');
     };
-    let headers: Vec<String> = TABLE_HEADERS.iter().map(|s| s.to_string()).collect();
+    let headers: Vec<String> = headers.iter().map(|s| s.to_string()).collect();
     line(&mut out, &headers);
-    for row in &rows {
+    for row in rows {
         line(&mut out, row);
     }
     out
+}
+
+/// A table as HTML (cells escaped); the first two columns are left-aligned by the page style.
+pub fn html_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut o = String::from("<table><tr>");
+    for h in headers {
+        let _ = write!(o, "<th>{}</th>", esc(h));
+    }
+    o.push_str("</tr>");
+    for row in rows {
+        o.push_str("<tr>");
+        for c in row {
+            let _ = write!(o, "<td>{}</td>", esc(c));
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</table>");
+    o
 }
 
 /// A latency histogram (microseconds) in HdrHistogram's percentile-distribution text format,
@@ -710,23 +733,12 @@ fn html_run_header(r: &RunReport) -> String {
     for n in &r.notes {
         let _ = write!(o, "<p class=\"note\">{}</p>", esc(n));
     }
-    o.push_str("<table><tr>");
-    for h in TABLE_HEADERS {
-        let _ = write!(o, "<th>{}</th>", esc(h));
-    }
-    o.push_str("</tr>");
-    for row in table_rows(r) {
-        o.push_str("<tr>");
-        for c in row {
-            let _ = write!(o, "<td>{}</td>", esc(&c));
-        }
-        o.push_str("</tr>");
-    }
-    o.push_str("</table>");
+    o.push_str(&html_table(&TABLE_HEADERS, &table_rows(r)));
     o
 }
 
-fn html_page(title: &str, body: &str) -> String {
+/// A complete page around `body`, with the shared style and the method footnote.
+pub(crate) fn html_page(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body><h1>{}</h1>{body}<p><small>Open-loop load: latency is measured from each request's intended send time; goodput counts successes before the deadline.</small></p></body></html>\n",
         esc(title),
@@ -757,6 +769,14 @@ pub fn html_report(r: &RunReport) -> String {
 
 /// Two runs side by side, each chart pair on a shared scale.
 pub fn html_compare(a: &RunReport, b: &RunReport) -> String {
+    html_page(
+        &format!("sluice bench: {} vs {} ({})", a.label, b.label, a.scenario),
+        &html_compare_body(a, b),
+    )
+}
+
+/// The body of [`html_compare`]: both run headers, then each chart pair on a shared scale.
+pub(crate) fn html_compare_body(a: &RunReport, b: &RunReport) -> String {
     let mut body = String::from("<div class=\"cols\">");
     for r in [a, b] {
         let _ = write!(body, "<div>{}</div>", html_run_header(r));
@@ -783,10 +803,7 @@ pub fn html_compare(a: &RunReport, b: &RunReport) -> String {
         }
         body.push_str("</div>");
     }
-    html_page(
-        &format!("sluice bench: {} vs {} ({})", a.label, b.label, a.scenario),
-        &body,
-    )
+    body
 }
 
 /// The charts of one run stacked into a standalone SVG file (for docs).

@@ -108,6 +108,147 @@ async fn probe<T: Target>(
     tokio::time::sleep(plan.cooldown).await;
 }
 
+/// Where a [`CapacitySearch`] stands.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SearchPhase {
+    /// Rates grow by 1.5x per passing probe.
+    Grow { rate: f64, probes: u32 },
+    /// Geometric bisection between the last passing and the first failing rate.
+    Bisect { lo: f64, hi: f64, left: u32 },
+    /// Finished with this capacity (None: no rate passed).
+    Done(Option<f64>),
+}
+
+/// Most probes of the growth phase (1.5^30 x the start rate is beyond any real server).
+const MAX_GROW_PROBES: u32 = 30;
+/// Bisection probes after the first failure: three narrow the 1.5x gap to about 5%.
+const BISECT_PROBES: u32 = 3;
+
+/// The capacity search as a state machine, so that two searches can be interleaved probe by
+/// probe (`versus`) while `capacity` runs one alone: ask [`next_rate`](Self::next_rate), probe
+/// it, then [`record`](Self::record) whether the probe passed.
+#[derive(Clone, Debug)]
+pub struct CapacitySearch {
+    phase: SearchPhase,
+    last_pass: Option<f64>,
+    generator_limited: bool,
+}
+
+impl CapacitySearch {
+    /// A search whose first probe runs at `start_rate` (at least 1/s).
+    pub fn new(start_rate: f64) -> Self {
+        Self {
+            phase: SearchPhase::Grow {
+                rate: start_rate.max(1.0),
+                probes: 0,
+            },
+            last_pass: None,
+            generator_limited: false,
+        }
+    }
+
+    /// The rate of the next probe, or None once the search has ended.
+    pub fn next_rate(&self) -> Option<f64> {
+        match self.phase {
+            SearchPhase::Grow { rate, .. } => Some(rate),
+            SearchPhase::Bisect { lo, hi, .. } => Some((lo * hi).sqrt()),
+            SearchPhase::Done(_) => None,
+        }
+    }
+
+    /// Records the outcome of the probe at [`next_rate`](Self::next_rate); notes for the report
+    /// (why the search stopped early) are appended to `notes`.
+    pub fn record(&mut self, ok: bool, generator_limited: bool, notes: &mut Vec<String>) {
+        self.phase = match self.phase {
+            SearchPhase::Grow { rate, probes } => {
+                let probes = probes + 1;
+                if generator_limited {
+                    notes.push(format!(
+                        "capacity search stopped at {rate:.0}/s: the generator could not keep up"
+                    ));
+                    self.generator_limited = true;
+                    SearchPhase::Done(self.last_pass)
+                } else if ok {
+                    self.last_pass = Some(rate);
+                    if probes >= MAX_GROW_PROBES {
+                        SearchPhase::Done(self.last_pass)
+                    } else {
+                        SearchPhase::Grow {
+                            rate: rate * 1.5,
+                            probes,
+                        }
+                    }
+                } else if let Some(lo) = self.last_pass {
+                    SearchPhase::Bisect {
+                        lo,
+                        hi: rate,
+                        left: BISECT_PROBES,
+                    }
+                } else {
+                    notes.push(format!("capacity search: even {rate:.0}/s missed the SLO"));
+                    SearchPhase::Done(None)
+                }
+            }
+            SearchPhase::Bisect { lo, hi, left } => {
+                let mid = (lo * hi).sqrt();
+                let (lo, hi) = if ok { (mid, hi) } else { (lo, mid) };
+                if ok {
+                    self.last_pass = Some(mid);
+                }
+                if generator_limited {
+                    // Any higher rate would measure the generator too.
+                    self.generator_limited = true;
+                    SearchPhase::Done(Some(lo))
+                } else if left <= 1 {
+                    SearchPhase::Done(Some(lo))
+                } else {
+                    SearchPhase::Bisect {
+                        lo,
+                        hi,
+                        left: left - 1,
+                    }
+                }
+            }
+            done @ SearchPhase::Done(_) => done,
+        };
+    }
+
+    /// Whether the search has ended.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, SearchPhase::Done(_))
+    }
+
+    /// The capacity found (the highest passing rate), once the search has ended.
+    pub fn result(&self) -> Option<f64> {
+        match self.phase {
+            SearchPhase::Done(c) => c,
+            _ => None,
+        }
+    }
+
+    /// Whether the generator, not the server, ended the search: C is then a lower bound.
+    pub fn generator_limited(&self) -> bool {
+        self.generator_limited
+    }
+}
+
+/// Runs one probe of `search` at its next rate and records the outcome; returns the probed rate
+/// and the index of its step in `report`, or None when the search had already ended.
+pub async fn capacity_probe<T: Target>(
+    search: &mut CapacitySearch,
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    stream: &StreamSpec,
+    prefix: &str,
+) -> Option<(f64, usize)> {
+    let rate = search.next_rate()?;
+    probe(target, report, plan, stream, rate, prefix).await;
+    let (ok, generator_limited) = passes(report, plan);
+    search.record(ok, generator_limited, &mut report.notes);
+    Some((rate, report.steps.len() - 1))
+}
+
 /// Finds C: the highest offered rate whose p99 stays under the SLO with errors under 0.1%.
 ///
 /// Rates grow by 1.5x until a step fails, then three bisection steps (geometric means)
@@ -119,49 +260,12 @@ pub async fn capacity<T: Target>(
     stream: &StreamSpec,
     prefix: &str,
 ) -> Option<f64> {
-    let mut last_pass: Option<f64> = None;
-    let mut first_fail: Option<f64> = None;
-    let mut rate = plan.start_rate.max(1.0);
-    let mut probes = 0;
-    while first_fail.is_none() && probes < 30 {
-        probe(target, report, plan, stream, rate, prefix).await;
-        probes += 1;
-        let (ok, generator_limited) = passes(report, plan);
-        if generator_limited {
-            report.notes.push(format!(
-                "capacity search stopped at {rate:.0}/s: the generator could not keep up"
-            ));
-            return last_pass;
-        }
-        if ok {
-            last_pass = Some(rate);
-            rate *= 1.5;
-        } else {
-            first_fail = Some(rate);
-        }
-    }
-    let fail = first_fail?;
-    let Some(mut lo) = last_pass else {
-        report
-            .notes
-            .push(format!("capacity search: even {fail:.0}/s missed the SLO"));
-        return None;
-    };
-    let mut hi = fail;
-    for _ in 0..3 {
-        let mid = (lo * hi).sqrt();
-        probe(target, report, plan, stream, mid, prefix).await;
-        let (ok, generator_limited) = passes(report, plan);
-        if ok {
-            lo = mid;
-        } else {
-            hi = mid;
-            if generator_limited {
-                break;
-            }
-        }
-    }
-    Some(lo)
+    let mut search = CapacitySearch::new(plan.start_rate);
+    while capacity_probe(&mut search, target, report, plan, stream, prefix)
+        .await
+        .is_some()
+    {}
+    search.result()
 }
 
 /// Runs one step per multiple of `c` with the given streams (rates are multiplied).
@@ -377,6 +481,52 @@ mod tests {
         assert!(r.steps.len() >= 6);
         // Steps are laid end to end on the run's timeline.
         assert_eq!(r.steps[1].start_s, r.steps[0].start_s + 2);
+    }
+
+    /// Drives a search against a server whose true capacity is `c`: a probe passes below it.
+    fn drive(
+        c: f64,
+        start: f64,
+        lag_above: Option<f64>,
+    ) -> (Vec<f64>, CapacitySearch, Vec<String>) {
+        let mut s = CapacitySearch::new(start);
+        let (mut rates, mut notes) = (Vec::new(), Vec::new());
+        while let Some(r) = s.next_rate() {
+            rates.push(r);
+            let lagged = lag_above.is_some_and(|l| r > l);
+            s.record(r <= c && !lagged, lagged, &mut notes);
+            assert!(rates.len() < 50, "search does not end");
+        }
+        (rates, s, notes)
+    }
+
+    #[test]
+    fn capacity_search_grows_then_bisects_three_times() {
+        let (rates, s, notes) = drive(2000.0, 1000.0, None);
+        // 1000 and 1500 pass, 2250 fails; then geometric means of the last pass and fail.
+        assert_eq!(&rates[..3], &[1000.0, 1500.0, 2250.0]);
+        assert_eq!(rates.len(), 6);
+        let m1 = (1500.0f64 * 2250.0).sqrt();
+        assert!((rates[3] - m1).abs() < 1e-9, "{rates:?}");
+        let c = s.result().expect("capacity");
+        assert!((1900.0..=2000.0).contains(&c), "C = {c}");
+        assert!(rates.contains(&c), "C is a probed rate");
+        assert!(!s.generator_limited() && notes.is_empty());
+    }
+
+    #[test]
+    fn capacity_search_ends_early_when_nothing_passes_or_the_generator_lags() {
+        let (rates, s, notes) = drive(500.0, 1000.0, None);
+        assert_eq!(rates, vec![1000.0]);
+        assert_eq!(s.result(), None);
+        assert!(notes[0].contains("even 1000/s missed the SLO"));
+        // The generator lags above 2000/s: the search stops at 2250 with C = 1500, a lower bound.
+        let (rates, s, notes) = drive(1e9, 1000.0, Some(2000.0));
+        assert_eq!(rates, vec![1000.0, 1500.0, 2250.0]);
+        assert_eq!(s.result(), Some(1500.0));
+        assert!(s.generator_limited());
+        assert!(notes[0].contains("generator could not keep up"));
+        assert!(s.is_done() && s.next_rate().is_none());
     }
 
     #[tokio::test(start_paused = true)]
