@@ -310,6 +310,9 @@ pub(crate) struct WritePlan {
     pub condition: Option<CondPlan>,
     /// Only static columns are written (no clustering key needed).
     pub static_only: bool,
+    /// The markers whose type holds a set or a map, with that type: their bound values
+    /// are put in canonical order before use (see `write::canonical_entries`).
+    pub canonical_binds: Vec<(usize, CqlType)>,
 }
 
 /// An analysed BATCH statement text.
@@ -1403,6 +1406,7 @@ impl<'a> Analyzer<'a> {
             timeout,
             condition,
             static_only,
+            canonical_binds: Vec::new(),
         })
     }
 
@@ -1447,6 +1451,7 @@ impl<'a> Analyzer<'a> {
             timeout,
             condition,
             static_only,
+            canonical_binds: Vec::new(),
         })
     }
 
@@ -1610,6 +1615,7 @@ impl<'a> Analyzer<'a> {
             timeout,
             condition,
             static_only,
+            canonical_binds: Vec::new(),
         })
     }
 
@@ -1751,7 +1757,7 @@ pub(crate) fn analyze(
     let mut lwt = false;
     let mut table_id = None;
     let mut keyspace_ref = None;
-    let (plan, kind) = match &parsed.statement {
+    let (mut plan, kind) = match &parsed.statement {
         Statement::Select(s) => {
             let mut plan = a.select(s)?;
             result_columns = Analyzer::result_specs(&plan, s);
@@ -1827,6 +1833,16 @@ pub(crate) fn analyze(
         ),
     };
     let bind_specs = a.finish()?;
+    // A statement of a protocol BATCH is bound without `exec::order_values`, so a write
+    // carries what it needs to put its values in canonical order itself.
+    if let Plan::Write(w) = &mut plan {
+        w.canonical_binds = bind_specs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| sluice_types::contains_set_or_map(&s.ty))
+            .map(|(i, s)| (i, s.ty.clone()))
+            .collect();
+    }
     let const_timeout = crate::exec::constant_timeout(match &plan {
         Plan::Select(s) => s.timeout.as_ref(),
         Plan::Write(w) => w.timeout.as_ref(),

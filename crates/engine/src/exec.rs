@@ -11,6 +11,7 @@ use sluice_protocol::{
 };
 use sluice_storage::Order;
 use sluice_types::{CqlType, NativeType};
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::ops::Bound;
 use std::time::Duration;
@@ -44,6 +45,19 @@ impl<'a> Binder<'a> {
     /// "Now" for this request.
     pub fn now_micros(&self) -> i64 {
         self.now_micros
+    }
+
+    /// The positional values this binder resolves markers against.
+    pub fn values(&self) -> &'a [Value] {
+        self.values
+    }
+
+    /// The same request (same "now") over other values.
+    pub fn with_values<'v>(&self, values: &'v [Value]) -> Binder<'v> {
+        Binder {
+            values,
+            now_micros: self.now_micros,
+        }
     }
 
     /// Resolves one value.
@@ -92,6 +106,8 @@ impl<'a> Binder<'a> {
                         _ => None,
                     })
                     .collect();
+                // On duplicate keys the last one written wins, as for a literal map.
+                pairs.reverse();
                 pairs.sort_by(|a, b| sluice_types::compare(kty, a.0, b.0));
                 pairs.dedup_by(|a, b| sluice_types::compare(kty, a.0, b.0).is_eq());
                 codec::map(pairs.into_iter().map(|(k, v)| (k.as_ref(), v.as_ref())))
@@ -132,11 +148,13 @@ fn eval_fn(f: ValFn, now_micros: i64) -> Bytes {
     }
 }
 
-/// Puts named values in marker order; positional values pass through without a copy.
+/// Puts named values in marker order and sets and maps in canonical order (see
+/// [`canonical_values`]); positional values already canonical pass through without a copy.
 pub(crate) fn order_values<'a>(
     p: &Prepared,
     params: &'a QueryParameters,
-) -> Result<std::borrow::Cow<'a, [Value]>, DetailedError> {
+) -> Result<Cow<'a, [Value]>, DetailedError> {
+    let markers = p.bind_specs.iter().map(|s| &s.ty).enumerate();
     let Some(names) = &params.names else {
         if params.values.len() != p.bind_specs.len() {
             return Err(invalid(format!(
@@ -145,7 +163,7 @@ pub(crate) fn order_values<'a>(
                 params.values.len()
             )));
         }
-        return Ok(std::borrow::Cow::Borrowed(&params.values));
+        return Ok(canonical_values(markers, Cow::Borrowed(&params.values)));
     };
     let mut out = Vec::with_capacity(p.bind_specs.len());
     for spec in &p.bind_specs {
@@ -155,7 +173,34 @@ pub(crate) fn order_values<'a>(
             .ok_or_else(|| invalid(format!("No value for bind variable {}", spec.name)))?;
         out.push(params.values.get(pos).cloned().unwrap_or(Value::Unset));
     }
-    Ok(std::borrow::Cow::Owned(out))
+    Ok(canonical_values(markers, Cow::Owned(out)))
+}
+
+/// Bound values with every set and map, nested ones included, in canonical order: set
+/// elements and map keys sorted by their type's CQL order and unique, as Cassandra binds
+/// them and as a CQL literal is built. A driver serializes a set in its own iteration
+/// order, possibly with duplicates; without this, `{1, -1}` bound and `{-1, 1}` written as
+/// a literal would be different keys. `markers` gives the type of each marker index to
+/// check: a marker whose type holds no set or map costs one type check, and values are
+/// copied only when one of them changes. Malformed values are left for validation.
+pub(crate) fn canonical_values<'v, 't>(
+    markers: impl Iterator<Item = (usize, &'t CqlType)>,
+    mut values: Cow<'v, [Value]>,
+) -> Cow<'v, [Value]> {
+    for (i, ty) in markers {
+        if !sluice_types::contains_set_or_map(ty) {
+            continue;
+        }
+        let Some(Value::Set(bytes)) = values.get(i) else {
+            continue;
+        };
+        if let Some(canonical) = sluice_types::canonicalize(ty, bytes) {
+            if let Some(slot) = values.to_mut().get_mut(i) {
+                *slot = Value::Set(Bytes::from(canonical));
+            }
+        }
+    }
+    values
 }
 
 /// Checks every bound value against its receiver type.

@@ -2105,3 +2105,5 @@ async fn insert_json() {
         .message
         .contains("JSON"));
 }
+
+mod canonical;

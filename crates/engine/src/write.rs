@@ -11,12 +11,13 @@ use crate::result::RowsBuilder;
 use crate::{storage_error, Engine, RequestContext};
 use bytes::Bytes;
 use sluice_cql::ast::BatchKind;
-use sluice_protocol::{ColumnSpec, Consistency, DetailedError, ResultMessage, WriteType};
+use sluice_protocol::{ColumnSpec, Consistency, DetailedError, ResultMessage, Value, WriteType};
 use sluice_storage::{
     CellValue, CellWrite, ClusteringSlice, Liveness, Mutation, RangeDeletion, ReadRow, RowMutation,
     TableLayout,
 };
 use sluice_types::{CqlType, NativeType};
+use std::borrow::Cow;
 use std::ops::Bound;
 
 /// The longest TTL Cassandra accepts (20 years).
@@ -572,6 +573,53 @@ fn merge_row(into: &mut RowMutation, r: RowMutation) {
     into.cells.extend(r.cells);
 }
 
+/// Each entry's bound values with sets and maps in canonical order, or `None` when they
+/// all are already (the common case, which allocates nothing). The statements of a
+/// protocol BATCH are bound without `exec::order_values`, which does this for the others;
+/// for those, this is one more pass over their set and map values only.
+fn canonical_entries(entries: &[(&WritePlan, &Binder<'_>)]) -> Option<Vec<Option<Vec<Value>>>> {
+    let mut out: Option<Vec<Option<Vec<Value>>>> = None;
+    for (i, (w, b)) in entries.iter().enumerate() {
+        if w.canonical_binds.is_empty() {
+            continue;
+        }
+        let markers = w.canonical_binds.iter().map(|(m, ty)| (*m, ty));
+        if let Cow::Owned(values) = exec::canonical_values(markers, Cow::Borrowed(b.values())) {
+            if let Some(slot) = out
+                .get_or_insert_with(|| entries.iter().map(|_| None).collect())
+                .get_mut(i)
+            {
+                *slot = Some(values);
+            }
+        }
+    }
+    out
+}
+
+/// Binders over the canonical values of the entries that have them.
+fn canonical_binders<'v>(
+    entries: &[(&WritePlan, &Binder<'_>)],
+    canonical: &'v [Option<Vec<Value>>],
+) -> Vec<Option<Binder<'v>>> {
+    entries
+        .iter()
+        .zip(canonical)
+        .map(|((_, b), values)| values.as_deref().map(|v| b.with_values(v)))
+        .collect()
+}
+
+/// The entries, each with its canonical binder when it has one.
+fn rebind<'a>(
+    entries: &[(&'a WritePlan, &'a Binder<'a>)],
+    binders: &'a [Option<Binder<'a>>],
+) -> Vec<(&'a WritePlan, &'a Binder<'a>)> {
+    entries
+        .iter()
+        .zip(binders)
+        .map(|((w, b), canonical)| (*w, canonical.as_ref().unwrap_or(*b)))
+        .collect()
+}
+
 /// Applies the mutations of several write statements atomically and waits for durability.
 pub(crate) async fn execute_writes(
     engine: &Engine,
@@ -582,6 +630,10 @@ pub(crate) async fn execute_writes(
     ctx: &RequestContext,
     write_type: WriteType,
 ) -> Result<ResultMessage, DetailedError> {
+    let canonical = canonical_entries(entries);
+    let binders = canonical.as_deref().map(|c| canonical_binders(entries, c));
+    let rebound = binders.as_deref().map(|b| rebind(entries, b));
+    let entries = rebound.as_deref().unwrap_or(entries);
     // One timestamp for the whole request (a batch's statements share it).
     let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
     let mut muts = Vec::with_capacity(entries.len());
@@ -735,6 +787,10 @@ pub(crate) async fn execute_conditional(
     skip_metadata: bool,
     ctx: &RequestContext,
 ) -> Result<ResultMessage, DetailedError> {
+    let canonical = canonical_entries(entries);
+    let binders = canonical.as_deref().map(|c| canonical_binders(entries, c));
+    let rebound = binders.as_deref().map(|b| rebind(entries, b));
+    let entries = rebound.as_deref().unwrap_or(entries);
     let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
     let mut partition: Option<PartitionKey> = None;
     let mut table = None;

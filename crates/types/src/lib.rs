@@ -11,4 +11,6 @@ pub mod value;
 pub use cql_type::{CqlType, NativeType, TypeParseError};
 pub use num_bigint;
 pub use token::{murmur3_token, routing_key, routing_key_into, shard_of};
-pub use value::{compare, format_cql, validate, Value, ValueError};
+pub use value::{
+    canonicalize, compare, contains_set_or_map, format_cql, validate, Value, ValueError,
+};

@@ -12,6 +12,9 @@ use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+mod canonical;
+pub use canonical::{canonicalize, contains_set_or_map};
+
 /// Why a value is not a valid serialization of its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ValueError(pub &'static str);
