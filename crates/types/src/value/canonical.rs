@@ -17,7 +17,9 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 
 /// True when `ty` is or contains a set or a map: only values of such a type can differ
-/// from their canonical form (a type check, no value inspected).
+/// from their canonical form (a type check, no value inspected). Inlined: the request path
+/// asks it for every bound value, and a native type answers at the first match arm.
+#[inline]
 pub fn contains_set_or_map(ty: &CqlType) -> bool {
     match ty {
         CqlType::Native(_) => false,
