@@ -60,6 +60,19 @@ impl<'a> Binder<'a> {
         }
     }
 
+    /// The bytes of a constant or bound value, without copying: None for null, unset and
+    /// values that must be computed (functions, composite literals).
+    pub fn borrowed<'s>(&'s self, v: &'s Val) -> Option<&'s [u8]> {
+        match v {
+            Val::Const(Some(b)) => Some(b),
+            Val::Bind(i) => match self.values.get(*i) {
+                Some(Value::Set(b)) => Some(b),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// Resolves one value.
     pub fn get(&self, v: &Val) -> R {
         match v {
@@ -320,6 +333,80 @@ fn cartesian(parts: Vec<Vec<Vec<Bytes>>>) -> Result<Vec<Vec<Bytes>>, DetailedErr
     Ok(acc)
 }
 
+/// True when a value depends on the moment it is bound (`now()`, `uuid()`...).
+fn val_uses_now(v: &Val) -> bool {
+    match v {
+        Val::Func(_) => true,
+        Val::Composite(c) => c.1.iter().any(val_uses_now),
+        Val::Const(_) | Val::Bind(_) => false,
+    }
+}
+
+/// True when the partition key is computed from the moment it is bound, so that routing
+/// must read the clock (otherwise it need not).
+pub(crate) fn pk_uses_now(w: &Where) -> bool {
+    w.pk.iter().flatten().any(|r| match r {
+        Restr::Eq(v) => val_uses_now(v),
+        Restr::In(vs) => vs.iter().any(val_uses_now),
+        Restr::InBind(_) => false,
+    })
+}
+
+/// True when every partition key component is restricted by `=`.
+fn pk_all_eq(w: &Where) -> bool {
+    !w.pk.is_empty() && w.pk.iter().all(|r| matches!(r, Some(Restr::Eq(_))))
+}
+
+/// Component `k` of a partition key whose components are all restricted by `=`.
+fn eq_component(b: &Binder, t: &TableDef, w: &Where, k: usize) -> Result<Bytes, DetailedError> {
+    let Some(Restr::Eq(v)) = &w.pk[k] else {
+        unreachable!("callers check pk_all_eq")
+    };
+    let name = &t.columns[t.partition_key[k]].name;
+    let v = b.required(v, name)?;
+    if v.len() > u16::MAX as usize {
+        return Err(invalid(format!(
+            "Key length exceeds 65535 bytes for {name}"
+        )));
+    }
+    Ok(v)
+}
+
+/// The serialized (routing) key of a partition key's components.
+fn routing_key_of(comps: &[Bytes]) -> Bytes {
+    match comps {
+        [single] => single.clone(),
+        many => {
+            let refs: Vec<&[u8]> = many.iter().map(|c| c.as_ref()).collect();
+            Bytes::from(sluice_types::routing_key(&refs))
+        }
+    }
+}
+
+/// The token of the one partition a partition key restricted by `=` on every component
+/// denotes. None when some component is not `=` (IN, missing). A single-component key given
+/// as a constant or a bound value, the common case on the request path, is hashed where it
+/// lies: no copy, no reference count.
+pub(crate) fn single_partition_token(
+    b: &Binder,
+    t: &TableDef,
+    w: &Where,
+) -> Option<Result<i64, DetailedError>> {
+    if !pk_all_eq(w) {
+        return None;
+    }
+    if let [Some(Restr::Eq(v))] = &w.pk[..] {
+        if let Some(key) = b.borrowed(v).filter(|k| k.len() <= u16::MAX as usize) {
+            return Some(Ok(sluice_types::murmur3_token(key)));
+        }
+    }
+    let key = (0..w.pk.len())
+        .map(|k| eq_component(b, t, w, k))
+        .collect::<Result<Vec<_>, _>>()
+        .map(|comps| routing_key_of(&comps));
+    Some(key.map(|key| sluice_types::murmur3_token(&key)))
+}
+
 /// The partitions a fully restricted partition key denotes (deduplicated, in order).
 pub(crate) fn partition_keys(
     b: &Binder,
@@ -327,31 +414,15 @@ pub(crate) fn partition_keys(
     w: &Where,
 ) -> Result<Vec<PartitionKey>, DetailedError> {
     // Fast path: every component is `=` (the common single-partition statement).
-    if !w.pk.is_empty() && w.pk.iter().all(|r| matches!(r, Some(Restr::Eq(_)))) {
-        let mut comps = Vec::with_capacity(w.pk.len());
-        for (k, r) in w.pk.iter().enumerate() {
-            let Some(Restr::Eq(v)) = r else {
-                unreachable!("checked above")
-            };
-            let name = &t.columns[t.partition_key[k]].name;
-            let v = b.required(v, name)?;
-            if v.len() > u16::MAX as usize {
-                return Err(invalid(format!(
-                    "Key length exceeds 65535 bytes for {name}"
-                )));
-            }
-            comps.push(v);
-        }
-        let key = if comps.len() == 1 {
-            comps[0].clone()
-        } else {
-            let refs: Vec<&[u8]> = comps.iter().map(|c| c.as_ref()).collect();
-            Bytes::from(sluice_types::routing_key(&refs))
-        };
+    if pk_all_eq(w) {
+        let components = (0..w.pk.len())
+            .map(|k| eq_component(b, t, w, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key = routing_key_of(&components);
         return Ok(vec![PartitionKey {
             token: sluice_types::murmur3_token(&key),
             key,
-            components: comps,
+            components,
         }]);
     }
     let mut parts = Vec::with_capacity(w.pk.len());
@@ -370,8 +441,7 @@ pub(crate) fn partition_keys(
     }
     let mut out: Vec<PartitionKey> = Vec::new();
     for comps in cartesian(parts)? {
-        let refs: Vec<&[u8]> = comps.iter().map(|c| c.as_ref()).collect();
-        let key = Bytes::from(sluice_types::routing_key(&refs));
+        let key = routing_key_of(&comps);
         if out.iter().any(|p| p.key == key) {
             continue;
         }

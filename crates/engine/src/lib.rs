@@ -162,8 +162,6 @@ pub enum OpKind {
 pub struct Route {
     /// The partition token, when the statement touches exactly one partition.
     pub token: Option<i64>,
-    /// The serialized partition key, with the token.
-    pub partition_key: Option<Bytes>,
     /// The table, if any.
     pub table: Option<TableId>,
     /// The kind of operation.
@@ -232,13 +230,18 @@ impl Prepared {
     }
 }
 
+/// Hasher of the statement cache, which every EXECUTE looks up: prepared ids are MD5 digests,
+/// so a fast keyed hash (foldhash, randomly seeded per process) suffices where SipHash cost
+/// ~300 instructions per lookup; the seed keeps clients from aiming collisions.
+type PreparedIdHash = foldhash::fast::RandomState;
+
 /// The query engine, shared by all shards.
 pub struct Engine {
     storage: Storage,
     node: NodeInfo,
     schema: RwLock<Arc<Schema>>,
     ddl_lock: Mutex<()>,
-    cache: RwLock<HashMap<[u8; 16], Arc<Prepared>>>,
+    cache: RwLock<HashMap<[u8; 16], Arc<Prepared>, PreparedIdHash>>,
     cache_clock: AtomicU64,
     events: broadcast::Sender<SchemaChange>,
     list_clock: AtomicU64,
@@ -289,7 +292,7 @@ impl Engine {
             node,
             schema: RwLock::new(Arc::new(schema)),
             ddl_lock: Mutex::new(()),
-            cache: RwLock::new(HashMap::new()),
+            cache: RwLock::new(HashMap::default()),
             cache_clock: AtomicU64::new(1),
             events,
             list_clock: AtomicU64::new(0),
@@ -457,6 +460,30 @@ impl Engine {
         self.route(p, &values)
     }
 
+    /// The statement's `USING TIMEOUT`, if any: decided once at analysis when constant,
+    /// bound from `values` when a marker. Cheap, so that the deadline check [C] can run
+    /// before any routing work. Values are positional.
+    pub fn timeout(
+        &self,
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+    ) -> Result<Option<Duration>, DetailedError> {
+        if let Some(decided) = &p.const_timeout {
+            return decided.clone();
+        }
+        let marker = match &p.plan {
+            Plan::Select(s) => s.timeout.as_ref(),
+            Plan::Write(w) => w.timeout.as_ref(),
+            Plan::Batch(bp) => bp.timeout.as_ref(),
+            Plan::Dynamic(_) => None,
+        };
+        match marker {
+            // A duration marker never involves "now".
+            Some(v) => exec::timeout_of(&exec::Binder::new(values, 0), v),
+            None => Ok(None),
+        }
+    }
+
     /// Routing information without executing: token of the single partition touched (if
     /// any), table, operation kind and `USING TIMEOUT`. Values are positional (see
     /// [`Engine::route_params`] for named values).
@@ -465,26 +492,22 @@ impl Engine {
         p: &Prepared,
         values: &[sluice_protocol::Value],
     ) -> Result<Route, DetailedError> {
-        let b = exec::Binder::new(values, now_micros());
-        let (table, where_, timeout) = match &p.plan {
-            Plan::Select(s) => (Some(&s.table), Some(&s.where_), s.timeout.as_ref()),
-            Plan::Write(w) => (Some(&w.table), Some(&w.where_), w.timeout.as_ref()),
-            Plan::Batch(bp) => (
-                bp.writes.first().map(|w| &w.table),
-                None,
-                bp.timeout.as_ref(),
-            ),
-            Plan::Dynamic(_) => (None, None, None),
+        let timeout = self.timeout(p, values)?;
+        let (table, where_) = match &p.plan {
+            Plan::Select(s) => (Some(&s.table), Some(&s.where_)),
+            Plan::Write(w) => (Some(&w.table), Some(&w.where_)),
+            Plan::Batch(bp) => (bp.writes.first().map(|w| &w.table), None),
+            Plan::Dynamic(_) => (None, None),
         };
-        // A constant timeout was decoded once at analysis; only a marker is bound here.
-        let timeout = match (&p.const_timeout, timeout) {
-            (Some(decided), _) => decided.clone()?,
-            (None, Some(v)) => exec::timeout_of(&b, v)?,
-            (None, None) => None,
+        // The clock is read only when a partition key calls now(), uuid()...
+        let now = match (&p.plan, where_) {
+            (Plan::Batch(_), _) => now_micros(),
+            (_, Some(w)) if exec::pk_uses_now(w) => now_micros(),
+            _ => 0,
         };
+        let b = exec::Binder::new(values, now);
         let mut route = Route {
             token: None,
-            partition_key: None,
             table: table.map(|t| *t.id.as_bytes()),
             kind: p.kind,
             timeout,
@@ -492,10 +515,12 @@ impl Engine {
         };
         if let (Some(t), Some(w)) = (table, where_) {
             if !t.is_virtual() && w.pk_complete() {
-                if let Ok(keys) = exec::partition_keys(&b, t, w) {
-                    if keys.len() == 1 {
-                        route.token = Some(keys[0].token);
-                        route.partition_key = Some(keys[0].key.clone());
+                if let Some(Ok(token)) = exec::single_partition_token(&b, t, w) {
+                    route.token = Some(token);
+                } else if let Ok(keys) = exec::partition_keys(&b, t, w) {
+                    // `IN` with a single distinct value.
+                    if let [k] = &keys[..] {
+                        route.token = Some(k.token);
                     }
                 }
             }

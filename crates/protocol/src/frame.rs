@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::error::ErrorCode;
 
@@ -313,7 +313,9 @@ impl FrameDecoder {
             return Ok(None);
         }
         let mut frame = buf.split_to(total);
-        let body = frame.split_off(HEADER_LEN).freeze();
+        // Advancing past the header costs no second reference count, unlike split_off.
+        frame.advance(HEADER_LEN);
+        let body = frame.freeze();
         Ok(Some(Frame { header, body }))
     }
 }

@@ -20,5 +20,7 @@ pub use error::{DetailedError, ErrorCode, ErrorExtra, ErrorResponse, OperationTy
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, Opcode, HEADER_LEN};
 pub use messages::*;
 pub use preencoded::{PreencodedErrors, PreencodedFrame};
-pub use request::{decode_request, peek_consistency, peek_execute_id, peek_query_text};
+pub use request::{
+    decode_request, peek_consistency, peek_execute_id, peek_query_text, ExecuteHead, VALUE_PREFIX,
+};
 pub use wire::DecodeError;

@@ -192,6 +192,76 @@ pub fn peek_execute_id(header: &FrameHeader, body: &Bytes) -> Result<Bytes, Deco
     r.read_short_bytes()
 }
 
+/// How many leading positional values [`ExecuteHead::read`] reads.
+pub const VALUE_PREFIX: usize = 8;
+
+/// The statement id and leading positional values of an EXECUTE body, read without
+/// allocating (values are slices of the body): enough to find the statement, its deadline
+/// [C] and its partition [B] before the full decode, so that a request turned away there is
+/// never decoded further.
+#[derive(Debug, Clone)]
+pub struct ExecuteHead {
+    /// Prepared statement id.
+    pub id: Bytes,
+    values: [Value; VALUE_PREFIX],
+    len: usize,
+    complete: bool,
+}
+
+impl Default for ExecuteHead {
+    fn default() -> Self {
+        ExecuteHead {
+            id: Bytes::new(),
+            values: std::array::from_fn(|_| Value::Unset),
+            len: 0,
+            complete: false,
+        }
+    }
+}
+
+impl ExecuteHead {
+    /// The leading positional values read (all of them when [`Self::complete`]).
+    pub fn values(&self) -> &[Value] {
+        &self.values[..self.len]
+    }
+
+    /// True when [`Self::values`] holds every bound value: they are positional and at
+    /// most [`VALUE_PREFIX`]. Otherwise only the full decode has them.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Reads an EXECUTE body's id and up to [`VALUE_PREFIX`] positional values into `self`
+    /// (filled in place: the head is a few hundred bytes, not worth moving). `body` must be
+    /// decompressed. Never panics on malformed input; the full decode reports the precise
+    /// error.
+    pub fn read(&mut self, header: &FrameHeader, body: &Bytes) -> Result<(), DecodeError> {
+        self.len = 0;
+        self.complete = false;
+        if header.opcode != Opcode::Execute {
+            return Err(DecodeError("not an EXECUTE"));
+        }
+        let mut r = Reader::new(body);
+        if header.flags & FLAG_CUSTOM_PAYLOAD != 0 {
+            r.skip_bytes_map()?;
+        }
+        self.id = r.read_short_bytes()?;
+        r.read_consistency()?;
+        let flags = r.read_u8()?;
+        if flags & QUERY_FLAG_VALUES == 0 {
+            self.complete = true;
+        } else if flags & QUERY_FLAG_NAMES == 0 {
+            let n = r.read_count(MIN_VALUE_LEN)?;
+            for slot in self.values.iter_mut().take(n) {
+                *slot = r.read_value()?;
+                self.len += 1;
+            }
+            self.complete = n <= VALUE_PREFIX;
+        }
+        Ok(())
+    }
+}
+
 /// The (UTF-8 validated) text of a QUERY or PREPARE body without decoding its parameters.
 pub fn peek_query_text(header: &FrameHeader, body: &Bytes) -> Result<Bytes, DecodeError> {
     if !matches!(header.opcode, Opcode::Query | Opcode::Prepare) {
@@ -364,6 +434,60 @@ mod tests {
     }
 
     #[test]
+    fn execute_head_reads_a_bounded_prefix_that_matches_the_full_decode() {
+        let body_with = |n: u16, flags: u8| {
+            let mut b = BytesMut::new();
+            put_short_bytes(&mut b, &[7; 16]);
+            put_consistency(&mut b, Consistency::One);
+            put_u8(&mut b, flags);
+            if flags & QUERY_FLAG_VALUES != 0 {
+                put_short(&mut b, n);
+                for i in 0..n {
+                    if flags & QUERY_FLAG_NAMES != 0 {
+                        put_string(&mut b, "x");
+                    }
+                    put_bytes(&mut b, Some(&[i as u8]));
+                }
+            }
+            b.freeze()
+        };
+        for (n, flags, complete, len) in [
+            (0, 0, true, 0),
+            (3, QUERY_FLAG_VALUES, true, 3),
+            (8, QUERY_FLAG_VALUES, true, 8),
+            (10, QUERY_FLAG_VALUES, false, 8),
+            (2, QUERY_FLAG_VALUES | QUERY_FLAG_NAMES, false, 0),
+        ] {
+            let body = body_with(n, flags);
+            let h = hdr(Opcode::Execute, 0, body.len());
+            let mut head = ExecuteHead::default();
+            head.read(&h, &body).unwrap();
+            assert_eq!(
+                (head.complete(), head.values().len()),
+                (complete, len),
+                "{n} {flags}"
+            );
+            let Ok(Request::Execute { params, .. }) = decode_request(&h, body.clone()) else {
+                panic!("full decode")
+            };
+            assert_eq!(head.values(), &params.values[..len]);
+            // Truncated anywhere: an error (or, for named values, which it does not read, an
+            // incomplete head), never a panic and never a complete head.
+            for cut in 0..body.len() {
+                let short = body.slice(..cut);
+                let read = head.read(&h, &short);
+                assert!(read.is_err() || !head.complete(), "cut {cut}");
+            }
+        }
+        let body = body_with(1, QUERY_FLAG_VALUES);
+        let mut head = ExecuteHead::default();
+        assert!(head
+            .read(&hdr(Opcode::Query, 0, body.len()), &body)
+            .is_err());
+        assert!(!head.complete());
+    }
+
+    #[test]
     fn execute_and_prepare() {
         let mut b = BytesMut::new();
         put_short_bytes(&mut b, &[0xAB; 16]);
@@ -374,6 +498,11 @@ mod tests {
         let body = b.freeze();
         let h = hdr(Opcode::Execute, 0, body.len());
         assert_eq!(&peek_execute_id(&h, &body).unwrap()[..], &[0xAB; 16]);
+        let mut head = ExecuteHead::default();
+        head.read(&h, &body).unwrap();
+        assert_eq!(&head.id[..], &[0xAB; 16]);
+        assert!(head.complete());
+        assert_eq!(head.values(), &[Value::Set(Bytes::from_static(b"v"))]);
         assert_eq!(peek_consistency(&h, &body), Some(Consistency::Quorum));
         let req = decode_request(&h, body.clone()).unwrap();
         let Request::Execute { id, params } = req else {

@@ -10,9 +10,9 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_engine::{OpKind, Prepared, RequestContext, Session};
+use sluice_engine::{OpKind, Prepared, RequestContext, Route, Session};
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{Frame, Opcode};
 use sluice_protocol::{
@@ -76,7 +76,35 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
     }
     let compression = conn.compression.get();
     let max = shard.config.max_frame_bytes as usize;
-    let request = match frame.into_request(compression, max) {
+    let header = frame.header;
+    let body = match compression.decompress_body(&header, frame.body, max) {
+        Ok(b) => b,
+        Err(e) => {
+            inf.answer_error(&ErrorResponse::new(ErrorCode::ProtocolError, e.message()));
+            return;
+        }
+    };
+    // EXECUTE: the statement, its deadline [C] and its partition [B] come from the id and the
+    // leading values, so that a request turned away there is never decoded further.
+    let mut inf = inf;
+    let mut checked = None;
+    if header.opcode == Opcode::Execute && conn.ready.get() {
+        let mut head = sluice_protocol::ExecuteHead::default();
+        if head.read(&header, &body).is_ok() && head.complete() {
+            let Some(p) = shard.engine.prepared(&head.id) else {
+                inf.answer_error(&sluice_protocol::response::unprepared_error(&head.id));
+                return;
+            };
+            match precheck(inf, &p, head.values(), arrival).await {
+                Some((i, c)) => {
+                    inf = i;
+                    checked = Some((p, c));
+                }
+                None => return,
+            }
+        }
+    }
+    let request = match sluice_protocol::decode_request(&header, body) {
         Ok(r) => r,
         Err(e) => {
             inf.answer_error(&ErrorResponse::new(ErrorCode::ProtocolError, e.message()));
@@ -159,9 +187,12 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
                 Err(e) => answer_detailed(inf, &e, compression),
             }
         }
-        Request::Execute { id, params } => match shard.engine.prepared(&id) {
-            Some(p) => execute(inf, p, params, arrival).await,
-            None => inf.answer_error(&sluice_protocol::response::unprepared_error(&id)),
+        Request::Execute { id, params } => match checked {
+            Some((p, c)) => run(inf, p, params, c).await,
+            None => match shard.engine.prepared(&id) {
+                Some(p) => execute(inf, p, params, arrival).await,
+                None => inf.answer_error(&sluice_protocol::response::unprepared_error(&id)),
+            },
         },
         Request::Batch(batch) => {
             if conn.outbox.is_closed() {
@@ -207,61 +238,86 @@ async fn execute(
     params: QueryParameters,
     arrival: Instant,
 ) {
+    if let Some((inf, checked)) = precheck(inf, &prepared, &params.values, arrival).await {
+        run(inf, prepared, params, checked).await;
+    }
+}
+
+/// What [`precheck`] decided for a request that goes on.
+struct Checked {
+    route: Route,
+    deadline: Instant,
+    /// The limiter check the owner shard makes, when the partition is another shard's.
+    remote_check: Option<LimitCheck>,
+}
+
+/// Everything that can turn a statement away before it is run, cheapest first, from its
+/// positional `values`: a gone client, the deadline [C], routing, the limiter [B]. Answers
+/// (or abandons) the request and returns None when it must not run.
+async fn precheck(
+    inf: InFlight,
+    prepared: &Prepared,
+    values: &[sluice_protocol::Value],
+    arrival: Instant,
+) -> Option<(InFlight, Checked)> {
     let shard = inf.shard.clone();
     let conn = inf.conn.clone();
     let compression = conn.compression.get();
     // Nobody is waiting for this answer any more: do not work on it.
     if conn.outbox.is_closed() {
         inf.abandon();
-        return;
+        return None;
     }
-    let route = match shard.engine.route(&prepared, &params.values) {
-        Ok(r) => r,
+    // [C] deadline: USING TIMEOUT, else the per-kind default, from the frame's arrival;
+    // checked before any routing work so that an expired request costs the least.
+    let timeout = match shard.engine.timeout(prepared, values) {
+        Ok(t) => t,
         Err(e) => {
             answer_detailed(inf, &e, compression);
-            return;
+            return None;
         }
     };
-    // [C] deadline: USING TIMEOUT, else the per-kind default, from the frame's arrival.
     let timeouts = &shard.config.timeouts;
-    let default = match route.kind {
+    let default = match prepared.kind {
         OpKind::Read => timeouts.read,
         OpKind::Write => timeouts.write,
         OpKind::Range => timeouts.range,
         _ => timeouts.other,
     };
-    let timeout: Duration = route.timeout.unwrap_or(default);
-    let deadline = arrival + timeout;
-    let expired = if matches!(route.kind, OpKind::Write) {
-        &WRITE_EXPIRED
-    } else {
-        &READ_EXPIRED
-    };
+    let deadline = arrival + timeout.unwrap_or(default);
     if Instant::now() >= deadline {
         shard.metrics.expired_before_execution.fetch_add(1, Relaxed);
+        let expired = if matches!(prepared.kind, OpKind::Write) {
+            &WRITE_EXPIRED
+        } else {
+            &READ_EXPIRED
+        };
         inf.answer_error(expired);
-        return;
+        return None;
     }
+    let route = match shard.engine.route(prepared, values) {
+        Ok(r) => r,
+        Err(e) => {
+            answer_detailed(inf, &e, compression);
+            return None;
+        }
+    };
     if let Some(delay) = shard.config.test_only_service_delay {
         // TEST ONLY: real service time in end-to-end overload tests.
         tokio::time::sleep(delay).await;
     }
-    let ctx = RequestContext {
-        deadline: Some(deadline),
-        now_micros: now_micros(),
-    };
     let owner = route.token.map(|t| shard.owner_of(t));
     // [B] per-partition limiter, always on the shard that owns the partition: a single
     // partition here or on the owner with the forwarded execution; each partition of a
     // multi-partition operation on its owner. Tables without a limit skip all of it.
     let mut remote_check = None;
     if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
-        let parts = shard.engine.limited_partitions(&prepared, &params.values);
+        let parts = shard.engine.limited_partitions(prepared, values);
         if !parts.is_empty() {
             let d = crate::limiter::check_partitions(&shard, &parts).await;
             if let LimitDecision::Reject(op) = d {
                 answer_rate_limited(inf, op);
-                return;
+                return None;
             }
         }
     } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
@@ -286,10 +342,35 @@ async fn execute(
             {
                 drop(limiter);
                 answer_rate_limited(inf, op);
-                return;
+                return None;
             }
         }
     }
+    Some((
+        inf,
+        Checked {
+            route,
+            deadline,
+            remote_check,
+        },
+    ))
+}
+
+/// Runs a statement that passed [`precheck`], on the shard that owns its partition.
+async fn run(inf: InFlight, prepared: Arc<Prepared>, params: QueryParameters, checked: Checked) {
+    let shard = inf.shard.clone();
+    let conn = inf.conn.clone();
+    let compression = conn.compression.get();
+    let Checked {
+        route,
+        deadline,
+        remote_check,
+    } = checked;
+    let ctx = RequestContext {
+        deadline: Some(deadline),
+        now_micros: now_micros(),
+    };
+    let owner = route.token.map(|t| shard.owner_of(t));
     let session = conn.session.borrow().clone();
     let (session, result) = match owner {
         Some(o) if o != shard.id => {

@@ -1,5 +1,7 @@
-//! The overload rejection path allocates nothing: from the 9 header bytes to the
-//! `Overloaded` frame appended to a connection's write buffer (issue 4, "Rejection path").
+//! The rejection paths allocate nothing: from the 9 header bytes to the `Overloaded` frame
+//! appended to a connection's write buffer (issue 4, "Rejection path"), and from the frame
+//! to the per-partition limiter's or the deadline's pre-encoded error (issue 3: "The reject
+//! path allocates nothing and decodes no more than it needs to find the partition key").
 //!
 //! A counting global allocator counts allocations made by this thread only, so the test
 //! harness's other threads cannot disturb the figure.
@@ -36,6 +38,8 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+mod support;
 
 fn allocations() -> u64 {
     ALLOCS.with(|c| c.get())
@@ -103,6 +107,45 @@ fn overloaded_rejection_from_the_header_allocates_nothing() {
             .load(std::sync::atomic::Ordering::Relaxed),
         N as u64
     );
+}
+
+/// Runs `path` of the shared in-process request path and returns allocations per request
+/// in steady state, after checking every answer is that path's.
+fn allocations_per_request(path: &str) -> u64 {
+    let (mut bench, _dir, frame, expected) = support::request_path::setup(path);
+    // Warm-up: statement cache, limiter slot, buffers.
+    for _ in 0..200 {
+        bench.one(&frame, path);
+    }
+    const N: u64 = 500;
+    let mut answers = Vec::with_capacity(N as usize);
+    let before = allocations();
+    for _ in 0..N {
+        answers.push(bench.one(&frame, path));
+    }
+    let allocated = allocations() - before;
+    // The harness's limiter clock is fixed, so after the warm-up every write is over the
+    // limit: all answers are that path's (else the count above would mix paths).
+    let off_path = answers.iter().filter(|&&op| op != expected).count();
+    assert_eq!(off_path, 0, "{off_path} of {N} answers were not {path}");
+    allocated
+}
+
+#[test]
+fn rate_limited_rejection_allocates_nothing() {
+    assert_eq!(allocations_per_request("rate_limited"), 0);
+}
+
+#[test]
+fn expired_rejection_allocates_nothing() {
+    assert_eq!(allocations_per_request("expired"), 0);
+}
+
+#[test]
+fn a_served_write_does_allocate() {
+    // The same harness on the served path: it allocates (rows, batches, results), which
+    // shows the two tests above can fail.
+    assert!(allocations_per_request("served") > 0);
 }
 
 #[test]

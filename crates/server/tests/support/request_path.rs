@@ -1,0 +1,296 @@
+//! The in-process request path, frame bytes in and response bytes out (no sockets), for one
+//! of four outcomes: shared by `examples/request_path_insns.rs` (instruction counts under
+//! callgrind) and `tests/no_alloc_reject.rs` (allocations per rejection).
+//!
+//! The steps are the ones the server runs (`connection.rs` then `request.rs`), called
+//! through the same public functions. Writes are EXECUTEs of a prepared statement with two
+//! bound ints, as drivers send them.
+//!
+//! - `served`: header decode, [A] admission (queue, dispatch, completion), body decode,
+//!   prepared statement lookup, deadline check, route, engine execute (periodic durability,
+//!   so no fsync), RESULT encoded into the write buffer.
+//! - `overloaded`: header decode, [A] admission finds the queue full, the pre-encoded
+//!   `Overloaded` frame is appended. The body is never decoded.
+//! - `rate_limited`: like `served` up to the route, from the statement id and the leading
+//!   values only, then the per-partition limiter [B] rejects and the pre-encoded rate-limit
+//!   frame is appended. The rest of the body is never decoded.
+//! - `expired`: like `served` up to the deadline check (`USING TIMEOUT 1ms`, the frame read
+//!   5 ms earlier), which finds it passed: the pre-encoded Write_timeout is appended.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use sluice_engine::{Engine, NodeInfo, RequestContext, Session};
+use sluice_overload::{
+    Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig, TableLimitStats,
+};
+use sluice_protocol::compression::Compression;
+use sluice_protocol::frame::{Frame, FrameDecoder, Opcode};
+use sluice_protocol::preencoded::PreencodedErrors;
+use sluice_protocol::{decode_request, ExecuteHead, OperationType, Request};
+use sluice_server::admission::{Admit, ShardAdmission};
+use sluice_server::metrics::ShardMetrics;
+use sluice_server::ServerConfig;
+
+/// Polls a future that completes without waiting on I/O (local storage, no fsync).
+fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn query_frame(stream: i16, text: &str) -> Vec<u8> {
+    let mut body = (text.len() as u32).to_be_bytes().to_vec();
+    body.extend_from_slice(text.as_bytes());
+    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
+    let mut f = vec![4, 0];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.push(Opcode::Query as u8);
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// An EXECUTE frame for prepared `id` binding two ints (the drivers' path for writes).
+fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
+    let mut body = (id.len() as u16).to_be_bytes().to_vec();
+    body.extend_from_slice(id);
+    body.extend_from_slice(&[0, 1, 0x01]); // consistency ONE, flag: values
+    body.extend_from_slice(&2u16.to_be_bytes());
+    for x in [k, v] {
+        body.extend_from_slice(&4i32.to_be_bytes());
+        body.extend_from_slice(&x.to_be_bytes());
+    }
+    let mut f = vec![4, 0];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.push(Opcode::Execute as u8);
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// The request path's state, as one shard holds it.
+pub struct Bench {
+    engine: Arc<Engine>,
+    session: Session,
+    decoder: FrameDecoder,
+    admission: ShardAdmission,
+    metrics: ShardMetrics,
+    limiter: RateLimiter,
+    table_stats: TableLimitStats,
+    errors: PreencodedErrors,
+    out: BytesMut,
+    input: BytesMut,
+}
+
+impl Bench {
+    /// One frame through the path; returns the opcode of the answer written.
+    pub fn one(&mut self, frame: &[u8], path: &str) -> u8 {
+        self.input.extend_from_slice(frame);
+        let Ok(Some(frame)) = self.decoder.decode(&mut self.input) else {
+            panic!("bad frame");
+        };
+        let mut arrival = Instant::now();
+        if path == "expired" {
+            // The frame was read 5 ms ago and waited (queued) past its 1 ms deadline.
+            arrival = arrival
+                .checked_sub(Duration::from_millis(5))
+                .unwrap_or(arrival);
+        }
+        let stream = frame.header.stream;
+        let start = self.out.len();
+        match self
+            .admission
+            .admit(&frame.header, arrival, 1, &self.metrics)
+        {
+            Admit::Reject => {
+                // As connection::reject_overloaded does.
+                self.metrics.count_overloaded_error();
+                self.admission.append_overloaded(&mut self.out, stream)
+            }
+            Admit::Accept(ticket) => {
+                self.served(frame, arrival, path);
+                self.admission.complete(ticket, &self.metrics);
+            }
+        }
+        let op = self.out[start + 4];
+        if self.out.len() > 1 << 20 {
+            self.out.clear();
+        }
+        op
+    }
+
+    fn served(&mut self, frame: Frame, arrival: Instant, path: &str) {
+        let stream = frame.header.stream;
+        let header = frame.header;
+        let body = Compression::None
+            .decompress_body(&header, frame.body, 1 << 20)
+            .expect("body");
+        // As request.rs: an EXECUTE is checked on its id and leading values, and decoded in
+        // full only once it passed [C] and [B]; a QUERY is decoded first.
+        let mut head = ExecuteHead::default();
+        let head = (header.opcode == Opcode::Execute
+            && head.read(&header, &body).is_ok()
+            && head.complete())
+        .then_some(&head);
+        let (p, decoded) = match &head {
+            Some(h) => (self.engine.prepared(&h.id).expect("prepared"), None),
+            None => match decode_request(&header, body.clone()) {
+                Ok(Request::Query { query, params }) => {
+                    let text = std::str::from_utf8(&query).expect("utf-8");
+                    let p = self.engine.prepare(self.session.keyspace.as_deref(), text);
+                    (p.expect("prepare"), Some(params))
+                }
+                _ => panic!("not a query"),
+            },
+        };
+        let values = match (head, &decoded) {
+            (Some(h), _) => h.values(),
+            (None, Some(params)) => &params.values[..],
+            (None, None) => unreachable!(),
+        };
+        // [C] before routing, as request.rs does.
+        let timeout = self.engine.timeout(&p, values).expect("timeout");
+        let deadline = arrival + timeout.unwrap_or(Duration::from_secs(2));
+        if Instant::now() >= deadline {
+            self.errors.write_timeout.append(&mut self.out, stream);
+            return;
+        }
+        let route = self.engine.route(&p, values).expect("route");
+        if path == "rate_limited" {
+            if let (Some(token), Some(limit)) = (
+                route.token,
+                route.rate_limits.and_then(|r| r.max_writes_per_second),
+            ) {
+                let key = LimitKey {
+                    token,
+                    table: 1,
+                    op: OpType::Write,
+                };
+                let random = (token as u32).wrapping_mul(0x9E37_79B9);
+                let wall = sluice_overload::Nanos(1_700_000_000_000_000_000);
+                let d = self
+                    .limiter
+                    .check(key, Some(limit), random, wall, &self.table_stats);
+                if d == Decision::Reject {
+                    self.errors
+                        .rate_limit(OperationType::Write, true)
+                        .append(&mut self.out, stream);
+                    return;
+                }
+            }
+        }
+        let params = match decoded {
+            Some(params) => params,
+            None => match decode_request(&header, body) {
+                Ok(Request::Execute { params, .. }) => params,
+                _ => panic!("not an EXECUTE"),
+            },
+        };
+        let ctx = RequestContext {
+            deadline: Some(deadline),
+            now_micros: sluice_engine::now_micros(),
+        };
+        let r = block_on(self.engine.execute(&mut self.session, &p, &params, &ctx));
+        match r {
+            Ok(r) => sluice_protocol::response::encode_result(
+                &mut self.out,
+                stream,
+                &r,
+                Compression::None,
+            ),
+            Err(e) => sluice_protocol::response::encode_detailed_error(
+                &mut self.out,
+                stream,
+                &e,
+                Compression::None,
+            ),
+        }
+    }
+}
+
+/// A bench for `path` with its schema created, the EXECUTE frame to send and the opcode of
+/// the answer that path gives.
+pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
+        path: dir.path().join("db"),
+        durability: sluice_storage::Durability::Periodic {
+            interval: Duration::from_secs(3600),
+        },
+        cache_bytes: 16 << 20,
+    })
+    .expect("storage");
+    let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
+    let engine = Engine::open(storage, info).expect("engine");
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into());
+    if path == "overloaded" {
+        // One execution slot and a one-request queue, both taken: every frame is shed.
+        let mut a = sluice_server::AdmissionConfig {
+            queue_capacity: 1,
+            ..Default::default()
+        };
+        a.concurrency.initial = 1;
+        a.concurrency.min = 1;
+        a.concurrency.max = 1;
+        config.admission = Some(a);
+    }
+    let mut b = Bench {
+        engine,
+        session: Session::default(),
+        decoder: FrameDecoder::new(1 << 20),
+        admission: ShardAdmission::new(&config),
+        metrics: ShardMetrics::default(),
+        limiter: RateLimiter::new(RateLimiterConfig::default()),
+        table_stats: TableLimitStats::default(),
+        errors: PreencodedErrors::new(),
+        out: BytesMut::with_capacity(2 << 20),
+        input: BytesMut::with_capacity(64 << 10),
+    };
+    for (i, ddl) in [
+        "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+        "CREATE TABLE ks.t (k int PRIMARY KEY, v int)",
+        "CREATE TABLE ks.limited (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1}",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_eq!(b.one(&query_frame(i as i16, ddl), "served"), Opcode::Result as u8);
+    }
+    let text = match path {
+        "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
+        "rate_limited" => "INSERT INTO ks.limited (k, v) VALUES (?, ?)",
+        "expired" => "INSERT INTO ks.t (k, v) VALUES (?, ?) USING TIMEOUT 1ms",
+        other => panic!("unknown path {other}"),
+    };
+    let prepared = b.engine.prepare(None, text).expect("prepare");
+    let frame = execute_frame(7, &prepared.id, 1, 2);
+    let expected = if path == "served" {
+        Opcode::Result as u8
+    } else {
+        Opcode::Error as u8
+    };
+    if path == "overloaded" {
+        let arrival = Instant::now();
+        for _ in 0..2 {
+            let mut input = BytesMut::from(&frame[..]);
+            let f = b.decoder.decode(&mut input).expect("frame").expect("frame");
+            assert!(matches!(
+                b.admission.admit(&f.header, arrival, 1, &b.metrics),
+                Admit::Accept(_)
+            ));
+        }
+    }
+    (b, dir, frame, expected)
+}
