@@ -1843,6 +1843,9 @@ pub(crate) fn analyze(
             .map(|(i, s)| (i, s.ty.clone()))
             .collect();
     }
+    let set_or_map_markers = bind_specs
+        .iter()
+        .any(|s| sluice_types::contains_set_or_map(&s.ty));
     let const_timeout = crate::exec::constant_timeout(match &plan {
         Plan::Select(s) => s.timeout.as_ref(),
         Plan::Write(w) => w.timeout.as_ref(),
@@ -1862,6 +1865,7 @@ pub(crate) fn analyze(
         table_keyspace: keyspace_ref,
         plan,
         const_timeout,
+        set_or_map_markers,
         last_used: std::sync::atomic::AtomicU64::new(0),
         schema_version: schema.version,
     })

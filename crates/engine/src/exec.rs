@@ -167,7 +167,6 @@ pub(crate) fn order_values<'a>(
     p: &Prepared,
     params: &'a QueryParameters,
 ) -> Result<Cow<'a, [Value]>, DetailedError> {
-    let markers = p.bind_specs.iter().map(|s| &s.ty).enumerate();
     let Some(names) = &params.names else {
         if params.values.len() != p.bind_specs.len() {
             return Err(invalid(format!(
@@ -176,7 +175,7 @@ pub(crate) fn order_values<'a>(
                 params.values.len()
             )));
         }
-        return Ok(canonical_values(markers, Cow::Borrowed(&params.values)));
+        return Ok(canonical_positional(p, &params.values));
     };
     let mut out = Vec::with_capacity(p.bind_specs.len());
     for spec in &p.bind_specs {
@@ -186,7 +185,19 @@ pub(crate) fn order_values<'a>(
             .ok_or_else(|| invalid(format!("No value for bind variable {}", spec.name)))?;
         out.push(params.values.get(pos).cloned().unwrap_or(Value::Unset));
     }
+    let markers = p.bind_specs.iter().map(|s| &s.ty).enumerate();
     Ok(canonical_values(markers, Cow::Owned(out)))
+}
+
+/// Positional values with sets and maps in canonical order (see [`canonical_values`]), for
+/// routing and the limiter: the token of a frozen-collection partition key must be the one
+/// execution writes under, whatever order the driver serialized it in.
+pub(crate) fn canonical_positional<'v>(p: &Prepared, values: &'v [Value]) -> Cow<'v, [Value]> {
+    if !p.set_or_map_markers {
+        return Cow::Borrowed(values);
+    }
+    let markers = p.bind_specs.iter().map(|s| &s.ty).enumerate();
+    canonical_values(markers, Cow::Borrowed(values))
 }
 
 /// Bound values with every set and map, nested ones included, in canonical order: set

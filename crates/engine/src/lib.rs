@@ -218,6 +218,8 @@ pub struct Prepared {
     pub(crate) plan: Plan,
     /// `USING TIMEOUT` when written as a constant, decided at analysis (None: a bind marker).
     pub(crate) const_timeout: Option<Result<Option<std::time::Duration>, DetailedError>>,
+    /// Some marker's type holds a set or map, whose bound value may need reordering.
+    pub(crate) set_or_map_markers: bool,
     pub(crate) last_used: AtomicU64,
     /// The schema version the plan was analysed against.
     pub(crate) schema_version: Uuid,
@@ -505,7 +507,8 @@ impl Engine {
             (_, Some(w)) if exec::pk_uses_now(w) => now_micros(),
             _ => 0,
         };
-        let b = exec::Binder::new(values, now);
+        let values = exec::canonical_positional(p, values);
+        let b = exec::Binder::new(&values, now);
         let mut route = Route {
             token: None,
             table: table.map(|t| *t.id.as_bytes()),

@@ -194,7 +194,8 @@ impl Engine {
     /// partitions of an `IN` read, of a multi-partition write, or of a text batch. Empty for
     /// range scans, system tables, DDL and tables without a limit for the operation.
     pub fn limited_partitions(&self, p: &Prepared, values: &[Value]) -> Vec<LimitedPartition> {
-        let b = exec::Binder::new(values, crate::now_micros());
+        let values = exec::canonical_positional(p, values);
+        let b = exec::Binder::new(&values, crate::now_micros());
         let mut out = Vec::new();
         match &p.plan {
             Plan::Select(s) if p.kind == OpKind::Read => {

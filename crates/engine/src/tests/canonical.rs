@@ -219,6 +219,9 @@ async fn a_bound_frozen_set_partition_key_has_the_literal_token_and_row() {
     };
     let route = h.engine.route_params(&p, &positional).unwrap();
     assert_eq!(route.token, Some(literal_token));
+    // And `route` on raw positional values, as the server calls it before the full decode.
+    let raw = h.engine.route(&p, &positional.values).unwrap();
+    assert_eq!(raw.token, Some(literal_token));
     let p = h
         .engine
         .prepare(None, "SELECT v FROM ks.pk WHERE p = :key")
