@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p sluice-overload --bench limiter`
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use sluice_overload::admission::{AdmissionConfig, AdmissionController, Codel, CodelConfig};
 use sluice_overload::{
     ConnBudget, Deadline, InflightBudget, InflightCaps, LimitKey, Nanos, OpType, RateLimiter,
@@ -35,42 +35,26 @@ fn key(token: i64) -> LimitKey {
 fn limiter(c: &mut Criterion) {
     let mut g = c.benchmark_group("limiter");
     let stats = TableLimitStats::default();
-
-    // One hot partition far above its limit (every call takes the probabilistic branch).
-    let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 1);
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
-    let mut t = T0;
-    g.bench_function("account_and_decide/hot_key", |b| {
-        b.iter(|| {
-            t += 1_000; // 1 µs per operation: a new window every million calls
-            rl.account_and_decide(black_box(key(42)), 100, rng.next() as u32, Nanos(t))
-        })
-    });
 
-    // 2,000 distinct partitions: a working set that stays in cache.
-    let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 4);
-    let mut t = T0;
-    g.bench_function("account_and_decide/2k_keys", |b| {
-        b.iter(|| {
-            t += 1_000;
-            let r = rng.next();
-            let k = key((r % 2_000) as i64);
-            rl.account_and_decide(black_box(k), 100, (r >> 32) as u32, Nanos(t))
-        })
-    });
-
-    // 50,000 distinct partitions, uniformly: 76% of the 65,536 slots live, long probe
-    // chains, and a cache miss per operation on the 2 MiB table.
-    let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 2);
-    let mut t = T0;
-    g.bench_function("account_and_decide/50k_keys", |b| {
-        b.iter(|| {
-            t += 1_000;
-            let r = rng.next();
-            let k = key((r % 50_000) as i64);
-            rl.account_and_decide(black_box(k), 100, (r >> 32) as u32, Nanos(t))
-        })
-    });
+    // Uniform traffic over `n` distinct partitions at one million operations per second on
+    // the shard, limit 100: n = 1 is one hot partition far above its limit (every call takes
+    // the probabilistic branch), 1,000 keys are each at 10x the limit and stay in cache,
+    // 50,000 keys fill 76% of the default 65,536 slots, 1,000,000 keys overflow the table
+    // (each operation finds a faded slot or evicts one).
+    for n in [1u64, 1_000, 50_000, 1_000_000] {
+        let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), n);
+        let mut t = T0;
+        g.bench_with_input(BenchmarkId::new("account_and_decide", n), &n, |b, &n| {
+            b.iter(|| {
+                t += 1_000; // 1 µs per operation: a new window every million calls
+                let r = rng.next();
+                // Multiply-shift instead of `%`: the division would dominate the measurement.
+                let k = key((((r & 0xFFFF_FFFF) * n) >> 32) as i64);
+                rl.account_and_decide(black_box(k), 100, (r >> 32) as u32, Nanos(t))
+            })
+        });
+    }
 
     // The request-path wrapper with per-table stats, for a limited table.
     let mut rl = RateLimiter::with_salt(RateLimiterConfig::default(), 3);

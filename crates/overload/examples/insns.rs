@@ -7,9 +7,19 @@
 //!     target/release/examples/insns hot 200000   # minus the same run with 100000
 //! ```
 //!
-//! Modes: `hot` (one partition far over its limit), `wide` (50,000 partitions), `nolimit`
+//! Modes: `hot` (one partition far over its limit), `wide` (50,000 partitions), `keys=<n>`
+//! (uniform over `n` partitions, as the criterion bench `account_and_decide/<n>`), `nolimit`
 //! (a table without a limit), `reject_full` (admission queue full), `cycle` (enqueue,
-//! dispatch, complete). Optional third argument: simulated nanoseconds per operation.
+//! dispatch, complete). Optional third argument: simulated nanoseconds per operation (the
+//! criterion bench uses 1000).
+//!
+//! Cache misses per decision, with the simulated last level set to this machine's per-core
+//! L2 (512 KiB; the 32 MiB L3 would hold any table):
+//!
+//! ```text
+//! valgrind --tool=cachegrind --cache-sim=yes --LL=524288,8,64 --cachegrind-out-file=/dev/null \
+//!     target/release/examples/insns keys=50000 2000000 1000   # minus the run with 1000000
+//! ```
 
 use sluice_overload::admission::{AdmissionConfig, AdmissionController};
 use sluice_overload::{
@@ -35,6 +45,7 @@ fn main() {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut t = 1_700_000_000_000_000_000u64;
     let mut acc = 0u64;
+    let keys: Option<u64> = mode.strip_prefix("keys=").and_then(|n| n.parse().ok());
     for i in 0..n {
         x ^= x << 13;
         x ^= x >> 7;
@@ -50,6 +61,11 @@ fn main() {
             "wide" => {
                 let k = key((x % 50_000) as i64);
                 rl.check(k, Some(100), (x >> 32) as u32, Nanos(t), &stats) as u64
+            }
+            _ if keys.is_some() => {
+                let n = keys.unwrap_or(1);
+                let k = key((((x & 0xFFFF_FFFF) * n) >> 32) as i64);
+                rl.account_and_decide(k, 100, (x >> 32) as u32, Nanos(t)) as u64
             }
             "nolimit" => rl.check(key(42), black_box(None), x as u32, Nanos(t), &stats) as u64,
             "reject_full" => u64::from(ctl.enqueue(i, Nanos(t), Deadline::NEVER).is_err()),

@@ -52,6 +52,6 @@ pub use admission::{
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{deadline_for, Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{
-    ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter, RateLimiterConfig,
-    TableLimitSnapshot, TableLimitStats,
+    Acceptance, ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter,
+    RateLimiterConfig, TableLimitSnapshot, TableLimitStats,
 };

@@ -404,7 +404,7 @@ pub fn run_limiter(sim: &LimiterSim) -> LimiterReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limit::ColdStart;
+    use crate::rate_limit::{Acceptance, ColdStart};
 
     fn admission(load: f64) -> AdmissionReport {
         let r = run_admission(&AdmissionSim {
@@ -522,17 +522,17 @@ mod tests {
         assert!(r.goodput_ratio >= 0.9, "{r:?}");
     }
 
-    fn limiter(multiplier: f64, cold_start: ColdStart) -> LimiterReport {
+    fn limiter(limit: u32, multiplier: f64, config: RateLimiterConfig) -> LimiterReport {
         let r = run_limiter(&LimiterSim {
+            limit,
             multiplier,
-            config: RateLimiterConfig {
-                cold_start,
-                ..RateLimiterConfig::default()
-            },
+            config,
             ..LimiterSim::default()
         });
         eprintln!(
-            "limiter {multiplier}x {cold_start:?}: first {:?} min {:?} max {:?} mean {:.1}",
+            "limiter L={limit} {multiplier}x {:?} {:?}: first {:?} min {:?} max {:?} mean {:.1}",
+            config.cold_start,
+            config.acceptance,
             &r.hot_accepted[..6],
             r.hot_accepted[1..].iter().min(),
             r.hot_accepted[1..].iter().max(),
@@ -545,37 +545,86 @@ mod tests {
         v.iter().sum::<u64>() as f64 / v.len().max(1) as f64
     }
 
+    fn std_dev(v: &[u64]) -> f64 {
+        let m = mean(v);
+        (v.iter().map(|&a| (a as f64 - m).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    }
+
     #[test]
     fn hot_partition_accepted_rate_tracks_the_limit() {
-        // The accepted count of one second is a sum of Bernoulli draws with variance up to L
-        // (σ ≈ 3.2% at L = 1000), inherent to the one-random-per-operation rule; over 20 seeds
-        // single seconds ranged 887..1121 at 100x. So: every 5-second rate within ±10%,
-        // every single second within ±15%, and the 59-second mean within ±3%.
+        // The default rule carries each decision's rounding residual, so the count accepted
+        // in any second is the sum of the decision probabilities ± 2: with constant arrivals
+        // every second after the first is within ±10% of the limit (measured ±2%), at a small
+        // limit as at a large one. The first second is the young token bucket: burst + rate.
+        for l in [100u32, 1_000] {
+            for m in [2.0, 10.0, 100.0] {
+                let r = limiter(l, m, RateLimiterConfig::default());
+                let l = f64::from(l);
+                assert!(
+                    r.hot_accepted[0] as f64 <= 2.0 * l + 1.0,
+                    "L={l} {m}x first second"
+                );
+                for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
+                    assert!(
+                        (a as f64 - l).abs() <= 0.1 * l,
+                        "L={l} {m}x second {s}: {:?}",
+                        r.hot_accepted
+                    );
+                }
+                assert!(
+                    (mean(&r.hot_accepted[1..]) - l).abs() <= 0.01 * l,
+                    "L={l} {m}x mean"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn independent_rule_per_second_noise_is_statistical() {
+        // ScyllaDB's rule draws each operation above 2L independently: a second's accepted
+        // count is a sum of Bernoulli draws with standard deviation about √L, i.e. 10% at
+        // L = 100, so a per-second ±10% bound there is a coin toss over 59 seconds (measured
+        // 71..132 over 5 seeds). At L = 1000 the same bound is 3.2σ per second (a few
+        // excursions per hour of seconds; measured 887..1089 over 5 seeds), and a 5-second
+        // block's ±10% is 7σ. The carried rule removes the noise with the same expectation.
+        let independent = RateLimiterConfig {
+            acceptance: Acceptance::Independent,
+            ..RateLimiterConfig::default()
+        };
+        let noisy = limiter(100, 10.0, independent);
+        let carried = limiter(100, 10.0, RateLimiterConfig::default());
+        let (sd_noisy, sd_carried) = (
+            std_dev(&noisy.hot_accepted[5..]),
+            std_dev(&carried.hot_accepted[5..]),
+        );
+        eprintln!("L=100 10x per-second σ: independent {sd_noisy:.2}, carried {sd_carried:.2}");
+        assert!((5.0..=15.0).contains(&sd_noisy), "{sd_noisy} ≈ √100");
+        assert!(sd_carried <= 1.5, "{sd_carried}");
+        assert!((mean(&noisy.hot_accepted[5..]) - 100.0).abs() <= 4.0);
         for m in [2.0, 10.0, 100.0] {
-            let r = limiter(m, RateLimiterConfig::default().cold_start);
-            let l = 1_000.0;
-            assert!(
-                r.hot_accepted[0] as f64 <= 2.0 * l + 1.0,
-                "{m}x first second"
-            );
+            let r = limiter(1_000, m, independent);
             for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
-                assert!((a as f64 - l).abs() <= 0.15 * l, "{m}x second {s}: {a}");
+                assert!((850..=1_150).contains(&a), "{m}x second {s}: {a}");
             }
             for (b, block) in r.hot_accepted[1..].chunks(5).enumerate() {
                 let rate = mean(block);
-                assert!((rate - l).abs() <= 0.1 * l, "{m}x block {b}: {rate}");
+                assert!((rate - 1_000.0).abs() <= 100.0, "{m}x block {b}: {rate}");
             }
-            assert!(
-                (mean(&r.hot_accepted[1..]) - l).abs() <= 0.03 * l,
-                "{m}x mean"
-            );
+            assert!((mean(&r.hot_accepted[1..]) - 1_000.0).abs() <= 30.0);
         }
     }
 
     #[test]
     fn scylla_cold_start_for_comparison() {
         // The unsmoothed behaviour the default fixes: a burst, then slow convergence.
-        let r = limiter(10.0, ColdStart::Scylla);
+        let r = limiter(
+            1_000,
+            10.0,
+            RateLimiterConfig {
+                cold_start: ColdStart::Scylla,
+                ..RateLimiterConfig::default()
+            },
+        );
         assert!(r.hot_accepted[0] > 3_000, "{:?}", &r.hot_accepted[..4]);
         assert!(r.hot_accepted[1] > 1_400, "{:?}", &r.hot_accepted[..4]);
         assert!((mean(&r.hot_accepted[10..]) - 1_000.0).abs() <= 30.0);
@@ -597,11 +646,35 @@ mod tests {
             "poisson 100x + 2000 neighbours at 5% of limit: mean {m:.1}, neighbours {}/{}",
             r.background_accepted, r.background_offered
         );
-        assert!((m - 1_000.0).abs() <= 30.0, "{m}");
+        assert!((m - 1_000.0).abs() <= 10.0, "{m}");
+        for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
+            assert!(
+                (900..=1_100).contains(&a),
+                "second {s}: {:?}",
+                r.hot_accepted
+            );
+        }
         assert_eq!(
             r.background_accepted, r.background_offered,
             "under-limit never rejected"
         );
+        // At 10x the Poisson offered count varies by ±1% per second (√10,000), the accepted
+        // count by a little more (measured 974..1018 over 5 seeds). At 2x it would follow the
+        // offered count's own ±2.2%, amplified by the ≤ 2L rule, so only 10x and up are bound.
+        let r = run_limiter(&LimiterSim {
+            limit: 1_000,
+            multiplier: 10.0,
+            arrivals: Arrivals::Poisson,
+            secs: 30,
+            ..LimiterSim::default()
+        });
+        for (s, &a) in r.hot_accepted.iter().enumerate().skip(1) {
+            assert!(
+                (900..=1_100).contains(&a),
+                "10x second {s}: {:?}",
+                r.hot_accepted
+            );
+        }
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use proptest::prelude::*;
 use sluice_overload::admission::{AdmissionConfig, AdmissionController, ConcurrencyLimitConfig};
 use sluice_overload::{
-    ColdStart, ConnBudget, Deadline, Decision, InflightBudget, InflightCaps, LimitKey, Nanos,
-    OpType, RateLimiter, RateLimiterConfig, Verdict,
+    Acceptance, ColdStart, ConnBudget, Deadline, Decision, InflightBudget, InflightCaps, LimitKey,
+    Nanos, OpType, RateLimiter, RateLimiterConfig, Verdict,
 };
 use std::time::Duration;
 
@@ -72,8 +72,10 @@ proptest! {
         probes in 1u16..40,
         lossy in 1u32..50,
         cold in cold_start(),
+        carried in any::<bool>(),
     ) {
-        let cfg = RateLimiterConfig { table_bits: bits, max_probes: probes, lossy_bucket: lossy, cold_start: cold };
+        let acceptance = if carried { Acceptance::Carried } else { Acceptance::Independent };
+        let cfg = RateLimiterConfig { table_bits: bits, max_probes: probes, lossy_bucket: lossy, cold_start: cold, acceptance };
         let mut rl = RateLimiter::with_salt(cfg, 99);
         let mem = rl.memory_bytes();
         let mut t = Nanos::from_secs(T0).0;
