@@ -477,7 +477,11 @@ fn check_versus(args: &BenchArgs) -> anyhow::Result<()> {
 fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
     let workloads: Vec<&str> = args.workloads.iter().map(|w| w.name()).collect();
     format!(
-        "scylla driver, {} connection(s)/host, consistency ONE, retry policy {};          table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions          (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s          (p99 <= {} ms, errors < 0.1%), cooldown {} s; common-rate step {} s at {};          deadline {} ms, client timeout {} ms, lag tolerance {} ms",
+        "scylla driver, {} connection(s)/host, consistency ONE, retry policy {}; \
+         table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions \
+         (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s \
+         (p99 <= {} ms, errors < 0.1%), cooldown {} s; common-rate step {} s at {}; \
+         deadline {} ms, client timeout {} ms, lag tolerance {} ms",
         args.connections,
         match args.retry_policy {
             RetryMode::None => "none".to_string(),

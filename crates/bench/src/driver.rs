@@ -179,7 +179,13 @@ impl Connection {
             .session
             .query_unpaged(st, ())
             .await
-            .map_err(|e| format!("system_views.settings: {e}"))?;
+            .map_err(|e| match &e {
+                // The server's own message ("Keyspace system_views does not exist") is the reason.
+                ExecutionError::LastAttemptError(RequestAttemptError::DbError(_, msg)) => {
+                    format!("system_views.settings: {msg}")
+                }
+                _ => format!("system_views.settings: {e}"),
+            })?;
         let rows = res
             .into_rows_result()
             .map_err(|e| format!("system_views.settings: {e}"))?;

@@ -197,6 +197,9 @@ impl CapacitySearch {
                 }
                 if generator_limited {
                     // Any higher rate would measure the generator too.
+                    notes.push(format!(
+                        "capacity search stopped at {mid:.0}/s: the generator could not keep up"
+                    ));
                     self.generator_limited = true;
                     SearchPhase::Done(Some(lo))
                 } else if left <= 1 {
@@ -527,6 +530,19 @@ mod tests {
         assert!(s.generator_limited());
         assert!(notes[0].contains("generator could not keep up"));
         assert!(s.is_done() && s.next_rate().is_none());
+        // The server misses the SLO at 2250/s, then the generator lags at the first bisection
+        // probe: C stays the last pass and is marked as a bound.
+        let mut s = CapacitySearch::new(1000.0);
+        let mut notes = Vec::new();
+        for (ok, lagged) in [(true, false), (true, false), (false, false)] {
+            s.record(ok, lagged, &mut notes);
+        }
+        assert!(notes.is_empty() && !s.generator_limited());
+        let mid = s.next_rate().expect("bisecting");
+        assert!((mid - (1500.0f64 * 2250.0).sqrt()).abs() < 1e-9);
+        s.record(false, true, &mut notes);
+        assert_eq!(s.result(), Some(1500.0));
+        assert!(s.generator_limited() && notes.len() == 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -297,8 +297,25 @@ fn ms(us: u64) -> String {
 }
 
 fn times(x: Option<f64>, bound: &str) -> String {
-    x.map(|v| format!("{bound}{v:.2}x"))
-        .unwrap_or_else(|| "-".into())
+    match x {
+        // Both capacities are lower bounds: their ratio says nothing.
+        Some(_) if bound == "?" => "? (both C >=)".into(),
+        Some(v) => format!("{bound}{v:.2}x"),
+        None => "-".into(),
+    }
+}
+
+/// The generator-lag cell: the worst lag of the reported steps, `LAG` when it exceeds
+/// `max_lag`, and `search LAG` when the generator ended the capacity search (C is a bound).
+fn lag_cell(lag: f64, max_lag: f64, search_limited: bool) -> String {
+    let mut s = format!("{:.1}%", lag * 100.0);
+    if lag > max_lag {
+        s.push_str(" LAG");
+    }
+    if search_limited {
+        s.push_str(", search LAG");
+    }
+    s
 }
 
 impl VersusReport {
@@ -327,11 +344,7 @@ impl VersusReport {
                     m(|f| ms(f.latency.p99_us)),
                     m(|f| f.errors.to_string()),
                     m(|f| f.timeouts.to_string()),
-                    if lag > self.max_lag || r.capacity_lower_bound {
-                        format!("LAG {:.1}%", lag * 100.0)
-                    } else {
-                        format!("{:.1}%", lag * 100.0)
-                    },
+                    lag_cell(lag, self.max_lag, r.capacity_lower_bound),
                 ]);
             }
             let blank = String::new;
@@ -673,6 +686,17 @@ mod tests {
         let back: VersusReport =
             serde_json::from_str(&serde_json::to_string(&v).expect("json")).expect("parse");
         assert_eq!(back.table_rows(), rows);
+    }
+
+    #[test]
+    fn lag_and_bounded_ratio_cells_say_what_the_generator_did() {
+        assert_eq!(lag_cell(0.002, 0.01, false), "0.2%");
+        assert_eq!(lag_cell(0.05, 0.01, false), "5.0% LAG");
+        assert_eq!(lag_cell(0.0, 0.01, true), "0.0%, search LAG");
+        assert_eq!(times(Some(1.5), ""), "1.50x");
+        assert_eq!(times(Some(1.5), ">="), ">=1.50x");
+        assert_eq!(times(Some(1.5), "?"), "? (both C >=)");
+        assert_eq!(times(None, ""), "-");
     }
 
     #[test]
