@@ -318,9 +318,15 @@ pub const SYSTEM_KEYSPACES: [&str; 5] = [
     "system_traces",
 ];
 
-/// True for a built-in keyspace name (including the virtual schema one).
+/// True for a built-in keyspace name (including the virtual ones).
 pub fn is_system_keyspace(name: &str) -> bool {
-    SYSTEM_KEYSPACES.contains(&name) || name == "system_virtual_schema"
+    SYSTEM_KEYSPACES.contains(&name) || is_virtual_keyspace(name)
+}
+
+/// True for the keyspaces of virtual tables, which `system_schema` and DESCRIBE leave out,
+/// as Cassandra does.
+pub fn is_virtual_keyspace(name: &str) -> bool {
+    matches!(name, "system_virtual_schema" | "system_views")
 }
 
 impl Schema {

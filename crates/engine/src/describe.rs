@@ -1,6 +1,8 @@
 //! Server-side DESCRIBE (cqlsh 6 sends it verbatim), in Cassandra 5.0's output format.
 
-use crate::catalog::{invalid, is_system_keyspace, ColumnKind, KeyspaceDef, Schema, TableDef};
+use crate::catalog::{
+    invalid, is_system_keyspace, is_virtual_keyspace, ColumnKind, KeyspaceDef, Schema, TableDef,
+};
 use crate::codec;
 use crate::paging::{PagingState, Position};
 use crate::result::RowsBuilder;
@@ -176,7 +178,7 @@ type Row = Vec<Option<Bytes>>;
 fn listing(schema: &Schema, only_ks: Option<&str>, kind: &str) -> Vec<Row> {
     let mut rows = Vec::new();
     for k in schema.keyspaces.values() {
-        if only_ks.is_some_and(|o| o != k.name) || k.name == "system_virtual_schema" {
+        if only_ks.is_some_and(|o| o != k.name) || is_virtual_keyspace(&k.name) {
             continue;
         }
         if kind == "keyspace" {
@@ -253,7 +255,7 @@ pub(crate) fn execute(
         Describe::Schema { full } => {
             let mut rows = Vec::new();
             for k in schema.keyspaces.values() {
-                if (!full && is_system_keyspace(&k.name)) || k.name == "system_virtual_schema" {
+                if (!full && is_system_keyspace(&k.name)) || is_virtual_keyspace(&k.name) {
                     continue;
                 }
                 keyspace_rows(&schema, k, false, &mut rows);

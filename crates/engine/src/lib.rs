@@ -90,6 +90,9 @@ pub struct NodeInfo {
     pub rack: String,
     /// Gossip generation (start time in seconds).
     pub generation: i32,
+    /// Settings shown in `system_views.settings` (name, value), by Cassandra's names where
+    /// one exists (`commitlog_sync`...), so that tools can compare configurations.
+    pub settings: Vec<(String, String)>,
 }
 
 impl NodeInfo {
@@ -104,6 +107,7 @@ impl NodeInfo {
             data_center: "datacenter1".to_string(),
             rack: "rack1".to_string(),
             generation: (now_micros() / 1_000_000) as i32,
+            settings: Vec::new(),
         }
     }
 }

@@ -29,6 +29,8 @@ pub enum SystemTable {
     DroppedColumns,
     /// `system_schema.scylla_tables`.
     ScyllaTables,
+    /// `system_views.settings`: the node's settings, by Cassandra's names.
+    Settings,
     /// Any other system table: always empty on a single node (peers, types, functions...).
     Empty,
 }
@@ -57,6 +59,7 @@ pub fn keyspaces() -> Vec<KeyspaceDef> {
         ks("system_distributed", SIMPLE_STRATEGY, Some("3")),
         ks("system_traces", SIMPLE_STRATEGY, Some("2")),
         ks("system_virtual_schema", LOCAL_STRATEGY, None),
+        ks("system_views", LOCAL_STRATEGY, None),
     ]
 }
 
@@ -423,6 +426,14 @@ pub fn tables() -> Vec<TableDef> {
             Empty,
         ),
         def(
+            "system_views",
+            "settings",
+            &[("name", "text"), ("value", "text")],
+            &["name"],
+            &[],
+            Settings,
+        ),
+        def(
             "system_virtual_schema",
             "keyspaces",
             &[("keyspace_name", "text")],
@@ -649,7 +660,7 @@ fn option_cells(o: &TableOptions) -> Vec<(&'static str, Option<Bytes>)> {
 
 /// Keyspaces shown in `system_schema` (the virtual schema keyspace is described elsewhere).
 fn described_keyspace(name: &str) -> bool {
-    name != "system_virtual_schema"
+    !crate::catalog::is_virtual_keyspace(name)
 }
 
 /// Generates the rows of a virtual table.
@@ -659,6 +670,22 @@ pub fn rows(t: &TableDef, schema: &Schema, node: &NodeInfo) -> Vec<SystemRow> {
     };
     match kind {
         SystemTable::Empty => Vec::new(),
+        SystemTable::Settings => {
+            let mut settings: Vec<&(String, String)> = node.settings.iter().collect();
+            settings.sort();
+            settings
+                .into_iter()
+                .map(|(name, value)| {
+                    row_from(
+                        t,
+                        vec![
+                            ("name", Some(codec::text(name))),
+                            ("value", Some(codec::text(value))),
+                        ],
+                    )
+                })
+                .collect()
+        }
         SystemTable::Local => {
             let tokens: Vec<String> = node.tokens.iter().map(|t| t.to_string()).collect();
             vec![row_from(

@@ -2106,4 +2106,37 @@ async fn insert_json() {
         .contains("JSON"));
 }
 
+#[tokio::test]
+async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut info = node();
+    info.settings = vec![
+        ("commitlog_sync_period".into(), "10000ms".into()),
+        ("commitlog_sync".into(), "periodic".into()),
+    ];
+    let engine = Engine::open(open_storage(dir.path()), info).unwrap();
+    let mut h = H {
+        engine,
+        session: Session::default(),
+        dir,
+        now: None,
+    };
+    let r = h
+        .select("SELECT name, value FROM system_views.settings", vec![])
+        .await;
+    let got: Vec<(String, String)> = r.iter().map(|r| (ctext(&r[0]), ctext(&r[1]))).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("commitlog_sync".to_string(), "periodic".to_string()),
+            ("commitlog_sync_period".to_string(), "10000ms".to_string()),
+        ]
+    );
+    // A virtual keyspace: listed by the virtual schema, not by system_schema (as Cassandra).
+    let ks = h
+        .select("SELECT keyspace_name FROM system_schema.keyspaces", vec![])
+        .await;
+    assert!(ks.iter().all(|r| ctext(&r[0]) != "system_views"));
+}
+
 mod canonical;

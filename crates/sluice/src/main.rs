@@ -196,7 +196,25 @@ fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeIn
         cfg.listen.ip()
     };
     // A single node owns the whole ring with one token (spec §5.3).
-    sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), host_id)
+    let mut node = sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), host_id);
+    // Cassandra's names and formats, so that a benchmark can check both sides' durability.
+    let sync = match cfg.durability {
+        DurabilityArg::Batch => "batch",
+        DurabilityArg::Periodic => "periodic",
+    };
+    node.settings = vec![
+        ("commitlog_sync".into(), sync.into()),
+        (
+            "commitlog_sync_period".into(),
+            format!("{}ms", cfg.periodic_sync.as_millis()),
+        ),
+        (
+            "native_transport_port".into(),
+            cfg.listen.port().to_string(),
+        ),
+        ("shards".into(), cfg.shards.to_string()),
+    ];
+    node
 }
 
 /// The node's host id: stable across restarts, kept in `<data_dir>/host_id`.
