@@ -1,22 +1,35 @@
-//! Per-shard admission control: backpressure budgets, CoDel-style delay-based shedding with
-//! adaptive LIFO, and an adaptive concurrency limit on requests in execution.
+//! Per-shard admission control: backpressure budgets, CoDel-style delay-based shedding, an
+//! overloaded bound on the queue, and an adaptive concurrency limit on requests in execution.
 //!
 //! The request path this is built for (see `DESIGN.md`, admission point A):
 //!
 //! ```text
 //! socket ─► InflightBudget (stop reading when over its caps)
-//!        ─► AdmissionQueue (bounded; Codel decides from the queue delay alone)
+//!        ─► AdmissionQueue (bounded; Codel decides from the requests' ages alone)
 //!        ─► ConcurrencyLimit (dispatch only while in execution < adaptive limit)
 //!        ─► execute ─► on_complete (latency sample feeds the limit)
 //! ```
 //!
-//! Shedding prefers the requests that waited longest: while the queue has a standing delay
-//! above `target` for a whole `interval`, the queue serves the newest request first (adaptive
-//! LIFO, as Facebook does) and drops requests from the old end once they waited more than
-//! `slough = 2 × target`. Fresh requests, whose clients are still waiting, are served at once;
-//! old ones, which would likely miss their deadline anyway, are answered `Overloaded`
-//! without being decoded. In normal operation the queue is FIFO and nothing waits longer
-//! than `max_queue_delay` (Facebook's "N ms when the queue was recently empty").
+//! CoDel: the shard is overloaded once the standing delay (the smallest age seen at dequeue)
+//! stayed above `target` for a whole `interval`. While overloaded, requests are dropped from
+//! the old end once they waited more than `slough = 2 × target` (they would likely miss
+//! their deadline anyway; they are answered `Overloaded` without being decoded), and the
+//! queue keeps at most what the shard dispatches within half the target at its measured
+//! rate: further arrivals are turned away at enqueue, from the header, the cheapest
+//! rejection there is. Then even FIFO waits a few milliseconds at most, and nothing is left
+//! to age in the queue only to be shed later, at a higher cost than a rejection at enqueue;
+//! optionally the queue serves the newest first while overloaded (adaptive LIFO, as Facebook
+//! does). Not overloaded, the queue is FIFO and nothing waits longer than `max_queue_delay`
+//! (Facebook's "N ms when the queue was recently empty").
+//!
+//! The queue only sees a request once its header is read. When the shard's event loop is
+//! saturated, requests also wait where the queue cannot see them: in the kernel socket
+//! buffer until their connection's reader task is polled again. That wait is about the
+//! loop's lag (how long a task that became ready waits before it runs), which a probe task
+//! measures ([`LoopLag`]). The controller counts it as waiting: a request's age starts that
+//! long before the read ([`AdmissionController::enqueue_read`]), a lag above target is a
+//! standing delay even while the queue is empty, and so is the age of frames that a busy
+//! reader only reaches late. [`crate::sim::event_loop`] shows what each part contributes.
 
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;
@@ -70,6 +83,8 @@ pub struct Codel {
     interval_end: Nanos,
     /// Minimum delay seen in the current interval; `u64::MAX` when nothing was seen.
     min_delay: u64,
+    /// Arrivals were turned away at enqueue in the current interval.
+    turned_away: bool,
     overloaded: bool,
 }
 
@@ -83,6 +98,7 @@ impl Codel {
             max_delay: duration_nanos(cfg.max_queue_delay),
             interval_end: Nanos::ZERO,
             min_delay: u64::MAX,
+            turned_away: false,
             overloaded: false,
         }
     }
@@ -93,6 +109,15 @@ impl Codel {
     pub fn on_dequeue(&mut self, queue_delay: Duration, now: Nanos) {
         self.roll(now);
         self.min_delay = self.min_delay.min(duration_nanos(queue_delay));
+    }
+
+    /// Records an arrival turned away at enqueue for lack of room. While overloaded, the queue
+    /// is kept short on purpose, so that it empties now and then proves nothing: an interval
+    /// in which arrivals still had to be turned away keeps the overloaded state.
+    #[inline]
+    pub fn on_turned_away(&mut self, now: Nanos) {
+        self.roll(now);
+        self.turned_away = true;
     }
 
     /// True if a request that has waited `queued_for` must be shed now.
@@ -118,10 +143,50 @@ impl Codel {
         // An interval without samples means no dequeues at all: either idle (queue empty)
         // or fully stalled; keep the previous state in that case rather than guessing.
         if self.min_delay != u64::MAX {
-            self.overloaded = self.min_delay > self.target;
+            self.overloaded = self.min_delay > self.target || (self.overloaded && self.turned_away);
         }
         self.min_delay = u64::MAX;
+        self.turned_away = false;
         self.interval_end = Nanos(now.0.saturating_add(self.interval));
+    }
+}
+
+/// The shard's event-loop lag, from a probe task that periodically makes itself ready and
+/// measures how long it waits before it runs again. A socket's reader waits just as long
+/// between the moment its bytes arrive and the moment it reads them, so the lag estimates the
+/// wait before a request's header is read, which no queue of the server can see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoopLag {
+    /// The last completed probe's lag (nanoseconds).
+    last: u64,
+    /// When the probe in progress became ready, if one is in progress.
+    pending_since: Option<Nanos>,
+}
+
+impl LoopLag {
+    /// The probe became ready at `now` and waits to run.
+    #[inline]
+    pub fn probe_started(&mut self, now: Nanos) {
+        self.pending_since = Some(now);
+    }
+
+    /// The probe ran at `now`; returns the lag it measured (zero if no probe was started).
+    #[inline]
+    pub fn probe_finished(&mut self, now: Nanos) -> Duration {
+        let Some(since) = self.pending_since.take() else {
+            return Duration::ZERO;
+        };
+        let lag = now.saturating_duration_since(since);
+        self.last = duration_nanos(lag);
+        lag
+    }
+
+    /// The current lag: the last measurement, or longer if the probe in progress has already
+    /// been waiting longer than that (the loop is stuck right now).
+    #[inline]
+    pub fn estimate(&self, now: Nanos) -> Duration {
+        let waiting = self.pending_since.map_or(0, |t| now.0.saturating_sub(t.0));
+        Duration::from_nanos(self.last.max(waiting))
     }
 }
 
@@ -257,18 +322,34 @@ pub struct AdmissionConfig {
     pub concurrency: ConcurrencyLimitConfig,
     /// Bound on queued requests (4096); arrivals beyond it are shed at once.
     pub queue_capacity: usize,
-    /// Serve newest first while overloaded (true).
+    /// Serve newest first while overloaded (false: with `shed_at_enqueue` the queue holds a
+    /// few milliseconds of work, so FIFO waits little and leaves nothing to age and be shed).
     pub adaptive_lifo: bool,
+    /// Period of the shard's event-loop lag probe (1 ms); zero turns the probe off, and with
+    /// it the count of the wait before a request is read.
+    pub lag_probe_interval: Duration,
+    /// While overloaded, keep at most the requests that can be dispatched within half the
+    /// CoDel target (the measured dispatch rate × target / 2, at least the concurrency limit)
+    /// and turn further arrivals away at enqueue, from the header (true).
+    pub shed_at_enqueue: bool,
+    /// While overloaded, a connection or shard at its in-flight cap keeps reading and answers
+    /// the excess `Overloaded` from the header instead of pausing its socket, so the excess
+    /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
+    pub reject_over_cap: bool,
 }
 
 impl Default for AdmissionConfig {
-    /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024], queue 4096, adaptive LIFO.
+    /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024], queue 4096, FIFO, lag probe every
+    /// 1 ms, shedding at enqueue and rejection over the in-flight caps while overloaded.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
             codel: CodelConfig::default(),
             concurrency: ConcurrencyLimitConfig::default(),
             queue_capacity: 4096,
-            adaptive_lifo: true,
+            adaptive_lifo: false,
+            lag_probe_interval: Duration::from_millis(1),
+            shed_at_enqueue: true,
+            reject_over_cap: true,
         }
     }
 }
@@ -278,8 +359,11 @@ impl Default for AdmissionConfig {
 pub struct AdmissionStats {
     /// Requests queued.
     pub enqueued: u64,
-    /// Requests shed because the queue was full.
+    /// Requests turned away at enqueue: the queue was full, or (while overloaded) held what
+    /// can be dispatched within the target.
     pub shed_full: u64,
+    /// Of `shed_full`, those turned away by the overloaded bound while the queue had room.
+    pub shed_enqueue: u64,
     /// Requests shed for queue delay (CoDel).
     pub shed_delay: u64,
     /// Requests dropped because their deadline passed while queued.
@@ -295,7 +379,8 @@ pub struct AdmissionStats {
 pub struct Queued<T> {
     /// The caller's request handle (e.g. stream id and buffer index).
     pub item: T,
-    /// When it was queued (frame header read).
+    /// When it arrived, as estimated: its header was read at the `now` given to
+    /// [`AdmissionController::enqueue`], after waiting about the event loop's lag unread.
     pub enqueued: Nanos,
     /// Its absolute deadline.
     pub deadline: Deadline,
@@ -311,6 +396,17 @@ pub struct AdmissionController<T> {
     limit: ConcurrencyLimit,
     inflight: u32,
     stats: AdmissionStats,
+    lag: LoopLag,
+    target: u64,
+    interval: u64,
+    shed_at_enqueue: bool,
+    reject_over_cap: bool,
+    /// When the latest arrival reached the queue, and its age then (nanoseconds).
+    last_arrival: (Nanos, u64),
+    /// Dispatches counted since `rate_since`, and the last measured rate (per second).
+    rate_count: u64,
+    rate_since: Nanos,
+    dispatch_rate: f64,
 }
 
 impl<T> AdmissionController<T> {
@@ -325,24 +421,122 @@ impl<T> AdmissionController<T> {
             limit: ConcurrencyLimit::new(cfg.concurrency),
             inflight: 0,
             stats: AdmissionStats::default(),
+            lag: LoopLag::default(),
+            target: duration_nanos(cfg.codel.target),
+            interval: duration_nanos(cfg.codel.interval).max(1),
+            shed_at_enqueue: cfg.shed_at_enqueue,
+            reject_over_cap: cfg.reject_over_cap,
+            last_arrival: (Nanos::ZERO, 0),
+            rate_count: 0,
+            rate_since: Nanos::ZERO,
+            dispatch_rate: 0.0,
         }
     }
 
-    /// Queues a request whose header was just read; `Err` gives it back when the queue is
-    /// full, to be answered `Overloaded` from the header alone.
+    /// Queues a request whose header was just read at `now`; see [`Self::enqueue_read`].
     #[inline]
     pub fn enqueue(&mut self, item: T, now: Nanos, deadline: Deadline) -> Result<(), T> {
-        if self.queue.len() >= self.capacity {
+        self.enqueue_read(item, now, now, deadline)
+    }
+
+    /// Queues a request whose header came in the socket read of `read_at` and reaches
+    /// admission at `now` (later if the reader worked through other frames of that read
+    /// first). `Err` gives it back, to be answered `Overloaded` from the header alone, when
+    /// the queue is full or, while overloaded, already holds what can be dispatched within
+    /// the CoDel target: what waits longer will be shed anyway, and shedding it later costs
+    /// more than turning it away now.
+    ///
+    /// Its age counts from before the read: it waited about the loop's lag unread.
+    #[inline]
+    pub fn enqueue_read(
+        &mut self,
+        item: T,
+        read_at: Nanos,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Result<(), T> {
+        let len = self.queue.len();
+        if len >= self.capacity {
             self.stats.shed_full += 1;
+            self.codel.on_turned_away(now);
+            return Err(item);
+        }
+        let hidden = duration_nanos(self.lag.estimate(now));
+        let arrived = Nanos(read_at.0.saturating_sub(hidden));
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        if self.shed_at_enqueue && len >= self.overload_bound(now) {
+            self.stats.shed_full += 1;
+            self.stats.shed_enqueue += 1;
+            self.codel.on_turned_away(now);
             return Err(item);
         }
         self.stats.enqueued += 1;
         self.queue.push_back(Queued {
             item,
-            enqueued: now,
+            enqueued: arrived,
             deadline,
         });
         Ok(())
+    }
+
+    /// The standing-delay sample while the queue is empty: the wait a request arriving now
+    /// would already have, i.e. the loop lag, or the age the latest arrival had on reaching
+    /// the queue if that was recent (a reader working through a backlog of old frames keeps
+    /// the queue empty without the shard being idle).
+    #[inline]
+    fn empty_queue_delay(&self, now: Nanos) -> Duration {
+        let lag = self.lag.estimate(now);
+        let (at, age) = self.last_arrival;
+        if now.0.saturating_sub(at.0) <= self.target {
+            lag.max(Duration::from_nanos(age))
+        } else {
+            lag
+        }
+    }
+
+    /// Queue length beyond which arrivals are turned away: unbounded unless overloaded, then
+    /// what the shard dispatches within half the target at its measured rate (at least the
+    /// concurrency limit, so that a shard that measured no rate yet still serves).
+    #[inline]
+    fn overload_bound(&mut self, now: Nanos) -> usize {
+        if !self.codel.is_overloaded(now) {
+            return usize::MAX;
+        }
+        // Half the target: nanoseconds / 1e9 for seconds, and / 2.
+        let within_target = self.dispatch_rate * self.target as f64 / 2e9;
+        (within_target as usize).max(self.limit.limit() as usize)
+    }
+
+    /// The probe task became ready at `now` (see [`LoopLag`]).
+    #[inline]
+    pub fn lag_probe_started(&mut self, now: Nanos) {
+        self.lag.probe_started(now);
+    }
+
+    /// The probe task ran at `now`: records the loop lag and feeds it to CoDel as a standing
+    /// delay sample (with the queue's own delay, if longer), so that a saturated loop is
+    /// seen as overloaded even while the queue looks short. Returns the lag.
+    pub fn lag_probe_finished(&mut self, now: Nanos) -> Duration {
+        let lag = self.lag.probe_finished(now);
+        let sample = match self.queue.front() {
+            Some(q) => lag.max(now.saturating_duration_since(q.enqueued)),
+            None => self.empty_queue_delay(now),
+        };
+        self.codel.on_dequeue(sample, now);
+        lag
+    }
+
+    /// The current estimate of the wait before a request's header is read (the loop lag).
+    #[inline]
+    pub fn hidden_delay(&self, now: Nanos) -> Duration {
+        self.lag.estimate(now)
+    }
+
+    /// True if a connection or the shard at its in-flight cap should read on and turn the
+    /// excess away (overloaded, and configured so) rather than pause its socket.
+    #[inline]
+    pub fn reject_over_cap(&mut self, now: Nanos) -> bool {
+        self.reject_over_cap && self.codel.is_overloaded(now)
     }
 
     /// True if a request may be dispatched now (under the concurrency limit, queue not empty).
@@ -363,6 +557,7 @@ impl<T> AdmissionController<T> {
             return None;
         }
         // Drop from the old end first: they waited longest.
+        let mut oldest_dropped = None;
         while let Some(head) = self.queue.front() {
             let waited = now.saturating_duration_since(head.enqueued);
             let verdict = if head.deadline.expired(now) {
@@ -372,18 +567,21 @@ impl<T> AdmissionController<T> {
             } else {
                 break;
             };
+            oldest_dropped.get_or_insert(waited);
             if let Some(q) = self.queue.pop_front() {
                 self.count_reject(verdict);
                 reject(q.item, verdict);
             }
         }
+        // The standing delay is the age of the oldest request, whichever end is served; a
+        // request dropped for its age counts too (an emptied queue is not an idle one).
         let Some(head) = self.queue.front() else {
-            self.codel.on_dequeue(Duration::ZERO, now);
+            let sample = oldest_dropped.unwrap_or_else(|| self.empty_queue_delay(now));
+            self.codel.on_dequeue(sample, now);
             return None;
         };
-        // The standing delay is the age of the oldest request, whichever end is served.
-        self.codel
-            .on_dequeue(now.saturating_duration_since(head.enqueued), now);
+        let sample = oldest_dropped.unwrap_or_else(|| now.saturating_duration_since(head.enqueued));
+        self.codel.on_dequeue(sample, now);
         let newest_first = self.lifo && self.codel.is_overloaded(now);
         loop {
             let next = if newest_first {
@@ -399,6 +597,7 @@ impl<T> AdmissionController<T> {
             }
             self.inflight += 1;
             self.stats.dispatched += 1;
+            self.count_dispatch(now);
             return Some(q);
         }
     }
@@ -418,6 +617,18 @@ impl<T> AdmissionController<T> {
         let before = self.queue.len();
         self.queue.retain(|q| !dead(&q.item));
         before - self.queue.len()
+    }
+
+    /// Measures the dispatch rate over windows of one CoDel interval.
+    #[inline]
+    fn count_dispatch(&mut self, now: Nanos) {
+        self.rate_count += 1;
+        let elapsed = now.0.saturating_sub(self.rate_since.0);
+        if elapsed >= self.interval {
+            self.dispatch_rate = self.rate_count as f64 * 1e9 / elapsed as f64;
+            self.rate_count = 0;
+            self.rate_since = now;
+        }
     }
 
     fn count_reject(&mut self, v: Verdict) {
@@ -662,8 +873,11 @@ mod tests {
 
     #[test]
     fn overload_serves_newest_first_and_sheds_the_oldest() {
+        // Without the overloaded bound at enqueue, so that the queue keeps everything.
         let mut a = AdmissionController::new(AdmissionConfig {
             queue_capacity: 100_000,
+            adaptive_lifo: true,
+            shed_at_enqueue: false,
             ..AdmissionConfig::default()
         });
         let d = |t: u64| Deadline(at_ms(t + 1_000));
@@ -694,6 +908,130 @@ mod tests {
         assert!(shed > 100, "old requests were shed: {shed}");
         // Nothing left in the queue is older than the slough time (plus one step).
         assert!(a.queued() <= 2 * 11 + 2, "{}", a.queued());
+    }
+
+    #[test]
+    fn loop_lag_estimate_grows_while_the_probe_waits() {
+        let mut l = LoopLag::default();
+        assert_eq!(l.estimate(at_ms(5)), Duration::ZERO);
+        assert_eq!(
+            l.probe_finished(at_ms(5)),
+            Duration::ZERO,
+            "no probe started"
+        );
+        l.probe_started(at_ms(10));
+        assert_eq!(l.estimate(at_ms(13)), ms(3), "stuck loop: the wait so far");
+        assert_eq!(l.probe_finished(at_ms(14)), ms(4));
+        assert_eq!(l.estimate(at_ms(100)), ms(4), "the last measurement holds");
+        l.probe_started(at_ms(101));
+        assert_eq!(l.estimate(at_ms(102)), ms(4), "never below the last one");
+        assert_eq!(l.probe_finished(at_ms(102)), ms(1));
+        assert_eq!(l.estimate(at_ms(102)), ms(1));
+    }
+
+    /// Probe samples of `lag` every millisecond from `from` to `to`.
+    fn probe(a: &mut AdmissionController<u32>, from: u64, to: u64, lag: Duration) {
+        for t in from..to {
+            a.lag_probe_started(at_ms(t));
+            a.lag_probe_finished(at_ms(t).saturating_add(lag));
+        }
+    }
+
+    #[test]
+    fn a_saturated_loop_is_overloaded_even_with_an_empty_queue() {
+        let mut a = controller(false);
+        probe(&mut a, 0, 300, Duration::from_micros(500));
+        assert!(!a.is_overloaded(at_ms(300)), "lag under target");
+        probe(&mut a, 300, 500, ms(8));
+        assert!(a.is_overloaded(at_ms(500)), "standing lag above target");
+        assert!(a.reject_over_cap(at_ms(500)));
+        // A request read now waited about the lag unread: its age counts from before.
+        a.enqueue_read(1, at_ms(500), at_ms(500), Deadline::NEVER)
+            .unwrap();
+        let q = a.dispatch(at_ms(501), |_, _| panic!("nothing to shed"));
+        assert_eq!(q.map(|q| q.enqueued), Some(at_ms(492)));
+        probe(&mut a, 501, 700, Duration::from_micros(500));
+        assert!(!a.is_overloaded(at_ms(700)), "the loop caught up");
+        assert!(!a.reject_over_cap(at_ms(700)));
+        let off = AdmissionConfig {
+            reject_over_cap: false,
+            ..AdmissionConfig::default()
+        };
+        let mut b = AdmissionController::<u32>::new(off);
+        probe(&mut b, 0, 300, ms(8));
+        assert!(b.is_overloaded(at_ms(300)) && !b.reject_over_cap(at_ms(300)));
+    }
+
+    #[test]
+    fn old_frames_read_late_count_when_the_queue_is_empty() {
+        // A reader works through frames read 20 ms ago: each is dispatched at once (the
+        // queue stays empty), yet none of them is fresh.
+        let mut a = controller(false);
+        for t in 0..300u64 {
+            let read_at = at_ms(t.saturating_sub(20));
+            a.enqueue_read(t as u32, read_at, at_ms(t), Deadline::NEVER)
+                .unwrap();
+            let q = a.dispatch(at_ms(t), |_, _| {});
+            if q.is_some() {
+                a.on_complete(Duration::from_micros(100), at_ms(t));
+            }
+            assert!(a.dispatch(at_ms(t), |_, _| {}).is_none(), "empty queue");
+        }
+        assert!(a.is_overloaded(at_ms(300)));
+    }
+
+    #[test]
+    fn overloaded_arrivals_beyond_what_is_dispatched_in_time_are_turned_away() {
+        let mut a = AdmissionController::new(AdmissionConfig {
+            queue_capacity: 100_000,
+            ..AdmissionConfig::default()
+        });
+        let (mut id, mut turned_away) = (0u32, 0u32);
+        // Arrivals at 4 per ms, service at 1 per ms: a standing queue, then overload.
+        for t in 0..600u64 {
+            for _ in 0..4 {
+                id += 1;
+                if a.enqueue(id, at_ms(t), Deadline::NEVER).is_err() {
+                    turned_away += 1;
+                }
+            }
+            if a.dispatch(at_ms(t), |_, _| {}).is_some() {
+                a.on_complete(Duration::from_micros(900), at_ms(t));
+            }
+            if t >= 300 && t % 50 == 0 {
+                // The queue is short (its requests wait less than the target), yet arrivals
+                // are still turned away: the state holds.
+                assert!(a.is_overloaded(at_ms(t)), "t={t}");
+            }
+        }
+        assert!(a.is_overloaded(at_ms(600)));
+        // At 1 dispatch per ms, half the 5 ms target holds 2 requests: the concurrency limit
+        // (at least 4) is the bound.
+        let bound = a.concurrency_limit().max(2) as usize;
+        assert!(a.queued() <= bound + 1, "{} > {bound}", a.queued());
+        assert!(turned_away > 1_000, "{turned_away}");
+        assert_eq!(a.stats().shed_enqueue, u64::from(turned_away));
+        // Once the load is gone, the queue drains and the state ends.
+        for t in 600..900u64 {
+            if t % 4 == 0 {
+                id += 1;
+                a.enqueue(id, at_ms(t), Deadline::NEVER).unwrap();
+            }
+            while a.dispatch(at_ms(t), |_, _| {}).is_some() {
+                a.on_complete(Duration::from_micros(900), at_ms(t));
+            }
+        }
+        assert!(!a.is_overloaded(at_ms(900)));
+        let before = a.stats().shed_enqueue;
+        for i in 0..50 {
+            a.enqueue(1_000_000 + i, at_ms(900), Deadline::NEVER)
+                .unwrap();
+        }
+        assert_eq!(
+            a.stats().shed_enqueue,
+            before,
+            "no bound when not overloaded"
+        );
     }
 
     #[test]

@@ -9,10 +9,21 @@
 //!    that obtained its in-flight slot is put in the shard's bounded
 //!    [`AdmissionController`] queue, in front of an adaptive limit on requests in execution.
 //!    CoDel measures the queue delay at dequeue and, while a standing delay persists, sheds
-//!    from the old end (adaptive LIFO serves the fresh ones first). A shed request is
+//!    from the old end and bounds the queue to what it dispatches within half the target
+//!    (arrivals beyond are answered `Overloaded` from the header). A shed request is
 //!    answered with the pre-encoded `Overloaded` frame with only its stream id patched: its
 //!    body is never decoded. A request of a client that disconnected is dropped from the
 //!    queue without being answered.
+//!
+//! 3. The wait the queue cannot see: when the shard's event loop is saturated, requests also
+//!    wait unread in the kernel socket buffer until their connection's reader runs again. A
+//!    probe task per shard ([`crate::shard`]) measures the loop's lag; the controller counts it
+//!    as part of each request's age and of CoDel's standing delay, so a saturated loop sheds
+//!    even while the queue itself looks short. While overloaded, the queue keeps only what it
+//!    can dispatch within the CoDel target and turns further arrivals away from the header,
+//!    and a connection at its in-flight cap keeps reading and answers the excess `Overloaded`
+//!    instead of pausing (see `connection.rs`): reading and rejecting costs far less than
+//!    leaving the excess to time out unseen in the kernel.
 //!
 //! Connection-state requests (OPTIONS, STARTUP, REGISTER, AUTH_RESPONSE) bypass the queue:
 //! drivers use OPTIONS as a heartbeat, and shedding it would make them drop the connection.
@@ -99,6 +110,8 @@ struct Slot {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Logged {
     rejected_full: u64,
+    shed_at_enqueue: u64,
+    rejected_over_cap: u64,
     shed: u64,
     expired: u64,
     dropped: u64,
@@ -120,6 +133,10 @@ pub struct ShardAdmission {
     counts: Logged,
     logged: Logged,
     next_log: Nanos,
+    /// Period of the loop-lag probe (`None`: no probe).
+    lag_probe: Option<Duration>,
+    /// Largest loop lag measured since the last log line.
+    lag_max: Duration,
 }
 
 impl ShardAdmission {
@@ -133,6 +150,10 @@ impl ShardAdmission {
             }
             None => (None, 0, 0),
         };
+        let lag_probe = config
+            .admission
+            .map(|c| c.lag_probe_interval)
+            .filter(|d| !d.is_zero());
         let slots = (0..nslots)
             .map(|_| Slot {
                 state: SlotState::Free,
@@ -153,6 +174,8 @@ impl ShardAdmission {
             counts: Logged::default(),
             logged: Logged::default(),
             next_log: Nanos::ZERO,
+            lag_probe,
+            lag_max: Duration::ZERO,
         }
     }
 
@@ -162,8 +185,9 @@ impl ShardAdmission {
         Nanos(duration_nanos(at.saturating_duration_since(self.origin)))
     }
 
-    /// Decides from the header and the arrival instant. `conn` identifies the connection (so
-    /// its queued requests can be dropped when it disconnects). Never allocates.
+    /// Decides from the header and the arrival instant (the socket read that completed the
+    /// frame). `conn` identifies the connection (so its queued requests can be dropped when
+    /// it disconnects). Never allocates.
     pub fn admit(
         &mut self,
         header: &FrameHeader,
@@ -186,15 +210,19 @@ impl ShardAdmission {
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         };
-        let now = self.nanos(arrival);
-        let deadline = Deadline(now.saturating_add(self.queue_timeout));
+        // `arrival` is the socket read that completed the frame; the reader may reach it
+        // later, after other frames of that read: that wait counts as queueing too.
+        let read = self.nanos(arrival);
+        let now = self.nanos(Instant::now());
+        let deadline = Deadline(read.saturating_add(self.queue_timeout));
         let queued = match self.ctl.as_mut() {
-            Some(ctl) => ctl.enqueue(idx, now, deadline).is_ok(),
+            Some(ctl) => ctl.enqueue_read(idx, read, now, deadline).is_ok(),
             None => false,
         };
         if !queued {
+            // The queue had room: overloaded, it already holds what it can dispatch in time.
             self.free.push(idx);
-            self.counts.rejected_full += 1;
+            self.counts.shed_at_enqueue += 1;
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         }
@@ -206,6 +234,49 @@ impl ShardAdmission {
         self.admitted += 1;
         self.pump(now, metrics);
         Admit::Accept(Ticket(Some(idx)))
+    }
+
+    /// Period of the shard's loop-lag probe, if admission is on and the probe enabled.
+    pub fn lag_probe_interval(&self) -> Option<Duration> {
+        self.lag_probe
+    }
+
+    /// The loop-lag probe became ready at `at` and waits to be polled.
+    pub fn lag_probe_started(&mut self, at: Instant) {
+        let now = self.nanos(at);
+        if let Some(ctl) = self.ctl.as_mut() {
+            ctl.lag_probe_started(now);
+        }
+    }
+
+    /// The loop-lag probe was polled at `at`: the lag feeds the controller (see the module
+    /// documentation, point 3). Returns the lag measured.
+    pub fn lag_probe_finished(&mut self, at: Instant, metrics: &ShardMetrics) -> Duration {
+        let now = self.nanos(at);
+        let Some(ctl) = self.ctl.as_mut() else {
+            return Duration::ZERO;
+        };
+        let lag = ctl.lag_probe_finished(now);
+        self.lag_max = self.lag_max.max(lag);
+        self.pump(now, metrics);
+        lag
+    }
+
+    /// True if a connection (or the shard) at its in-flight cap should keep reading and
+    /// answer the excess `Overloaded` instead of pausing: the shard is overloaded, so the
+    /// excess would only age unseen in the kernel. False when admission is off.
+    #[inline]
+    pub fn reject_over_cap(&mut self, at: Instant) -> bool {
+        let now = self.nanos(at);
+        self.ctl.as_mut().is_some_and(|c| c.reject_over_cap(now))
+    }
+
+    /// Counts one request answered `Overloaded` because its connection or shard was at its
+    /// in-flight cap while overloaded (the caller appends the frame).
+    #[inline]
+    pub fn count_rejected_over_cap(&mut self, metrics: &ShardMetrics) {
+        self.counts.rejected_over_cap += 1;
+        metrics.rejected_overloaded.fetch_add(1, Relaxed);
     }
 
     /// Appends the pre-encoded `Overloaded` frame for `stream` (a copy and a 2-byte patch).
@@ -249,14 +320,18 @@ impl ShardAdmission {
                 let (c, l) = (self.counts, self.logged);
                 info!(
                     rejected_queue_full = c.rejected_full - l.rejected_full,
+                    shed_at_enqueue = c.shed_at_enqueue - l.shed_at_enqueue,
+                    rejected_over_cap = c.rejected_over_cap - l.rejected_over_cap,
                     shed_for_delay = c.shed - l.shed,
                     expired_in_queue = c.expired - l.expired,
                     dropped_disconnected = c.dropped - l.dropped,
                     concurrency_limit = ctl.concurrency_limit(),
+                    loop_lag_max_us = self.lag_max.as_micros() as u64,
                     "admission: requests turned away in the last interval"
                 );
                 self.logged = c;
             }
+            self.lag_max = Duration::ZERO;
         }
     }
 

@@ -3,11 +3,22 @@
 //! that flushes whatever answers have accumulated in one `write_all`.
 //!
 //! Bounds: at most `max_inflight_per_connection` requests in flight per connection and
-//! `max_inflight_per_shard` per shard; while over either cap the socket is not read
-//! (backpressure: the client's own queue grows, nothing is rejected). Answers not yet
+//! `max_inflight_per_shard` per shard (and as many request bytes). Over a cap, the socket is
+//! not read (backpressure: the client's own queue grows, nothing is rejected), unless the
+//! shard is overloaded: then the reader keeps reading and answers the excess with the
+//! pre-encoded `Overloaded` frame from the header, because paused, that excess would wait
+//! unseen in the kernel socket buffer and time out at the client instead. Answers not yet
 //! written are bounded too: the reader waits while the outbox holds more than
-//! [`MAX_OUTBOX_BYTES`]. A malformed frame closes this connection only; a panic while serving
-//! a request answers that stream with Server_error and leaves the shard running.
+//! [`MAX_OUTBOX_BYTES`], rejections included, so a client that does not read its answers is
+//! still stopped by backpressure. A malformed frame closes this connection only; a panic
+//! while serving a request answers that stream with Server_error and leaves the shard
+//! running.
+//!
+//! Arrival: every frame of one socket read is stamped with the instant of that read, so the
+//! time a frame spends behind the frames read before it counts as queueing for admission.
+//! The reader takes its in-flight slots without awaiting while they are free (no cooperative
+//! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
+//! and yields to the shard's other tasks every [`READ_QUANTUM`] frames.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -23,7 +34,7 @@ use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
 use crate::admission::Admit;
@@ -34,6 +45,14 @@ use crate::supported::StartupOptIns;
 pub const MAX_OUTBOX_BYTES: usize = 8 << 20;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 << 10;
+/// Largest read: after reads that filled the buffer (more is likely waiting in the kernel,
+/// unseen by admission), each read takes twice as much, up to this, so that the backlog
+/// moves into the buffer where every frame carries the instant it was read.
+const READ_AHEAD: usize = 1 << 20;
+/// Frames a reader handles before it lets the shard's other tasks run: large enough to drain a
+/// full read buffer of small requests in one go, small enough (well under a millisecond of
+/// admission work) to keep the event loop's lag low.
+pub const READ_QUANTUM: usize = 512;
 
 /// Encoded answers of one connection, appended by request tasks and drained by the writer.
 pub struct Outbox {
@@ -131,6 +150,10 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut shutdown = shard.shutdown.clone();
     let per_conn_cap = shard.config.max_inflight_per_connection;
     let conn_id = Rc::as_ptr(&conn) as usize;
+    // The instant of the last socket read: the arrival of every frame it completed.
+    let mut read_at = Instant::now();
+    let mut since_yield = 0usize;
+    let mut read_size = READ_CHUNK;
 
     'read: loop {
         // Pull every complete frame already buffered.
@@ -144,41 +167,45 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(frame.header.opcode as u8);
-            let arrival = Instant::now();
-            // Backpressure before admission: wait (not reading the socket) for a slot on
-            // this connection and on the shard.
-            if conn.inflight.available_permits() == 0 || shard.inflight.available_permits() == 0 {
-                shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
+            let arrival = read_at;
+            since_yield += 1;
+            if since_yield >= READ_QUANTUM {
+                since_yield = 0;
+                tokio::task::yield_now().await;
             }
-            let Ok(conn_permit) = conn.inflight.clone().acquire_owned().await else {
-                break 'read;
-            };
-            let Ok(shard_permit) = shard.inflight.clone().acquire_owned().await else {
-                break 'read;
-            };
+            let opcode = frame.header.opcode;
             // Bytes caps: a frame larger than a cap takes the whole cap (frames are bounded
             // by max_frame_bytes), so it waits for the scope to drain instead of stalling.
             let len = frame.header.length as usize;
-            let conn_bytes = len.min(byte_cap(shard.config.max_inflight_bytes_per_connection));
-            let shard_bytes = len.min(byte_cap(shard.config.max_inflight_bytes_per_shard));
-            if conn.inflight_bytes.available_permits() < conn_bytes
-                || shard.inflight_bytes.available_permits() < shard_bytes
-            {
-                shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
-            }
-            let conn_bytes = conn
-                .inflight_bytes
-                .clone()
-                .acquire_many_owned(conn_bytes as u32);
-            let Ok(conn_bytes) = conn_bytes.await else {
-                break 'read;
-            };
-            let shard_bytes = shard
-                .inflight_bytes
-                .clone()
-                .acquire_many_owned(shard_bytes as u32);
-            let Ok(shard_bytes) = shard_bytes.await else {
-                break 'read;
+            let bytes = (
+                len.min(byte_cap(shard.config.max_inflight_bytes_per_connection)) as u32,
+                len.min(byte_cap(shard.config.max_inflight_bytes_per_shard)) as u32,
+            );
+            let permits = match try_permits(&shard, &conn, bytes) {
+                Some(p) => p,
+                None => {
+                    // Over a cap. Overloaded, read on and turn the excess away from the header
+                    // while the client still reads its answers; otherwise pause the socket.
+                    if !bypasses_caps(opcode)
+                        && conn.outbox.pending() < MAX_OUTBOX_BYTES
+                        && shard.admission.borrow_mut().reject_over_cap(Instant::now())
+                    {
+                        shard
+                            .admission
+                            .borrow_mut()
+                            .count_rejected_over_cap(&shard.metrics);
+                        reject_overloaded(&shard, &conn, frame.header.stream);
+                        continue;
+                    }
+                    shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
+                    let Some(p) = wait_permits(&shard, &conn, bytes).await else {
+                        break 'read;
+                    };
+                    // Backpressure by design: the frames still buffered waited in the client's
+                    // queue, as if unread, not in the shard's; they count from now.
+                    read_at = Instant::now();
+                    p
+                }
             };
             // [A] admission: decided from the 9-byte header alone, before the body is decoded.
             let admit =
@@ -199,12 +226,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 conn: conn.clone(),
                 stream: frame.header.stream,
                 answered: false,
-                _permits: (conn_permit, shard_permit, conn_bytes, shard_bytes),
+                _permits: permits,
             };
-            if matches!(
-                frame.header.opcode,
-                Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
-            ) {
+            if bypasses_caps(opcode) {
                 // Connection-state requests are handled in order, inline.
                 crate::request::handle(in_flight, frame, arrival, ticket).await;
                 if conn.outbox.closed.get() {
@@ -222,8 +246,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             break;
         }
         if buf.capacity() - buf.len() < HEADER_LEN {
-            buf.reserve(READ_CHUNK);
+            buf.reserve(read_size);
         }
+        let spare = buf.capacity() - buf.len();
         tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) | Err(_) => {
@@ -232,7 +257,14 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     conn.outbox.close();
                     break;
                 }
-                Ok(_) => {}
+                Ok(n) => {
+                    read_at = Instant::now();
+                    read_size = if n >= spare {
+                        (read_size * 2).min(READ_AHEAD)
+                    } else {
+                        READ_CHUNK
+                    };
+                }
             },
             _ = shutdown.changed() => break,
         }
@@ -254,6 +286,63 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     conn.outbox.close();
     let _ = writer.await;
     buf.advance(buf.len());
+}
+
+/// A request's in-flight slots: its connection's and shard's request and byte permits.
+type Permits = (
+    OwnedSemaphorePermit,
+    OwnedSemaphorePermit,
+    OwnedSemaphorePermit,
+    OwnedSemaphorePermit,
+);
+
+/// Connection-state requests (driver heartbeats, handshake) are handled inline, never queued
+/// and never turned away over a cap: rejecting a heartbeat makes a driver drop the connection.
+#[inline]
+fn bypasses_caps(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
+    )
+}
+
+/// Takes a request's slots if all four are free now, without awaiting (so without spending
+/// the task's cooperative budget); `None` if a cap is reached (nothing is kept then).
+#[inline]
+fn try_permits(shard: &ShardCtx, conn: &ConnState, (cb, sb): (u32, u32)) -> Option<Permits> {
+    let c = conn.inflight.clone().try_acquire_owned().ok()?;
+    let s = shard.inflight.clone().try_acquire_owned().ok()?;
+    let cbytes = conn
+        .inflight_bytes
+        .clone()
+        .try_acquire_many_owned(cb)
+        .ok()?;
+    let sbytes = shard
+        .inflight_bytes
+        .clone()
+        .try_acquire_many_owned(sb)
+        .ok()?;
+    Some((c, s, cbytes, sbytes))
+}
+
+/// Waits for a request's slots, the socket unread meanwhile (backpressure). `None` if a
+/// semaphore was closed.
+async fn wait_permits(shard: &ShardCtx, conn: &ConnState, (cb, sb): (u32, u32)) -> Option<Permits> {
+    let c = conn.inflight.clone().acquire_owned().await.ok()?;
+    let s = shard.inflight.clone().acquire_owned().await.ok()?;
+    let cbytes = conn
+        .inflight_bytes
+        .clone()
+        .acquire_many_owned(cb)
+        .await
+        .ok()?;
+    let sbytes = shard
+        .inflight_bytes
+        .clone()
+        .acquire_many_owned(sb)
+        .await
+        .ok()?;
+    Some((c, s, cbytes, sbytes))
 }
 
 /// Decrements the shard's connection gauge when the connection task ends (even by panic).
@@ -315,12 +404,7 @@ pub struct InFlight {
     /// The request's stream id.
     pub stream: i16,
     answered: bool,
-    _permits: (
-        tokio::sync::OwnedSemaphorePermit,
-        tokio::sync::OwnedSemaphorePermit,
-        tokio::sync::OwnedSemaphorePermit,
-        tokio::sync::OwnedSemaphorePermit,
-    ),
+    _permits: Permits,
 }
 
 impl InFlight {
