@@ -146,6 +146,25 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_ADMISSION_MAX_CONCURRENCY", value_name = "N")]
     pub admission_max_concurrency: Option<u32>,
 
+    /// Period of each shard's event-loop lag probe, whose lag admission counts as waiting
+    /// before a request is read; `off` disables it [default: 1ms].
+    #[arg(long, env = "SLUICE_ADMISSION_LAG_PROBE", value_name = "DURATION|off")]
+    pub admission_lag_probe: Option<String>,
+
+    /// While overloaded, keep in the admission queue only what is dispatched within half the
+    /// target and answer further arrivals Overloaded from the header [default: on].
+    #[arg(long, env = "SLUICE_ADMISSION_SHED_AT_ENQUEUE", value_name = "on|off")]
+    pub admission_shed_at_enqueue: Option<String>,
+
+    /// While overloaded, a connection or shard at its in-flight cap keeps reading and
+    /// answers the excess Overloaded instead of pausing its socket [default: on].
+    #[arg(long, env = "SLUICE_ADMISSION_REJECT_OVER_CAP", value_name = "on|off")]
+    pub admission_reject_over_cap: Option<String>,
+
+    /// While overloaded, serve the newest queued request first (adaptive LIFO) [default: off].
+    #[arg(long, env = "SLUICE_ADMISSION_LIFO", value_name = "on|off")]
+    pub admission_lifo: Option<String>,
+
     /// TEST ONLY: service time added to every execution, to make slow work real in
     /// overload tests. Never set in production.
     #[arg(
@@ -189,6 +208,10 @@ struct FileConfig {
     admission_queue: Option<usize>,
     admission_min_concurrency: Option<u32>,
     admission_max_concurrency: Option<u32>,
+    admission_lag_probe: Option<String>,
+    admission_shed_at_enqueue: Option<String>,
+    admission_reject_over_cap: Option<String>,
+    admission_lifo: Option<String>,
     log: Option<String>,
 }
 
@@ -240,6 +263,14 @@ pub struct ResolvedConfig {
 /// Resolved admission-control constants (see the `--admission-*` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionSettings {
+    /// Event-loop lag probe period (`None`: off).
+    pub lag_probe: Option<Duration>,
+    /// Bound the queue and reject at enqueue while overloaded.
+    pub shed_at_enqueue: bool,
+    /// Reject over the in-flight caps while overloaded instead of pausing.
+    pub reject_over_cap: bool,
+    /// Adaptive LIFO while overloaded.
+    pub lifo: bool,
     /// CoDel target queue delay.
     pub target: Duration,
     /// CoDel interval.
@@ -371,7 +402,38 @@ impl ServeArgs {
                     "admission needs 0 < min-concurrency <= max-concurrency and 0 < queue <= 1Mi"
                 );
             }
+            let lag_probe = match self
+                .admission_lag_probe
+                .clone()
+                .or(file.admission_lag_probe.clone())
+            {
+                None => Some(Duration::from_millis(1)),
+                Some(s) if s.trim().eq_ignore_ascii_case("off") => None,
+                Some(s) => Some(parse_duration(&s)?),
+            };
+            if lag_probe.is_some_and(|d| d < Duration::from_micros(100)) {
+                bail!("admission-lag-probe must be at least 100us (or off)");
+            }
             Some(AdmissionSettings {
+                lag_probe,
+                shed_at_enqueue: on_off(
+                    "admission-shed-at-enqueue",
+                    &self.admission_shed_at_enqueue,
+                    &file.admission_shed_at_enqueue,
+                    true,
+                )?,
+                reject_over_cap: on_off(
+                    "admission-reject-over-cap",
+                    &self.admission_reject_over_cap,
+                    &file.admission_reject_over_cap,
+                    true,
+                )?,
+                lifo: on_off(
+                    "admission-lifo",
+                    &self.admission_lifo,
+                    &file.admission_lifo,
+                    false,
+                )?,
                 target: duration(
                     &self.admission_target,
                     file.admission_target.clone(),
@@ -441,6 +503,40 @@ impl ServeArgs {
             test_only_service_delay,
             log: self.log.clone().or(file.log),
         })
+    }
+}
+
+impl AdmissionSettings {
+    /// The per-shard admission constants these settings stand for (the rest at their
+    /// defaults; `slough = 2 × target`, `max_queue_delay = interval`).
+    pub fn to_config(self) -> sluice_server::AdmissionConfig {
+        let mut c = sluice_server::AdmissionConfig::default();
+        c.codel.target = self.target;
+        c.codel.interval = self.interval;
+        c.codel.slough = self.target * 2;
+        c.codel.max_queue_delay = self.interval;
+        c.queue_capacity = self.queue;
+        c.concurrency.min = self.min_concurrency;
+        c.concurrency.max = self.max_concurrency;
+        c.concurrency.initial = c
+            .concurrency
+            .initial
+            .clamp(self.min_concurrency, self.max_concurrency);
+        c.lag_probe_interval = self.lag_probe.unwrap_or(Duration::ZERO);
+        c.shed_at_enqueue = self.shed_at_enqueue;
+        c.reject_over_cap = self.reject_over_cap;
+        c.adaptive_lifo = self.lifo;
+        c
+    }
+}
+
+/// An `on`/`off` option: flag or env, else the file, else `default`.
+fn on_off(name: &str, flag: &Option<String>, file: &Option<String>, default: bool) -> Result<bool> {
+    match flag.as_ref().or(file.as_ref()) {
+        None => Ok(default),
+        Some(s) if s.trim().eq_ignore_ascii_case("on") => Ok(true),
+        Some(s) if s.trim().eq_ignore_ascii_case("off") => Ok(false),
+        Some(s) => bail!("{name} must be on or off, got {s:?}"),
     }
 }
 
@@ -591,6 +687,44 @@ mod tests {
         assert_eq!(c.max_inflight_bytes_per_connection, 8 << 20);
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
+        assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
+        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo);
+        let cfg = a.to_config();
+        assert_eq!(cfg.lag_probe_interval, Duration::from_millis(1));
+        assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);
+        assert_eq!(cfg.codel.slough, Duration::from_millis(10));
+        assert_eq!(cfg.codel.max_queue_delay, Duration::from_millis(100));
+        let hidden_off = ServeArgs {
+            admission_lag_probe: Some("off".into()),
+            admission_shed_at_enqueue: Some("OFF".into()),
+            admission_reject_over_cap: Some("off".into()),
+            admission_lifo: Some("on".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap()
+        .admission
+        .unwrap();
+        assert_eq!(hidden_off.lag_probe, None);
+        assert!(!hidden_off.shed_at_enqueue && !hidden_off.reject_over_cap && hidden_off.lifo);
+        let cfg = hidden_off.to_config();
+        assert_eq!(
+            cfg.lag_probe_interval,
+            Duration::ZERO,
+            "zero turns the probe off"
+        );
+        assert!(!cfg.shed_at_enqueue && !cfg.reject_over_cap && cfg.adaptive_lifo);
+        let probe = |s: &str| {
+            ServeArgs {
+                admission_lag_probe: Some(s.into()),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .map(|c| c.admission.and_then(|a| a.lag_probe))
+        };
+        assert_eq!(probe("2ms").unwrap(), Some(Duration::from_millis(2)));
+        assert!(probe("10us").is_err(), "too short: the probe would spin");
+        assert!(probe("soon").is_err());
         let off = ServeArgs {
             admission: Some("OFF".into()),
             ..ServeArgs::default()
@@ -622,6 +756,10 @@ mod tests {
             },
             ServeArgs {
                 max_inflight_bytes_per_shard: Some("10".into()),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                admission_reject_over_cap: Some("sometimes".into()),
                 ..ServeArgs::default()
             },
         ] {

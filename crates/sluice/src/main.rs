@@ -169,21 +169,7 @@ fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::Se
     s.max_inflight_bytes_per_connection = cfg.max_inflight_bytes_per_connection;
     s.max_inflight_bytes_per_shard = cfg.max_inflight_bytes_per_shard;
     s.rate_limiter.table_bits = cfg.rate_limiter_slots.trailing_zeros() as u8;
-    s.admission = cfg.admission.map(|a| {
-        let mut c = sluice_server::AdmissionConfig::default();
-        c.codel.target = a.target;
-        c.codel.interval = a.interval;
-        c.codel.slough = a.target * 2;
-        c.codel.max_queue_delay = a.interval;
-        c.queue_capacity = a.queue;
-        c.concurrency.min = a.min_concurrency;
-        c.concurrency.max = a.max_concurrency;
-        c.concurrency.initial = c
-            .concurrency
-            .initial
-            .clamp(a.min_concurrency, a.max_concurrency);
-        c
-    });
+    s.admission = cfg.admission.map(|a| a.to_config());
     s.test_only_service_delay = cfg.test_only_service_delay;
     s
 }
