@@ -606,9 +606,17 @@ impl<T> AdmissionController<T> {
     #[inline]
     pub fn on_complete(&mut self, latency: Duration, now: Nanos) {
         let inflight = self.inflight;
+        self.on_turned_away_after_dispatch();
+        self.limit.on_sample(latency, inflight, now);
+    }
+
+    /// Reports a dispatched request that was turned away before it executed (its deadline
+    /// passed, its partition is rate limited): it frees its place but is no latency sample,
+    /// which would tell the concurrency limit that the shard is faster than it is.
+    #[inline]
+    pub fn on_turned_away_after_dispatch(&mut self) {
         self.inflight = self.inflight.saturating_sub(1);
         self.stats.completed += 1;
-        self.limit.on_sample(latency, inflight, now);
     }
 
     /// Removes every queued request for which `dead` is true (e.g. its client disconnected),
@@ -857,6 +865,26 @@ mod tests {
         a.on_complete(ms(1), at_ms(2));
         assert_eq!(a.inflight(), 2);
         assert_eq!(a.stats().shed_full, 1);
+    }
+
+    #[test]
+    fn requests_turned_away_after_dispatch_free_their_place_but_are_no_latency_sample() {
+        // Two shards see the same traffic: every request is turned away right after dispatch
+        // (rate limited, expired), on one shard reported as such, on the other as a
+        // completion in 1 µs. Both free the place; only the second feeds the limit.
+        let (mut turned, mut sampled) = (controller(false), controller(false));
+        let initial = turned.concurrency_limit();
+        for t in 0..5_000u64 {
+            for a in [&mut turned, &mut sampled] {
+                a.enqueue(t as u32, at_ms(t), Deadline(at_ms(t + 1_000))).unwrap();
+                assert!(a.dispatch(at_ms(t), |_, _| {}).is_some());
+            }
+            turned.on_turned_away_after_dispatch();
+            sampled.on_complete(Duration::from_micros(1), at_ms(t));
+            assert_eq!((turned.inflight(), sampled.inflight()), (0, 0));
+        }
+        assert_eq!(turned.stats().completed, 5_000);
+        assert_eq!(turned.concurrency_limit(), initial, "no sample, no change");
     }
 
     #[test]

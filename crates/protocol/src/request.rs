@@ -203,8 +203,8 @@ pub const VALUE_PREFIX: usize = 8;
 pub struct ExecuteHead {
     /// Prepared statement id.
     pub id: Bytes,
-    values: [Value; VALUE_PREFIX],
-    len: usize,
+    /// Inline and initialised only as far as read: no allocation, nothing to drop beyond.
+    values: arrayvec::ArrayVec<Value, VALUE_PREFIX>,
     complete: bool,
 }
 
@@ -212,8 +212,7 @@ impl Default for ExecuteHead {
     fn default() -> Self {
         ExecuteHead {
             id: Bytes::new(),
-            values: std::array::from_fn(|_| Value::Unset),
-            len: 0,
+            values: arrayvec::ArrayVec::new(),
             complete: false,
         }
     }
@@ -222,7 +221,7 @@ impl Default for ExecuteHead {
 impl ExecuteHead {
     /// The leading positional values read (all of them when [`Self::complete`]).
     pub fn values(&self) -> &[Value] {
-        &self.values[..self.len]
+        &self.values
     }
 
     /// True when [`Self::values`] holds every bound value: they are positional and at
@@ -236,7 +235,7 @@ impl ExecuteHead {
     /// decompressed. Never panics on malformed input; the full decode reports the precise
     /// error.
     pub fn read(&mut self, header: &FrameHeader, body: &Bytes) -> Result<(), DecodeError> {
-        self.len = 0;
+        self.values.clear();
         self.complete = false;
         if header.opcode != Opcode::Execute {
             return Err(DecodeError("not an EXECUTE"));
@@ -252,9 +251,8 @@ impl ExecuteHead {
             self.complete = true;
         } else if flags & QUERY_FLAG_NAMES == 0 {
             let n = r.read_count(MIN_VALUE_LEN)?;
-            for slot in self.values.iter_mut().take(n) {
-                *slot = r.read_value()?;
-                self.len += 1;
+            for _ in 0..n.min(VALUE_PREFIX) {
+                self.values.push(r.read_value()?);
             }
             self.complete = n <= VALUE_PREFIX;
         }

@@ -132,6 +132,8 @@ pub struct ShardAdmission {
     admitted: u64,
     counts: Logged,
     logged: Logged,
+    /// The latest instant the controller saw (for releases that read no clock).
+    last_now: Nanos,
     next_log: Nanos,
     /// Period of the loop-lag probe (`None`: no probe).
     lag_probe: Option<Duration>,
@@ -173,6 +175,7 @@ impl ShardAdmission {
             admitted: 0,
             counts: Logged::default(),
             logged: Logged::default(),
+            last_now: Nanos::ZERO,
             next_log: Nanos::ZERO,
             lag_probe,
             lag_max: Duration::ZERO,
@@ -288,6 +291,7 @@ impl ShardAdmission {
     /// Dispatches queued requests while the concurrency limit allows, and wakes the
     /// requests that were dispatched, shed or found expired.
     fn pump(&mut self, now: Nanos, metrics: &ShardMetrics) {
+        self.last_now = self.last_now.max(now);
         let Some(ctl) = self.ctl.as_mut() else {
             return;
         };
@@ -360,22 +364,36 @@ impl ShardAdmission {
     /// Releases a ticket outside a shard (benchmarks, tests); in the server [`Admitted`]
     /// does this when the request's task ends.
     pub fn complete(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
-        self.release(ticket, metrics);
+        self.release(ticket, true, metrics);
+    }
+
+    /// Completes a dispatched request that was turned away before executing (deadline,
+    /// rate limit): it is no latency sample for the concurrency limit, and when nothing
+    /// waits, releasing it reads no clock.
+    pub fn complete_turned_away(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
+        self.release(ticket, false, metrics);
     }
 
     /// Releases a ticket: completes a running request (its latency feeds the concurrency
-    /// limit), removes a still-queued one, frees the slot and dispatches more.
-    fn release(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
+    /// limit if `sample`), removes a still-queued one, frees the slot and dispatches more.
+    fn release(&mut self, ticket: Ticket, sample: bool, metrics: &ShardMetrics) {
         let Some(idx) = ticket.0 else { return };
-        let now = self.nanos(Instant::now());
         let Some(slot) = self.slots.get_mut(idx as usize) else {
             return;
         };
         let state = slot.state;
         slot.state = SlotState::Free;
         slot.waker = None;
+        // The clock is needed for a latency sample and to dispatch what waits.
+        let timed = sample || self.ctl.as_ref().is_some_and(|c| c.queued() > 0);
+        let now = if timed {
+            self.nanos(Instant::now())
+        } else {
+            self.last_now
+        };
         if let Some(ctl) = self.ctl.as_mut() {
             match state {
+                SlotState::Running(_) if !sample => ctl.on_turned_away_after_dispatch(),
                 SlotState::Running(start) => {
                     ctl.on_complete(now.saturating_duration_since(start), now)
                 }
@@ -453,6 +471,7 @@ pub struct Admitted {
     shard: Rc<ShardCtx>,
     ticket: Ticket,
     released: Cell<bool>,
+    sampled: Cell<bool>,
 }
 
 impl Admitted {
@@ -462,7 +481,14 @@ impl Admitted {
             shard,
             ticket,
             released: Cell::new(false),
+            sampled: Cell::new(true),
         }
+    }
+
+    /// The request was turned away after dispatch, before executing (deadline, rate limit):
+    /// its release is no latency sample for the concurrency limit.
+    pub fn turned_away(&self) {
+        self.sampled.set(false);
     }
 
     /// Waits until the request is dispatched, shed, expired or dropped.
@@ -501,7 +527,7 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         if !self.released.replace(true) {
             if let Ok(mut a) = self.shard.admission.try_borrow_mut() {
-                a.release(self.ticket, &self.shard.metrics);
+                a.release(self.ticket, self.sampled.get(), &self.shard.metrics);
             }
         }
     }
@@ -569,10 +595,10 @@ mod tests {
         let (p2, woke) = poll(&mut a, t2);
         assert_eq!(p2, Poll::Pending);
         assert_eq!(a.queued(), 1);
-        a.release(t1, &m);
+        a.release(t1, true, &m);
         assert!(woke.0.load(Relaxed), "the queued request is woken");
         assert_eq!(poll(&mut a, t2).0, Poll::Ready(Outcome::Run));
-        a.release(t2, &m);
+        a.release(t2, true, &m);
         assert_eq!(a.stats().completed, 2);
         assert_eq!(a.free.len(), a.slots.len(), "every slot returned");
     }
@@ -611,10 +637,10 @@ mod tests {
         assert_eq!(a.drop_connection(2, &m), 1);
         assert_eq!(m.dropped_disconnected.load(Relaxed), 1);
         assert_eq!(poll(&mut a, gone).0, Poll::Ready(Outcome::Dropped));
-        a.release(gone, &m);
-        a.release(run, &m);
+        a.release(gone, true, &m);
+        a.release(run, true, &m);
         assert_eq!(poll(&mut a, stays).0, Poll::Ready(Outcome::Run));
-        a.release(stays, &m);
+        a.release(stays, true, &m);
         assert_eq!(a.free.len(), a.slots.len());
     }
 

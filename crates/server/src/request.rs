@@ -100,7 +100,10 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
                     inf = i;
                     checked = Some((p, c));
                 }
-                None => return,
+                None => {
+                    admitted.turned_away();
+                    return;
+                }
             }
         }
     }
@@ -183,14 +186,22 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
             };
             let keyspace = conn.session.borrow().keyspace.clone();
             match shard.engine.prepare(keyspace.as_deref(), text) {
-                Ok(p) => execute(inf, p, params, arrival).await,
+                Ok(p) => {
+                    if !execute(inf, p, params, arrival).await {
+                        admitted.turned_away();
+                    }
+                }
                 Err(e) => answer_detailed(inf, &e, compression),
             }
         }
         Request::Execute { id, params } => match checked {
             Some((p, c)) => run(inf, p, params, c).await,
             None => match shard.engine.prepared(&id) {
-                Some(p) => execute(inf, p, params, arrival).await,
+                Some(p) => {
+                    if !execute(inf, p, params, arrival).await {
+                        admitted.turned_away();
+                    }
+                }
                 None => inf.answer_error(&sluice_protocol::response::unprepared_error(&id)),
             },
         },
@@ -231,16 +242,19 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
     }
 }
 
-/// Routes, limits, dead-lines and runs one statement (QUERY or EXECUTE).
+/// Routes, limits, dead-lines and runs one statement (QUERY or EXECUTE). False when it was
+/// turned away before running.
 async fn execute(
     inf: InFlight,
     prepared: Arc<Prepared>,
     params: QueryParameters,
     arrival: Instant,
-) {
-    if let Some((inf, checked)) = precheck(inf, &prepared, &params.values, arrival).await {
-        run(inf, prepared, params, checked).await;
-    }
+) -> bool {
+    let Some((inf, checked)) = precheck(inf, &prepared, &params.values, arrival).await else {
+        return false;
+    };
+    run(inf, prepared, params, checked).await;
+    true
 }
 
 /// What [`precheck`] decided for a request that goes on.

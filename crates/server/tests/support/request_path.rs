@@ -120,8 +120,12 @@ impl Bench {
                 self.admission.append_overloaded(&mut self.out, stream)
             }
             Admit::Accept(ticket) => {
-                self.served(frame, arrival, path);
-                self.admission.complete(ticket, &self.metrics);
+                // As request.rs: a request turned away by [C] or [B] is no latency sample.
+                if self.served(frame, arrival, path) {
+                    self.admission.complete(ticket, &self.metrics);
+                } else {
+                    self.admission.complete_turned_away(ticket, &self.metrics);
+                }
             }
         }
         let op = self.out[start + 4];
@@ -131,7 +135,8 @@ impl Bench {
         op
     }
 
-    fn served(&mut self, frame: Frame, arrival: Instant, path: &str) {
+    /// Runs an admitted frame; false when [C] or [B] turned it away before it ran.
+    fn served(&mut self, frame: Frame, arrival: Instant, path: &str) -> bool {
         let stream = frame.header.stream;
         let header = frame.header;
         let body = Compression::None
@@ -165,7 +170,7 @@ impl Bench {
         let deadline = arrival + timeout.unwrap_or(Duration::from_secs(2));
         if Instant::now() >= deadline {
             self.errors.write_timeout.append(&mut self.out, stream);
-            return;
+            return false;
         }
         let route = self.engine.route(&p, values).expect("route");
         if path == "rate_limited" {
@@ -187,7 +192,7 @@ impl Bench {
                     self.errors
                         .rate_limit(OperationType::Write, true)
                         .append(&mut self.out, stream);
-                    return;
+                    return false;
                 }
             }
         }
@@ -217,6 +222,7 @@ impl Bench {
                 Compression::None,
             ),
         }
+        true
     }
 }
 
