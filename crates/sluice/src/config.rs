@@ -115,7 +115,7 @@ pub struct ServeArgs {
     pub max_inflight_bytes_per_shard: Option<String>,
 
     /// Counter slots of the per-partition rate limiter per shard, rounded up to a power of
-    /// two between 16 and 16Mi (32 bytes each) [default: 65536].
+    /// two between 16 and 16Mi (16 bytes each) [default: 65536].
     #[arg(long, env = "SLUICE_RATE_LIMITER_SLOTS", value_name = "N")]
     pub rate_limiter_slots: Option<usize>,
 
