@@ -876,7 +876,8 @@ mod tests {
         let initial = turned.concurrency_limit();
         for t in 0..5_000u64 {
             for a in [&mut turned, &mut sampled] {
-                a.enqueue(t as u32, at_ms(t), Deadline(at_ms(t + 1_000))).unwrap();
+                a.enqueue(t as u32, at_ms(t), Deadline(at_ms(t + 1_000)))
+                    .unwrap();
                 assert!(a.dispatch(at_ms(t), |_, _| {}).is_some());
             }
             turned.on_turned_away_after_dispatch();
