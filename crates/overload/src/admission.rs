@@ -120,6 +120,12 @@ impl Codel {
         self.turned_away = true;
     }
 
+    /// [`Codel::on_turned_away`] without reading the time: counts in the current interval.
+    #[inline]
+    pub fn note_turned_away(&mut self) {
+        self.turned_away = true;
+    }
+
     /// True if a request that has waited `queued_for` must be shed now.
     #[inline]
     pub fn should_shed(&mut self, now: Nanos, queued_for: Duration) -> bool {
@@ -403,6 +409,8 @@ pub struct AdmissionController<T> {
     reject_over_cap: bool,
     /// When the latest arrival reached the queue, and its age then (nanoseconds).
     last_arrival: (Nanos, u64),
+    /// The overloaded bound on the queue as last computed (`usize::MAX`: none).
+    bound: usize,
     /// Dispatches counted since `rate_since`, and the last measured rate (per second).
     rate_count: u64,
     rate_since: Nanos,
@@ -427,6 +435,7 @@ impl<T> AdmissionController<T> {
             shed_at_enqueue: cfg.shed_at_enqueue,
             reject_over_cap: cfg.reject_over_cap,
             last_arrival: (Nanos::ZERO, 0),
+            bound: usize::MAX,
             rate_count: 0,
             rate_since: Nanos::ZERO,
             dispatch_rate: 0.0,
@@ -464,7 +473,7 @@ impl<T> AdmissionController<T> {
         let hidden = duration_nanos(self.lag.estimate(now));
         let arrived = Nanos(read_at.0.saturating_sub(hidden));
         self.last_arrival = (now, now.0.saturating_sub(arrived.0));
-        if self.shed_at_enqueue && len >= self.overload_bound(now) {
+        if len >= self.overload_bound(now) {
             self.stats.shed_full += 1;
             self.stats.shed_enqueue += 1;
             self.codel.on_turned_away(now);
@@ -496,15 +505,34 @@ impl<T> AdmissionController<T> {
 
     /// Queue length beyond which arrivals are turned away: unbounded unless overloaded, then
     /// what the shard dispatches within half the target at its measured rate (at least the
-    /// concurrency limit, so that a shard that measured no rate yet still serves).
+    /// concurrency limit, so that a shard that measured no rate yet still serves). Also
+    /// remembered for [`Self::turn_away_at_once`].
     #[inline]
     fn overload_bound(&mut self, now: Nanos) -> usize {
-        if !self.codel.is_overloaded(now) {
-            return usize::MAX;
+        let bound = if self.shed_at_enqueue && self.codel.is_overloaded(now) {
+            // Half the target: nanoseconds / 1e9 for seconds, and / 2.
+            let within_target = self.dispatch_rate * self.target as f64 / 2e9;
+            (within_target as usize).max(self.limit.limit() as usize)
+        } else {
+            usize::MAX
+        };
+        self.bound = bound;
+        bound
+    }
+
+    /// The cheapest rejection: true (and counted) if an arrival is to be turned away at
+    /// enqueue by the overloaded bound as last computed (at the latest dispatch or probe,
+    /// so at most a probe period old), without reading the clock. The caller answers it
+    /// `Overloaded` from the header; a `false` says nothing, [`Self::enqueue_read`] decides.
+    #[inline]
+    pub fn turn_away_at_once(&mut self) -> bool {
+        if self.queue.len() < self.bound {
+            return false;
         }
-        // Half the target: nanoseconds / 1e9 for seconds, and / 2.
-        let within_target = self.dispatch_rate * self.target as f64 / 2e9;
-        (within_target as usize).max(self.limit.limit() as usize)
+        self.stats.shed_full += 1;
+        self.stats.shed_enqueue += 1;
+        self.codel.note_turned_away();
+        true
     }
 
     /// The probe task became ready at `now` (see [`LoopLag`]).
@@ -523,6 +551,7 @@ impl<T> AdmissionController<T> {
             None => self.empty_queue_delay(now),
         };
         self.codel.on_dequeue(sample, now);
+        self.overload_bound(now);
         lag
     }
 
@@ -553,6 +582,7 @@ impl<T> AdmissionController<T> {
         now: Nanos,
         mut reject: impl FnMut(T, Verdict),
     ) -> Option<Queued<T>> {
+        self.overload_bound(now);
         if self.inflight >= self.limit.limit() {
             return None;
         }
@@ -1040,17 +1070,27 @@ mod tests {
         assert!(a.queued() <= bound + 1, "{} > {bound}", a.queued());
         assert!(turned_away > 1_000, "{turned_away}");
         assert_eq!(a.stats().shed_enqueue, u64::from(turned_away));
+        // The same decision without a clock read, from the bound of the latest dispatch.
+        a.dispatch(at_ms(600), |_, _| {});
+        while a.enqueue(id, at_ms(600), Deadline::NEVER).is_ok() {
+            id += 1;
+        }
+        let counted = a.stats().shed_enqueue;
+        assert!(a.turn_away_at_once());
+        assert_eq!(a.stats().shed_enqueue, counted + 1);
         // Once the load is gone, the queue drains and the state ends.
         for t in 600..900u64 {
             if t % 4 == 0 {
                 id += 1;
-                a.enqueue(id, at_ms(t), Deadline::NEVER).unwrap();
+                let _ = a.enqueue(id, at_ms(t), Deadline::NEVER);
             }
             while a.dispatch(at_ms(t), |_, _| {}).is_some() {
                 a.on_complete(Duration::from_micros(900), at_ms(t));
             }
         }
         assert!(!a.is_overloaded(at_ms(900)));
+        a.dispatch(at_ms(900), |_, _| {});
+        assert!(!a.turn_away_at_once(), "no bound once the overload ended");
         let before = a.stats().shed_enqueue;
         for i in 0..50 {
             a.enqueue(1_000_000 + i, at_ms(900), Deadline::NEVER)

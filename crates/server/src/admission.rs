@@ -208,6 +208,13 @@ impl ShardAdmission {
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         }
+        // Overloaded and the queue already holds what it dispatches in time: as cheap, no
+        // clock read (the bound is refreshed at every dispatch and loop-lag probe).
+        if self.ctl.as_mut().is_some_and(|c| c.turn_away_at_once()) {
+            self.counts.shed_at_enqueue += 1;
+            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+            return Admit::Reject;
+        }
         let Some(idx) = self.free.pop() else {
             self.counts.rejected_full += 1;
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
