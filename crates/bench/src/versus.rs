@@ -395,11 +395,24 @@ impl VersusReport {
         o
     }
 
-    /// Both endpoints reported their settings, and they differ.
+    /// Both endpoints reported their settings, and a setting both report differs (one side
+    /// may report more names, e.g. Cassandra's `*_in_ms` aliases).
     pub fn durability_differs(&self) -> bool {
         let known = |d: &str| !d.starts_with("unknown");
+        let pairs = |d: &str| -> Vec<(String, String)> {
+            d.split(", ")
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         let [x, y] = &self.durability;
-        known(x) && known(y) && x != y
+        if !known(x) || !known(y) {
+            return false;
+        }
+        let theirs = pairs(y);
+        pairs(x)
+            .iter()
+            .any(|(k, v)| theirs.iter().any(|(k2, v2)| k == k2 && v != v2))
     }
 
     /// Header, table, and both sides' notes as text.
@@ -710,5 +723,13 @@ mod tests {
             .contains("WARNING: the endpoints report different durability"));
         v.durability[0] = v.durability[1].clone();
         assert!(!v.durability_differs());
+        // Names only one side reports do not count; a shared name with another value does.
+        v.durability[0] = "commitlog_sync=periodic, commitlog_sync_period=10000ms".into();
+        v.durability[1] = "commitlog_sync=periodic, commitlog_sync_period=10000ms, \
+                           commitlog_sync_period_in_ms=10000"
+            .into();
+        assert!(!v.durability_differs());
+        v.durability[1] = "commitlog_sync=periodic, commitlog_sync_period=2000ms".into();
+        assert!(v.durability_differs());
     }
 }

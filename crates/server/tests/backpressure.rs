@@ -163,36 +163,18 @@ fn overloaded_the_cap_rejects_but_a_client_that_does_not_read_is_still_stopped()
 
 #[test]
 fn over_the_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
-        path: dir.path().join("db"),
-        durability: sluice_storage::Durability::Periodic {
-            interval: Duration::from_secs(1),
-        },
-        cache_bytes: 8 << 20,
-    })
-    .unwrap();
-    let host = uuid::Uuid::new_v4();
-    let info = sluice_engine::NodeInfo::single([127, 0, 0, 1].into(), 9042, host);
-    let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
-    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, host.to_string());
-    config.max_inflight_per_connection = 4;
-    // Backpressure alone: a shard starved of CPU by its neighbours (other tests, a busy CI
-    // machine) must not count as overloaded here, which would turn the cap into rejections.
-    config.admission = Some(sluice_server::AdmissionConfig {
-        lag_probe_interval: Duration::ZERO,
-        reject_over_cap: false,
-        ..Default::default()
+    let node = TestNode::start(|config| {
+        config.max_inflight_per_connection = 4;
+        // Backpressure alone: a shard starved of CPU by its neighbours (other tests, a busy
+        // CI machine) must not count as overloaded here, which would turn the cap into
+        // rejections.
+        config.admission = Some(sluice_server::AdmissionConfig {
+            lag_probe_interval: Duration::ZERO,
+            reject_over_cap: false,
+            ..Default::default()
+        });
     });
-    let server = Server::start(config, engine).unwrap();
-
-    let mut s = TcpStream::connect(server.local_addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut body = vec![0, 1];
-    body.extend(string("CQL_VERSION"));
-    body.extend(string("3.0.0"));
-    s.write_all(&frame(0, 0x01, &body)).unwrap();
-    assert_eq!(read_frame(&mut s), (0, 0x02), "READY");
+    let mut s = node.connect();
 
     let mut batch = Vec::new();
     for stream in 1..=200i16 {
@@ -206,7 +188,7 @@ fn over_the_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
         answered.insert(stream);
     }
     assert_eq!(answered.len(), 200, "every stream answered exactly once");
-    let m = &server.metrics()[0];
+    let m = &node.server().metrics()[0];
     assert!(
         m.backpressure_pauses.load(Relaxed) > 0,
         "the reader waited for in-flight slots"
@@ -216,7 +198,4 @@ fn over_the_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
         0,
         "backpressure, not Overloaded"
     );
-    drop(s);
-    server.shutdown();
-    storage.close().unwrap();
 }
