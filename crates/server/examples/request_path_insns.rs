@@ -5,7 +5,7 @@
 //! The path itself lives in `tests/support/request_path.rs`, shared with the test that
 //! proves the rejections allocate nothing.
 //!
-//! Usage: `request_path_insns <served|overloaded|rate_limited|expired> <iterations>`.
+//! Usage: `request_path_insns <served|served_limited|overloaded|rate_limited|expired> <N>`.
 
 #[path = "../tests/support/request_path.rs"]
 mod support;

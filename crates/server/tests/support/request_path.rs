@@ -14,6 +14,8 @@
 //! - `rate_limited`: like `served` up to the route, from the statement id and the leading
 //!   values only, then the per-partition limiter [B] rejects and the pre-encoded rate-limit
 //!   frame is appended. The rest of the body is never decoded.
+//! - `served_limited`: `served` on a table with a write limit it never reaches: the
+//!   limiter accounts every write (what a limit costs; a table without one skips it).
 //! - `expired`: like `served` up to the deadline check (`USING TIMEOUT 1ms`, the frame read
 //!   5 ms earlier), which finds it passed: the pre-encoded Write_timeout is appended.
 
@@ -121,7 +123,7 @@ impl Bench {
             }
             Admit::Accept(ticket) => {
                 // As request.rs: a request turned away by [C] or [B] is no latency sample.
-                if self.served(frame, arrival, path) {
+                if self.served(frame, arrival) {
                     self.admission.complete(ticket, &self.metrics);
                 } else {
                     self.admission.complete_turned_away(ticket, &self.metrics);
@@ -136,7 +138,7 @@ impl Bench {
     }
 
     /// Runs an admitted frame; false when [C] or [B] turned it away before it ran.
-    fn served(&mut self, frame: Frame, arrival: Instant, path: &str) -> bool {
+    fn served(&mut self, frame: Frame, arrival: Instant) -> bool {
         let stream = frame.header.stream;
         let header = frame.header;
         let body = Compression::None
@@ -173,7 +175,8 @@ impl Bench {
             return false;
         }
         let route = self.engine.route(&p, values).expect("route");
-        if path == "rate_limited" {
+        // [B] as request.rs: only for a table with a limit for this operation.
+        {
             if let (Some(token), Some(limit)) = (
                 route.token,
                 route.rate_limits.and_then(|r| r.max_writes_per_second),
@@ -268,6 +271,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
         "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
         "CREATE TABLE ks.t (k int PRIMARY KEY, v int)",
         "CREATE TABLE ks.limited (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1}",
+        "CREATE TABLE ks.roomy (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1000000000}",
     ]
     .iter()
     .enumerate()
@@ -277,12 +281,13 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
     let text = match path {
         "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
         "rate_limited" => "INSERT INTO ks.limited (k, v) VALUES (?, ?)",
+        "served_limited" => "INSERT INTO ks.roomy (k, v) VALUES (?, ?)",
         "expired" => "INSERT INTO ks.t (k, v) VALUES (?, ?) USING TIMEOUT 1ms",
         other => panic!("unknown path {other}"),
     };
     let prepared = b.engine.prepare(None, text).expect("prepare");
     let frame = execute_frame(7, &prepared.id, 1, 2);
-    let expected = if path == "served" {
+    let expected = if path == "served" || path == "served_limited" {
         Opcode::Result as u8
     } else {
         Opcode::Error as u8
