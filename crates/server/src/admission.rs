@@ -268,6 +268,10 @@ impl ShardAdmission {
         };
         let lag = ctl.lag_probe_finished(now);
         self.lag_max = self.lag_max.max(lag);
+        metrics.loop_lag_us.store(lag.as_micros() as i64, Relaxed);
+        metrics
+            .concurrency_limit
+            .store(i64::from(ctl.concurrency_limit()), Relaxed);
         self.pump(now, metrics);
         lag
     }

@@ -81,6 +81,10 @@ pub struct ShardMetrics {
     pub dropped_disconnected: AtomicU64,
     /// Requests waiting in the admission queue.
     pub queued: AtomicI64,
+    /// The event loop's lag at the last probe, microseconds (admission's hidden-delay signal).
+    pub loop_lag_us: AtomicI64,
+    /// The adaptive limit on requests in execution, at the last probe.
+    pub concurrency_limit: AtomicI64,
     /// Admission queue delay histogram: cumulative counts per `QUEUE_DELAY_BUCKETS_US`
     /// upper bound, then +Inf.
     queue_delay_buckets: [AtomicU64; QUEUE_DELAY_BUCKETS_US.len() + 1],
@@ -227,12 +231,24 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         }
     }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 9] = [
+    let simple: [(&str, &str, &str, Getter); 11] = [
         (
             "sluice_admission_queued",
             "gauge",
             "Requests waiting in the admission queue.",
             |m| m.queued.load(Relaxed),
+        ),
+        (
+            "sluice_loop_lag_microseconds",
+            "gauge",
+            "How late the shard's event loop ran its lag probe, at the last probe.",
+            |m| m.loop_lag_us.load(Relaxed),
+        ),
+        (
+            "sluice_admission_concurrency_limit",
+            "gauge",
+            "Adaptive limit on requests in execution.",
+            |m| m.concurrency_limit.load(Relaxed),
         ),
         (
             "sluice_served_total",
@@ -371,6 +387,8 @@ mod tests {
         assert!(text.contains("sluice_errors_total{shard=\"1\",code=\"other\"} 1"));
         assert!(text.contains("sluice_cross_shard_forwards_total{shard=\"1\"} 3"));
         assert!(text.contains("# TYPE sluice_inflight gauge"));
+        assert!(text.contains("# TYPE sluice_loop_lag_microseconds gauge"));
+        assert!(text.contains("sluice_admission_concurrency_limit{shard=\"0\"}"));
     }
 
     #[tokio::test]
