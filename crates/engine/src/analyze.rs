@@ -341,6 +341,18 @@ pub(crate) enum Plan {
     Dynamic(Box<Statement>),
 }
 
+impl Plan {
+    /// The `USING TIMEOUT` value of the statement, if it has one.
+    pub(crate) fn timeout(&self) -> Option<&Val> {
+        match self {
+            Plan::Select(s) => s.timeout.as_ref(),
+            Plan::Write(w) => w.timeout.as_ref(),
+            Plan::Batch(bp) => bp.timeout.as_ref(),
+            Plan::Dynamic(_) => None,
+        }
+    }
+}
+
 /// The TTL, TIMESTAMP and TIMEOUT values of a USING clause.
 type UsingVals = (Option<Val>, Option<Val>, Option<Val>);
 
@@ -1846,12 +1858,7 @@ pub(crate) fn analyze(
     let set_or_map_markers = bind_specs
         .iter()
         .any(|s| sluice_types::contains_set_or_map(&s.ty));
-    let const_timeout = crate::exec::constant_timeout(match &plan {
-        Plan::Select(s) => s.timeout.as_ref(),
-        Plan::Write(w) => w.timeout.as_ref(),
-        Plan::Batch(bp) => bp.timeout.as_ref(),
-        Plan::Dynamic(_) => None,
-    });
+    let const_timeout = crate::exec::constant_timeout(plan.timeout());
     Ok(Prepared {
         id,
         keyspace: keyspace.map(str::to_string),

@@ -477,13 +477,7 @@ impl Engine {
         if let Some(decided) = &p.const_timeout {
             return decided.clone();
         }
-        let marker = match &p.plan {
-            Plan::Select(s) => s.timeout.as_ref(),
-            Plan::Write(w) => w.timeout.as_ref(),
-            Plan::Batch(bp) => bp.timeout.as_ref(),
-            Plan::Dynamic(_) => None,
-        };
-        match marker {
+        match p.plan.timeout() {
             // A duration marker never involves "now".
             Some(v) => exec::timeout_of(&exec::Binder::new(values, 0), v),
             None => Ok(None),
@@ -499,6 +493,17 @@ impl Engine {
         values: &[sluice_protocol::Value],
     ) -> Result<Route, DetailedError> {
         let timeout = self.timeout(p, values)?;
+        Ok(self.route_with_timeout(p, values, timeout))
+    }
+
+    /// [`Engine::route`] for a caller that already has the statement's [`Engine::timeout`]
+    /// (the server decides the deadline before routing), so it is not bound twice.
+    pub fn route_with_timeout(
+        &self,
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+        timeout: Option<Duration>,
+    ) -> Route {
         let (table, where_) = match &p.plan {
             Plan::Select(s) => (Some(&s.table), Some(&s.where_)),
             Plan::Write(w) => (Some(&w.table), Some(&w.where_)),
@@ -535,7 +540,7 @@ impl Engine {
         if let Plan::Batch(bp) = &p.plan {
             route.token = exec::single_batch_token(&b, bp.writes.iter());
         }
-        Ok(route)
+        route
     }
 
     /// Executes a prepared (or cached unprepared) statement.

@@ -182,6 +182,14 @@ fn decode_batch(r: &mut Reader<'_>) -> Result<BatchRequest, DecodeError> {
 /// The prepared id of an EXECUTE body without decoding its values (for statement-cache and
 /// routing decisions before full decode). `body` must be decompressed.
 pub fn peek_execute_id(header: &FrameHeader, body: &Bytes) -> Result<Bytes, DecodeError> {
+    read_execute_id(header, body).map(|(id, _)| id)
+}
+
+/// An EXECUTE body's prepared id, and a reader positioned after it.
+fn read_execute_id<'b>(
+    header: &FrameHeader,
+    body: &'b Bytes,
+) -> Result<(Bytes, Reader<'b>), DecodeError> {
     if header.opcode != Opcode::Execute {
         return Err(DecodeError("not an EXECUTE"));
     }
@@ -189,7 +197,8 @@ pub fn peek_execute_id(header: &FrameHeader, body: &Bytes) -> Result<Bytes, Deco
     if header.flags & FLAG_CUSTOM_PAYLOAD != 0 {
         r.skip_bytes_map()?;
     }
-    r.read_short_bytes()
+    let id = r.read_short_bytes()?;
+    Ok((id, r))
 }
 
 /// How many leading positional values [`ExecuteHead::read`] reads.
@@ -237,14 +246,8 @@ impl ExecuteHead {
     pub fn read(&mut self, header: &FrameHeader, body: &Bytes) -> Result<(), DecodeError> {
         self.values.clear();
         self.complete = false;
-        if header.opcode != Opcode::Execute {
-            return Err(DecodeError("not an EXECUTE"));
-        }
-        let mut r = Reader::new(body);
-        if header.flags & FLAG_CUSTOM_PAYLOAD != 0 {
-            r.skip_bytes_map()?;
-        }
-        self.id = r.read_short_bytes()?;
+        let (id, mut r) = read_execute_id(header, body)?;
+        self.id = id;
         r.read_consistency()?;
         let flags = r.read_u8()?;
         if flags & QUERY_FLAG_VALUES == 0 {

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_engine::{OpKind, Prepared, RequestContext, Route, Session};
+use sluice_engine::{OpKind, Prepared, RequestContext, Session};
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{Frame, Opcode};
 use sluice_protocol::{
@@ -259,7 +259,8 @@ async fn execute(
 
 /// What [`precheck`] decided for a request that goes on.
 struct Checked {
-    route: Route,
+    /// The shard that owns the statement's single partition, if it has one.
+    owner: Option<usize>,
     deadline: Instant,
     /// The limiter check the owner shard makes, when the partition is another shard's.
     remote_check: Option<LimitCheck>,
@@ -309,13 +310,7 @@ async fn precheck(
         inf.answer_error(expired);
         return None;
     }
-    let route = match shard.engine.route(prepared, values) {
-        Ok(r) => r,
-        Err(e) => {
-            answer_detailed(inf, &e, compression);
-            return None;
-        }
-    };
+    let route = shard.engine.route_with_timeout(prepared, values, timeout);
     if let Some(delay) = shard.config.test_only_service_delay {
         // TEST ONLY: real service time in end-to-end overload tests.
         tokio::time::sleep(delay).await;
@@ -363,7 +358,7 @@ async fn precheck(
     Some((
         inf,
         Checked {
-            route,
+            owner,
             deadline,
             remote_check,
         },
@@ -376,7 +371,7 @@ async fn run(inf: InFlight, prepared: Arc<Prepared>, params: QueryParameters, ch
     let conn = inf.conn.clone();
     let compression = conn.compression.get();
     let Checked {
-        route,
+        owner,
         deadline,
         remote_check,
     } = checked;
@@ -384,7 +379,6 @@ async fn run(inf: InFlight, prepared: Arc<Prepared>, params: QueryParameters, ch
         deadline: Some(deadline),
         now_micros: now_micros(),
     };
-    let owner = route.token.map(|t| shard.owner_of(t));
     let session = conn.session.borrow().clone();
     let (session, result) = match owner {
         Some(o) if o != shard.id => {

@@ -14,7 +14,6 @@ use bytes::BytesMut;
 use sluice_protocol::frame::{FrameHeader, Opcode, HEADER_LEN};
 use sluice_server::admission::{Admit, ShardAdmission};
 use sluice_server::metrics::ShardMetrics;
-use sluice_server::ServerConfig;
 
 struct Counting;
 
@@ -57,15 +56,7 @@ fn header_bytes(stream: i16) -> [u8; HEADER_LEN] {
 
 #[test]
 fn overloaded_rejection_from_the_header_allocates_nothing() {
-    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, "host".into());
-    let mut adm = sluice_server::AdmissionConfig {
-        queue_capacity: 8,
-        ..Default::default()
-    };
-    adm.concurrency.initial = 1;
-    adm.concurrency.min = 1;
-    adm.concurrency.max = 1;
-    config.admission = Some(adm);
+    let config = support::request_path::fixed_admission_config(8, 1);
     let metrics = ShardMetrics::default();
     let mut admission = ShardAdmission::new(&config);
     let arrival = Instant::now();

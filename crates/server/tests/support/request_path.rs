@@ -174,7 +174,7 @@ impl Bench {
             self.errors.write_timeout.append(&mut self.out, stream);
             return false;
         }
-        let route = self.engine.route(&p, values).expect("route");
+        let route = self.engine.route_with_timeout(&p, values, timeout);
         // [B] as request.rs: only for a table with a limit for this operation.
         {
             if let (Some(token), Some(limit)) = (
@@ -229,6 +229,21 @@ impl Bench {
     }
 }
 
+/// A one-shard config whose admission queue holds `queue` requests and whose concurrency
+/// limit is fixed at `limit`.
+pub fn fixed_admission_config(queue: usize, limit: u32) -> ServerConfig {
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into());
+    let mut a = sluice_server::AdmissionConfig {
+        queue_capacity: queue,
+        ..Default::default()
+    };
+    a.concurrency.initial = limit;
+    a.concurrency.min = limit;
+    a.concurrency.max = limit;
+    config.admission = Some(a);
+    config
+}
+
 /// A bench for `path` with its schema created, the EXECUTE frame to send and the opcode of
 /// the answer that path gives.
 pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
@@ -243,18 +258,12 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
     let engine = Engine::open(storage, info).expect("engine");
-    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into());
-    if path == "overloaded" {
+    let config = if path == "overloaded" {
         // One execution slot and a one-request queue, both taken: every frame is shed.
-        let mut a = sluice_server::AdmissionConfig {
-            queue_capacity: 1,
-            ..Default::default()
-        };
-        a.concurrency.initial = 1;
-        a.concurrency.min = 1;
-        a.concurrency.max = 1;
-        config.admission = Some(a);
-    }
+        fixed_admission_config(1, 1)
+    } else {
+        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
+    };
     let mut b = Bench {
         engine,
         session: Session::default(),
