@@ -18,9 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768..), so that client sockets opened
+    meanwhile cannot take it before the server binds it."""
+    import random
+
+    for _ in range(1000):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000..32000")
 
 
 def sluice_bin():
@@ -36,18 +46,28 @@ def sluice_bin():
 
 class Node:
     def __init__(self, shards=2):
-        self.port = free_port()
-        self.shard_aware_port = free_port()
-        self.metrics_port = free_port()
         self.shards = shards
         self.data_dir = tempfile.mkdtemp(prefix="sluice-pytest-")
         self.log = open(os.path.join(self.data_dir, "server.log"), "wb")
+        # A port taken between the check and the bind makes the server exit: try new ones.
+        for _ in range(5):
+            if self._start():
+                return
+        self.stop()
+        raise RuntimeError("sluice could not bind free ports in 5 tries")
+
+    def _start(self):
+        self.log.seek(0)
+        self.log.truncate()
+        self.port = free_port()
+        self.shard_aware_port = free_port()
+        self.metrics_port = free_port()
         self.proc = subprocess.Popen(
             [
                 sluice_bin(), "serve",
                 "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", os.path.join(self.data_dir, "data"),
-                "--shards", str(shards),
+                "--shards", str(self.shards),
                 "--shard-aware-port", str(self.shard_aware_port),
                 "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
                 "--durability", "periodic",
@@ -56,13 +76,18 @@ class Node:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+        ports = (self.port, self.shard_aware_port, self.metrics_port)
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                if "in use" in self.server_log():
+                    return False
                 raise RuntimeError(f"sluice exited early:\n{self.server_log()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
+                for port in ports:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        pass
+                return True
             except OSError:
                 time.sleep(0.05)
         self.stop()

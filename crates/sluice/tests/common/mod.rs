@@ -29,17 +29,47 @@ pub struct Node {
     pub data_dir: PathBuf,
 }
 
-/// A free TCP port on 127.0.0.1 (racy by nature, good enough for tests).
+/// A free TCP port on 127.0.0.1, drawn below Linux's ephemeral range (32768..) so that the
+/// client sockets of tests running in parallel cannot take it between this check and the
+/// server's bind (still racy between two tests; [`Node::start`] retries on a clash).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) << 20
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64)
+            .unwrap_or(0);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // splitmix64 of (seed, n): spread over 20000..32000.
+        let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let port = 20_000 + ((z ^ (z >> 31)) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000 after 1000 tries")
 }
 
 impl Node {
-    /// Starts a node on `data_dir` and waits until it accepts connections.
+    /// Starts a node on `data_dir` and waits until it accepts connections on every port; picks
+    /// new ports and tries again (up to 5 times) if one was taken meanwhile.
     pub fn start(data_dir: &Path, shards: usize, extra: &[&str]) -> Node {
+        for _ in 0..5 {
+            let mut node = Node::spawn(data_dir, shards, extra);
+            match node.wait_ready() {
+                Ok(()) => return node,
+                Err(log) if log.contains("in use") => continue,
+                Err(log) => panic!("sluice exited early: {log}"),
+            }
+        }
+        panic!("sluice could not bind free ports in 5 tries")
+    }
+
+    fn spawn(data_dir: &Path, shards: usize, extra: &[&str]) -> Node {
         let port = free_port();
         let sa_port = free_port();
         let m_port = free_port();
@@ -65,29 +95,37 @@ impl Node {
             .stderr(log)
             .spawn()
             .expect("start sluice");
-        let mut node = Node {
+        Node {
             child,
             addr,
             shard_aware_port: sa_port,
             metrics,
             shards,
             data_dir: data_dir.to_path_buf(),
-        };
-        node.wait_ready();
-        node
+        }
     }
 
-    fn wait_ready(&mut self) {
+    /// Ready once the CQL, shard-aware and metrics ports all accept; Err(log) if it exited.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let sa = SocketAddr::new(self.addr.ip(), self.shard_aware_port);
+        let accepts =
+            |a: &SocketAddr| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok();
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("sluice exited early ({status}): {}", self.log());
+                return Err(format!("({status}) {}", self.log()));
             }
-            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
-                return;
+            if [self.addr, sa, self.metrics].iter().all(accepts) {
+                // A port it failed to bind makes it exit right after binding the others.
+                std::thread::sleep(Duration::from_millis(20));
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!("({status}) {}", self.log()));
+                }
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.kill9();
         panic!("sluice did not listen within 30 s: {}", self.log());
     }
 
