@@ -1,12 +1,14 @@
 //! Command-line entry points: `sluice bench ...` and `sluice demo`.
 
 use crate::driver::{format_durability, Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
+use crate::raw::RawTarget;
 use crate::report::{
     file_stem, hgrm, html_compare, html_report, standalone_svg, text_table, RunReport, Settings,
 };
 use crate::runner::RunConfig;
 use crate::scenario::{self, HotPlan, Plan, Workload};
 use crate::schedule::Arrival;
+use crate::target::{populate, Target};
 use crate::versus::{self, VersusPlan, VersusReport};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -65,6 +67,25 @@ impl Scenario {
     }
 }
 
+/// Which CQL client drives the endpoints (both sides of `versus` get the same one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientKind {
+    /// The Rust `scylla` driver: prepared statements, token- and shard-aware, retry policies.
+    Driver,
+    /// A raw pipelined, shard-aware protocol-v4 client (one node, no retries): far less CPU
+    /// per request, so that the server rather than the generator is measured.
+    Raw,
+}
+
+impl ClientKind {
+    fn name(self) -> &'static str {
+        match self {
+            ClientKind::Driver => "driver",
+            ClientKind::Raw => "raw",
+        }
+    }
+}
+
 /// Arguments of `sluice bench`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
@@ -74,9 +95,12 @@ pub struct BenchArgs {
     /// CQL contact points, host:port (comma-separated or repeated).
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9042")]
     pub nodes: Vec<String>,
-    /// Connections per host.
+    /// Connections per host (driver) or per shard (raw).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// CQL client of the generator: the scylla driver, or the cheap raw protocol client.
+    #[arg(long, value_enum, default_value = "driver")]
+    pub client: ClientKind,
     /// Capacity C in requests/s; measured with the `capacity` search first when omitted.
     #[arg(long)]
     pub capacity: Option<f64>,
@@ -321,6 +345,9 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus) or use --compare"
         );
     };
+    if args.client == ClientKind::Raw && args.retry_policy == RetryMode::Stock {
+        bail!("--client raw never retries; use --retry-policy none or --client driver");
+    }
     let plan = args.plan(s);
     if s == Scenario::Versus {
         return run_versus(&args, &plan).await;
@@ -357,23 +384,50 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
     let mut r = args.new_report(s, plan, classes);
     let hot = s == Scenario::HotPartition;
     let table = if hot { "hot_kv" } else { "kv" };
+    eprintln!("client: {}", args.client.name());
     // The hot-partition table is recreated so that no rate limit from an earlier run remains.
     conn.create_table(table, hot).await?;
     let using_timeout =
         (s == Scenario::Ramp && !args.using_timeout.is_zero()).then_some(args.using_timeout);
-    let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
-    r.notes.extend(notes);
-    let target = Arc::new(target);
+    match args.client {
+        ClientKind::Driver => {
+            let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
+            r.notes.push(format!(
+                "client: scylla driver, {} connection(s)/host",
+                args.connections
+            ));
+            r.notes.extend(notes);
+            run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
+        }
+        ClientKind::Raw => {
+            let (target, notes) =
+                RawTarget::connect(&args.nodes, args.connections, table, using_timeout).await?;
+            r.notes.push(format!("client: {}", target.describe()));
+            r.notes.extend(notes);
+            run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
+        }
+    }
+}
+
+/// Populates what the scenario reads, then runs it through `target`.
+async fn run_scenario<T: Target>(
+    args: &BenchArgs,
+    s: Scenario,
+    plan: &Plan,
+    conn: &Connection,
+    table: &str,
+    target: Arc<T>,
+    mut r: RunReport,
+) -> anyhow::Result<RunReport> {
+    let hot = s == Scenario::HotPartition;
     if matches!(s, Scenario::Sweep | Scenario::HotPartition)
         || (s == Scenario::Capacity && args.workload != Workload::Write)
     {
         eprintln!("populating {} partitions...", plan.partitions);
-        let failed = target.populate(0..plan.partitions as i64, 1).await;
+        let failed = populate(&target, 0..plan.partitions as i64, 1).await;
         if hot {
             let rows = args.attack_rows.max(1);
-            let f = target
-                .populate(scenario::HOT_PK..scenario::HOT_PK + 1, rows)
-                .await;
+            let f = populate(&target, scenario::HOT_PK..scenario::HOT_PK + 1, rows).await;
             if f > 0 {
                 r.notes
                     .push(format!("{f} writes to the hot partition failed"));
@@ -430,7 +484,6 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
                 attack_multiplier: args.attack_multiplier,
             };
             let limit = args.hot_limit;
-            let conn = &conn;
             scenario::hot_partition(&target, &mut r, plan, &hp, async move || {
                 conn.ddl(&format!(
                     "ALTER TABLE {KEYSPACE}.{table} WITH per_partition_rate_limit = {{'max_reads_per_second': {limit}}}"
@@ -477,12 +530,20 @@ fn check_versus(args: &BenchArgs) -> anyhow::Result<()> {
 fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
     let workloads: Vec<&str> = args.workloads.iter().map(|w| w.name()).collect();
     format!(
-        "scylla driver, {} connection(s)/host, consistency ONE, retry policy {}; \
+        "{}, {} connection(s)/{}, consistency ONE, retry policy {}; \
          table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions \
          (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s \
          (p99 <= {} ms, errors < 0.1%), cooldown {} s; common-rate step {} s at {}; \
          deadline {} ms, client timeout {} ms, lag tolerance {} ms",
+        match args.client {
+            ClientKind::Driver => "scylla driver",
+            ClientKind::Raw => "raw CQL v4 client (pipelined, shard-aware, no retries)",
+        },
         args.connections,
+        match args.client {
+            ClientKind::Driver => "host",
+            ClientKind::Raw => "shard",
+        },
         match args.retry_policy {
             RetryMode::None => "none".to_string(),
             RetryMode::Stock => format!("stock ({} retries)", args.retries),
@@ -518,7 +579,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
     ];
     let nodes = [args.nodes.clone(), args.against.clone()];
     let mut reports: [RunReport; 2] = Default::default();
-    let mut targets = Vec::with_capacity(2);
+    let mut conns = Vec::with_capacity(2);
     let mut durability: [String; 2] = Default::default();
     for side in 0..2 {
         let opts = DriverOptions {
@@ -535,14 +596,53 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
         conn.create_table(VERSUS_TABLE, true)
             .await
             .with_context(|| format!("schema on {}", labels[side]))?;
-        let (target, notes) = CqlTarget::prepare(&conn, VERSUS_TABLE, None).await?;
         let mut r = args.new_report(Scenario::Versus, plan, &["requests"]);
         r.label = labels[side].clone();
         r.target = nodes[side].join(",");
-        r.notes.extend(notes);
         reports[side] = r;
-        targets.push(Arc::new(target));
+        conns.push(conn);
     }
+    match args.client {
+        ClientKind::Driver => {
+            let mut targets = Vec::with_capacity(2);
+            for (side, conn) in conns.iter().enumerate() {
+                let (target, notes) = CqlTarget::prepare(conn, VERSUS_TABLE, None).await?;
+                reports[side].notes.extend(notes);
+                targets.push(Arc::new(target));
+            }
+            let targets = [targets[0].clone(), targets[1].clone()];
+            run_versus_with(args, plan, targets, reports, durability, labels).await
+        }
+        ClientKind::Raw => {
+            // The schema is in place; the driver sessions would only add background work.
+            drop(conns);
+            let mut targets = Vec::with_capacity(2);
+            for side in 0..2 {
+                let (target, notes) =
+                    RawTarget::connect(&nodes[side], args.connections, VERSUS_TABLE, None)
+                        .await
+                        .with_context(|| format!("raw client to {}", labels[side]))?;
+                reports[side]
+                    .notes
+                    .push(format!("client: {}", target.describe()));
+                reports[side].notes.extend(notes);
+                targets.push(Arc::new(target));
+            }
+            let targets = [targets[0].clone(), targets[1].clone()];
+            run_versus_with(args, plan, targets, reports, durability, labels).await
+        }
+    }
+}
+
+/// The measured part of `versus`, with either client.
+async fn run_versus_with<T: Target>(
+    args: &BenchArgs,
+    plan: &Plan,
+    targets: [Arc<T>; 2],
+    mut reports: [RunReport; 2],
+    durability: [String; 2],
+    labels: [String; 2],
+) -> anyhow::Result<()> {
     let [a, b] = [&targets[0], &targets[1]];
     if args.workloads.iter().any(|w| w.read_fraction() > 0.0) {
         for (side, t) in [a, b].into_iter().enumerate() {
@@ -550,7 +650,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
                 "populating {} partitions on {}...",
                 plan.partitions, labels[side]
             );
-            let failed = t.populate(0..plan.partitions as i64, 1).await;
+            let failed = populate(t, 0..plan.partitions as i64, 1).await;
             if failed > 0 {
                 reports[side]
                     .notes
@@ -664,6 +764,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         scenario: Some(Scenario::Ramp),
         nodes: vec![addr],
         connections: 2,
+        client: ClientKind::Driver,
         capacity: None,
         workload: Workload::Write,
         arrival: Arrival::Constant,
@@ -749,6 +850,43 @@ mod tests {
             .expect("parse");
         assert_eq!(t.a.compare.map(|v| v.len()), Some(2));
         assert!(T::try_parse_from(["x", "warp"]).is_err());
+    }
+
+    #[test]
+    fn client_option_defaults_to_the_driver_and_names_the_raw_client() {
+        let t = T::try_parse_from(["x", "capacity"]).expect("parse");
+        assert_eq!(t.a.client, ClientKind::Driver);
+        let shared = shared_settings(&t.a, &t.a.plan(Scenario::Versus));
+        assert!(
+            shared.starts_with("scylla driver, 4 connection(s)/host,"),
+            "{shared}"
+        );
+        let t = T::try_parse_from(["x", "versus", "--client", "raw", "--connections", "2"])
+            .expect("parse");
+        assert_eq!(t.a.client, ClientKind::Raw);
+        let shared = shared_settings(&t.a, &t.a.plan(Scenario::Versus));
+        assert!(
+            shared.starts_with(
+                "raw CQL v4 client (pipelined, shard-aware, no retries), 2 connection(s)/shard,"
+            ),
+            "{shared}"
+        );
+        assert!(T::try_parse_from(["x", "ramp", "--client", "fast"]).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_raw_client_refuses_retries() {
+        let t = T::try_parse_from([
+            "x",
+            "capacity",
+            "--client",
+            "raw",
+            "--retry-policy",
+            "stock",
+        ])
+        .expect("parse");
+        let e = run_bench(t.a).await.expect_err("raw with retries");
+        assert!(e.to_string().contains("never retries"), "{e}");
     }
 
     #[test]

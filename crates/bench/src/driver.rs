@@ -17,7 +17,6 @@ use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinSet;
 
 /// Keyspace every scenario uses.
 pub const KEYSPACE: &str = "sluice_bench";
@@ -321,34 +320,6 @@ impl CqlTarget {
         t.write.set_is_idempotent(true);
         t.read.set_is_idempotent(true);
         Ok((t, notes))
-    }
-
-    /// Writes `rows` rows in each of `pks`, 128 at a time (closed loop: setup, not measured).
-    pub async fn populate(self: &Arc<Self>, pks: std::ops::Range<i64>, rows: i32) -> u64 {
-        let mut set = JoinSet::new();
-        let mut failed = 0u64;
-        for pk in pks {
-            for ck in 0..rows.max(1) {
-                while set.len() >= 128 {
-                    if let Some(Ok(r)) = set.join_next().await {
-                        failed += u64::from(r != Reply::Ok);
-                    }
-                }
-                let t = self.clone();
-                set.spawn(async move {
-                    t.execute(Op {
-                        kind: OpKind::Write,
-                        pk,
-                        ck,
-                    })
-                    .await
-                });
-            }
-        }
-        while let Some(r) = set.join_next().await {
-            failed += u64::from(!matches!(r, Ok(Reply::Ok)));
-        }
-        failed
     }
 }
 

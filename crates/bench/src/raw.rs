@@ -1,0 +1,1362 @@
+//! `--client raw`: a cheap CQL client for the generator, so that the server, not the client, is
+//! what a run measures. It speaks native protocol v4 directly over tokio TCP (no compression,
+//! no retries, no paging) and does three things the `scylla` driver also does, at a fraction of
+//! its CPU per request:
+//!
+//! * **Shard awareness.** SUPPORTED tells the shard count; with a shard-aware port each
+//!   connection picks its shard by its source port (`port % nr_shards`), otherwise connections
+//!   are opened on the main port until every shard has its share. Each operation goes to a
+//!   connection of the shard that owns its partition ([`RawTarget::shard_of`]).
+//! * **Pipelining.** Per connection, one writer task takes every queued request at once, gives
+//!   each a stream id from the [`InFlight`] table and writes all their EXECUTE frames with one
+//!   `write_all`; one reader task reads large chunks and completes every answer it finds.
+//! * **Pre-encoding.** An EXECUTE frame differs between requests only in its stream id and keys:
+//!   [`ExecTemplate`] holds the rest, so encoding a request is one copy and two patches.
+//!
+//! Schema changes stay on the driver's [`Connection`](crate::driver::Connection): setup is not
+//! measured.
+
+use crate::driver::{KEYSPACE, VALUE_LEN};
+use crate::target::{Op, OpKind, Reply, Target};
+use anyhow::{anyhow, bail, Context};
+use bytes::{Buf, BytesMut};
+use sluice_types::token::{murmur3_token, shard_of};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+// ------------------------------------------------------------------ protocol constants
+
+/// Version byte of a v4 request (responses carry 0x84).
+const VERSION: u8 = 0x04;
+/// Version byte of a v4 response.
+const RESPONSE_VERSION: u8 = 0x84;
+/// Bytes in a v4 frame header: version, flags, stream (2), opcode, body length (4).
+const HEADER_LEN: usize = 9;
+
+const OP_ERROR: u8 = 0x00;
+const OP_STARTUP: u8 = 0x01;
+const OP_READY: u8 = 0x02;
+const OP_AUTHENTICATE: u8 = 0x03;
+const OP_OPTIONS: u8 = 0x05;
+const OP_SUPPORTED: u8 = 0x06;
+const OP_RESULT: u8 = 0x08;
+const OP_PREPARE: u8 = 0x09;
+const OP_EXECUTE: u8 = 0x0A;
+
+/// Response header flags that put extra fields before the message body.
+const FLAG_TRACING: u8 = 0x02;
+const FLAG_CUSTOM_PAYLOAD: u8 = 0x04;
+const FLAG_WARNING: u8 = 0x08;
+
+/// Consistency ONE, as the driver target uses.
+const CONSISTENCY_ONE: u16 = 0x0001;
+/// Query flags of every EXECUTE: values only (no paging state, page size or timestamp).
+const QUERY_FLAGS_VALUES: u8 = 0x01;
+/// RESULT kind of an answer to PREPARE.
+const RESULT_PREPARED: i32 = 0x0004;
+
+/// Error codes the outcome classes distinguish.
+const ERR_OVERLOADED: u32 = 0x1001;
+const ERR_WRITE_TIMEOUT: u32 = 0x1100;
+const ERR_READ_TIMEOUT: u32 = 0x1200;
+const ERR_CONFIG: u32 = 0x2300;
+const ERR_RATE_LIMIT: u32 = 0xF000;
+
+// ------------------------------------------------------------------ client constants
+
+/// Stream ids a connection may have in flight: 1..=32767 (0 is left for setup, negative
+/// ids are the server's events).
+const MAX_STREAM: i16 = i16::MAX;
+/// Most requests the writer takes from its queue for one `write_all`.
+const WRITE_BATCH: usize = 256;
+/// Requests queued per connection before `execute` waits.
+const QUEUE_LEN: usize = 4096;
+/// The reader keeps at least this much free space for each read.
+const READ_CHUNK: usize = 64 * 1024;
+/// A frame longer than this is taken as a broken stream.
+const MAX_FRAME: usize = 256 << 20;
+/// Time allowed to connect one connection and complete its handshake and PREPAREs.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Ephemeral source ports tried for shard-aware connections (as ScyllaDB drivers do).
+const PORT_LOW: u32 = 49152;
+const PORT_HIGH: u32 = 65535;
+/// Source ports tried per shard-aware connection before giving up.
+const PORT_TRIES: usize = 2000;
+
+// ------------------------------------------------------------------ request encoding
+
+/// Appends a v4 request header; `body_len` is the length of what follows.
+fn put_header(out: &mut Vec<u8>, stream: i16, opcode: u8, body_len: usize) {
+    out.extend_from_slice(&[VERSION, 0]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.push(opcode);
+    out.extend_from_slice(&(body_len as u32).to_be_bytes());
+}
+
+/// Appends a `[string]` (u16 length, UTF-8).
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// A whole request frame.
+fn request(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(HEADER_LEN + body.len());
+    put_header(&mut f, stream, opcode, body.len());
+    f.extend_from_slice(body);
+    f
+}
+
+/// OPTIONS: asks for SUPPORTED.
+fn options_frame(stream: i16) -> Vec<u8> {
+    request(stream, OP_OPTIONS, &[])
+}
+
+/// STARTUP with a `[string map]` of options.
+fn startup_frame(stream: i16, options: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = (options.len() as u16).to_be_bytes().to_vec();
+    for (k, v) in options {
+        put_string(&mut body, k);
+        put_string(&mut body, v);
+    }
+    request(stream, OP_STARTUP, &body)
+}
+
+/// PREPARE of one statement (`[long string]`; v4 has no flags here).
+fn prepare_frame(stream: i16, cql: &str) -> Vec<u8> {
+    let mut body = (cql.len() as u32).to_be_bytes().to_vec();
+    body.extend_from_slice(cql.as_bytes());
+    request(stream, OP_PREPARE, &body)
+}
+
+/// An EXECUTE frame with every constant byte in place: only the stream id and the keys change
+/// from one request to the next, so encoding is one copy and two patches.
+#[derive(Clone, Debug)]
+struct ExecTemplate {
+    frame: Vec<u8>,
+    pk_at: usize,
+    ck_at: Option<usize>,
+}
+
+impl ExecTemplate {
+    /// The frame of `kind` for the prepared statement `id`: consistency ONE, values only;
+    /// writes bind (pk bigint, ck int, v blob of `VALUE_LEN` bytes), reads bind pk.
+    fn new(id: &[u8], kind: OpKind) -> Self {
+        let mut body = Vec::with_capacity(64 + VALUE_LEN);
+        body.extend_from_slice(&(id.len() as u16).to_be_bytes());
+        body.extend_from_slice(id);
+        body.extend_from_slice(&CONSISTENCY_ONE.to_be_bytes());
+        body.push(QUERY_FLAGS_VALUES);
+        let n: u16 = if kind == OpKind::Write { 3 } else { 1 };
+        body.extend_from_slice(&n.to_be_bytes());
+        body.extend_from_slice(&8i32.to_be_bytes());
+        let pk_at = HEADER_LEN + body.len();
+        body.extend_from_slice(&[0; 8]);
+        let mut ck_at = None;
+        if kind == OpKind::Write {
+            body.extend_from_slice(&4i32.to_be_bytes());
+            ck_at = Some(HEADER_LEN + body.len());
+            body.extend_from_slice(&[0; 4]);
+            body.extend_from_slice(&(VALUE_LEN as i32).to_be_bytes());
+            // The same bytes as the driver target writes.
+            body.extend_from_slice(&[0x5a; VALUE_LEN]);
+        }
+        Self {
+            frame: request(0, OP_EXECUTE, &body),
+            pk_at,
+            ck_at,
+        }
+    }
+
+    /// Appends the frame of `op` on `stream` to `out`.
+    fn encode(&self, out: &mut BytesMut, stream: i16, op: &Op) {
+        let start = out.len();
+        out.extend_from_slice(&self.frame);
+        let f = &mut out[start..];
+        f[2..4].copy_from_slice(&stream.to_be_bytes());
+        f[self.pk_at..self.pk_at + 8].copy_from_slice(&op.pk.to_be_bytes());
+        if let Some(at) = self.ck_at {
+            f[at..at + 4].copy_from_slice(&op.ck.to_be_bytes());
+        }
+    }
+}
+
+// ------------------------------------------------------------------ response parsing
+
+/// The header of one response frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Head {
+    stream: i16,
+    opcode: u8,
+    flags: u8,
+    len: usize,
+}
+
+/// Parses a response header from the start of `b`: None if fewer than 9 bytes are there,
+/// Err if the bytes are not a v4 response.
+fn parse_head(b: &[u8]) -> Option<Result<Head, &'static str>> {
+    let h = b.get(..HEADER_LEN)?;
+    if h[0] != RESPONSE_VERSION {
+        return Some(Err("not a v4 response"));
+    }
+    let len = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize;
+    if len > MAX_FRAME {
+        return Some(Err("frame too long"));
+    }
+    Some(Ok(Head {
+        stream: i16::from_be_bytes([h[2], h[3]]),
+        opcode: h[4],
+        flags: h[1],
+        len,
+    }))
+}
+
+/// Reads protocol notations from a byte slice.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn i32(&mut self) -> Option<i32> {
+        self.take(4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn string(&mut self) -> Option<&'a str> {
+        let n = self.u16()? as usize;
+        std::str::from_utf8(self.take(n)?).ok()
+    }
+    fn short_bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.u16()? as usize;
+        self.take(n)
+    }
+    fn bytes(&mut self) -> Option<()> {
+        let n = self.i32()?;
+        if n > 0 {
+            self.take(n as usize)?;
+        }
+        Some(())
+    }
+}
+
+/// The message body proper: skips the tracing id, warnings and custom payload the header
+/// flags announce (in that order, as in the v4 spec).
+fn message_body(flags: u8, body: &[u8]) -> Option<&[u8]> {
+    let mut c = Cursor(body);
+    if flags & FLAG_TRACING != 0 {
+        c.take(16)?;
+    }
+    if flags & FLAG_WARNING != 0 {
+        for _ in 0..c.u16()? {
+            c.string()?;
+        }
+    }
+    if flags & FLAG_CUSTOM_PAYLOAD != 0 {
+        for _ in 0..c.u16()? {
+            c.string()?;
+            c.bytes()?;
+        }
+    }
+    Some(c.0)
+}
+
+/// The code of an ERROR body (after the flag fields).
+fn error_code(flags: u8, body: &[u8]) -> Option<u32> {
+    Cursor(message_body(flags, body)?).i32().map(|c| c as u32)
+}
+
+/// Maps an error code onto the outcome classes. Config_error stands for a rate-limit rejection
+/// only on a connection that did not negotiate `SCYLLA_RATE_LIMIT_ERROR` (ScyllaDB's rule).
+fn reply_of_error(code: u32, rate_limit_opt_in: bool) -> Reply {
+    match code {
+        ERR_OVERLOADED => Reply::Overloaded,
+        ERR_WRITE_TIMEOUT | ERR_READ_TIMEOUT => Reply::ServerTimeout,
+        ERR_RATE_LIMIT => Reply::RateLimited,
+        ERR_CONFIG if !rate_limit_opt_in => Reply::RateLimited,
+        _ => Reply::Other,
+    }
+}
+
+/// Maps one complete answer to an EXECUTE onto a reply.
+fn reply_of(head: &Head, body: &[u8], rate_limit_opt_in: bool) -> Reply {
+    match head.opcode {
+        OP_RESULT => Reply::Ok,
+        OP_ERROR => match error_code(head.flags, body) {
+            Some(code) => reply_of_error(code, rate_limit_opt_in),
+            None => Reply::Other,
+        },
+        _ => Reply::Other,
+    }
+}
+
+/// Decodes a SUPPORTED `[string multimap]`.
+fn parse_supported(body: &[u8]) -> Option<Vec<(String, Vec<String>)>> {
+    let mut c = Cursor(body);
+    let n = c.u16()?;
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let k = c.string()?.to_string();
+        let m = c.u16()?;
+        let mut vs = Vec::with_capacity(m as usize);
+        for _ in 0..m {
+            vs.push(c.string()?.to_string());
+        }
+        out.push((k, vs));
+    }
+    Some(out)
+}
+
+/// What one connection's SUPPORTED says about sharding (ScyllaDB's keys; Cassandra sends none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sharding {
+    /// The shard serving this connection, if the node is sharded.
+    pub shard: Option<u32>,
+    /// Shards of the node (1 when it does not say).
+    pub nr_shards: u32,
+    /// `SCYLLA_SHARDING_IGNORE_MSB`.
+    pub ignore_msb: u8,
+    /// `SCYLLA_SHARD_AWARE_PORT`: connections there land on `source_port % nr_shards`.
+    pub shard_aware_port: Option<u16>,
+    /// The value of `SCYLLA_RATE_LIMIT_ERROR`, echoed at STARTUP to receive 0xF000.
+    pub rate_limit_error: Option<String>,
+}
+
+impl Sharding {
+    /// Reads the sharding keys of a SUPPORTED multimap; a partial set counts as unsharded.
+    fn of(options: &[(String, Vec<String>)]) -> Self {
+        let get = |k: &str| {
+            options
+                .iter()
+                .find(|(key, _)| key == k)
+                .and_then(|(_, v)| v.first())
+        };
+        let num = |k: &str| get(k).and_then(|v| v.parse::<u32>().ok());
+        let rate_limit_error = get("SCYLLA_RATE_LIMIT_ERROR").cloned();
+        match (num("SCYLLA_SHARD"), num("SCYLLA_NR_SHARDS")) {
+            (Some(shard), Some(nr)) if nr >= 1 && shard < nr => Self {
+                shard: Some(shard),
+                nr_shards: nr,
+                ignore_msb: num("SCYLLA_SHARDING_IGNORE_MSB").unwrap_or(0).min(63) as u8,
+                shard_aware_port: num("SCYLLA_SHARD_AWARE_PORT")
+                    .and_then(|p| u16::try_from(p).ok()),
+                rate_limit_error,
+            },
+            _ => Self {
+                nr_shards: 1,
+                rate_limit_error,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+// ------------------------------------------------------------------ connection setup
+
+/// Sends one setup request and reads its answer (setup runs one request at a time); returns
+/// the opcode and the message body.
+async fn round_trip(s: &mut TcpStream, frame: &[u8]) -> anyhow::Result<(u8, Vec<u8>)> {
+    s.write_all(frame).await?;
+    loop {
+        let mut h = [0u8; HEADER_LEN];
+        s.read_exact(&mut h).await?;
+        let head = parse_head(&h)
+            .unwrap_or(Err("short header"))
+            .map_err(anyhow::Error::msg)?;
+        let mut body = vec![0u8; head.len];
+        s.read_exact(&mut body).await?;
+        if head.stream < 0 {
+            continue; // an event; none was registered for, but skip it anyway
+        }
+        let msg = message_body(head.flags, &body).ok_or_else(|| anyhow!("truncated frame"))?;
+        return Ok((head.opcode, msg.to_vec()));
+    }
+}
+
+/// Text of an ERROR body, `0xCODE: message`.
+fn error_text(body: &[u8]) -> String {
+    let mut c = Cursor(body);
+    match (c.i32(), c.string()) {
+        (Some(code), Some(msg)) => format!("error 0x{code:04X}: {msg}"),
+        _ => "malformed ERROR".into(),
+    }
+}
+
+/// OPTIONS then STARTUP (CQL 3.0.0, echoing `SCYLLA_RATE_LIMIT_ERROR` when advertised).
+async fn handshake(s: &mut TcpStream) -> anyhow::Result<Sharding> {
+    let (op, body) = round_trip(s, &options_frame(0)).await?;
+    if op != OP_SUPPORTED {
+        bail!("OPTIONS answered with opcode 0x{op:02X}, not SUPPORTED");
+    }
+    let sharding =
+        Sharding::of(&parse_supported(&body).ok_or_else(|| anyhow!("malformed SUPPORTED"))?);
+    let mut opts = vec![("CQL_VERSION", "3.0.0")];
+    if let Some(v) = &sharding.rate_limit_error {
+        opts.push(("SCYLLA_RATE_LIMIT_ERROR", v.as_str()));
+    }
+    match round_trip(s, &startup_frame(0, &opts)).await? {
+        (OP_READY, _) => Ok(sharding),
+        (OP_AUTHENTICATE, _) => bail!("the server asks for authentication (AUTHENTICATE), which --client raw does not support"),
+        (OP_ERROR, b) => bail!("STARTUP refused: {}", error_text(&b)),
+        (op, _) => bail!("STARTUP answered with opcode 0x{op:02X}, not READY"),
+    }
+}
+
+/// PREPAREs `cql`: Ok(Ok(id)), or Ok(Err(the server's error)) if the server refused it.
+async fn prepare(s: &mut TcpStream, cql: &str) -> anyhow::Result<Result<Vec<u8>, String>> {
+    match round_trip(s, &prepare_frame(0, cql)).await? {
+        (OP_RESULT, b) => {
+            let mut c = Cursor(&b);
+            match (c.i32(), c.short_bytes()) {
+                (Some(RESULT_PREPARED), Some(id)) => Ok(Ok(id.to_vec())),
+                _ => bail!("PREPARE answered with a RESULT that is not Prepared"),
+            }
+        }
+        (OP_ERROR, b) => Ok(Err(error_text(&b))),
+        (op, _) => bail!("PREPARE answered with opcode 0x{op:02X}"),
+    }
+}
+
+/// Connects, from `local_port` if given (any address of the family), with TCP_NODELAY.
+async fn connect(addr: SocketAddr, local_port: Option<u16>) -> std::io::Result<TcpStream> {
+    let sock = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(p) = local_port {
+        let any: std::net::IpAddr = if addr.is_ipv4() {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        sock.bind(SocketAddr::new(any, p))?;
+    }
+    let s = sock.connect(addr).await?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Hands out source ports in the ephemeral range with `port % nr_shards == shard`, moving on
+/// after each so that no two connections try the same port.
+struct PortPicker {
+    next: u32,
+}
+
+impl PortPicker {
+    fn new(start: u32) -> Self {
+        Self {
+            next: start.clamp(PORT_LOW, PORT_HIGH),
+        }
+    }
+
+    fn pick(&mut self, shard: u32, nr_shards: u32) -> u16 {
+        let nr = nr_shards.max(1);
+        let up = |from: u32| from + (shard + nr - from % nr) % nr;
+        let mut p = up(self.next);
+        if p > PORT_HIGH {
+            p = up(PORT_LOW);
+        }
+        self.next = if p + 1 > PORT_HIGH { PORT_LOW } else { p + 1 };
+        p as u16
+    }
+}
+
+/// Opens a connection to the shard-aware port that lands on `shard`: tries successive source
+/// ports of that shard while they are taken.
+async fn connect_to_shard(
+    addr: SocketAddr,
+    shard: u32,
+    nr_shards: u32,
+    ports: &mut PortPicker,
+) -> anyhow::Result<TcpStream> {
+    use std::io::ErrorKind::{AddrInUse, AddrNotAvailable};
+    for _ in 0..PORT_TRIES {
+        let p = ports.pick(shard, nr_shards);
+        match connect(addr, Some(p)).await {
+            Ok(s) => return Ok(s),
+            Err(e) if matches!(e.kind(), AddrInUse | AddrNotAvailable) => continue,
+            Err(e) => return Err(e).with_context(|| format!("connecting to {addr} from port {p}")),
+        }
+    }
+    bail!("no free source port for shard {shard} of {nr_shards} after {PORT_TRIES} tries")
+}
+
+/// A connection after its handshake, before its tasks start.
+struct Opened {
+    stream: TcpStream,
+    sharding: Sharding,
+    /// The shard it was opened for.
+    meant: u32,
+}
+
+/// Where one connection ended up (for checks and reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The shard this connection serves in the routing table.
+    pub meant: u32,
+    /// The shard the server said the connection is on (None: unsharded server).
+    pub reported: Option<u32>,
+    /// The connection's source port.
+    pub local_port: u16,
+}
+
+// ------------------------------------------------------------------ the stream-id table
+
+/// One request on its way to a connection's writer.
+struct Req {
+    op: Op,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// The requests on the wire of one connection: each one's reply sender, indexed by stream id,
+/// and the ids not in use. Shared by the connection's writer (takes ids) and reader (frees).
+struct InFlight {
+    slots: Vec<Option<oneshot::Sender<Reply>>>,
+    free: Vec<i16>,
+    /// The connection failed: nothing more is sent, everything gets `Reply::Other`.
+    closed: bool,
+}
+
+impl InFlight {
+    fn new() -> Self {
+        Self {
+            slots: (0..=MAX_STREAM as usize).map(|_| None).collect(),
+            // Popped from the end: ids are handed out from 1 upwards.
+            free: (1..=MAX_STREAM).rev().collect(),
+            closed: false,
+        }
+    }
+
+    /// Takes a free id for `reply`, or hands `reply` back when none is free or the
+    /// connection is closed.
+    fn take(&mut self, reply: oneshot::Sender<Reply>) -> Result<i16, oneshot::Sender<Reply>> {
+        if self.closed {
+            return Err(reply);
+        }
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Some(reply);
+                Ok(id)
+            }
+            None => Err(reply),
+        }
+    }
+
+    /// Completes the request on `stream` and frees the id; an answer nobody waits for any
+    /// more (the client timeout fired) only frees it.
+    fn complete(&mut self, stream: i16, reply: Reply) {
+        if stream <= 0 {
+            return;
+        }
+        if let Some(tx) = self.slots.get_mut(stream as usize).and_then(Option::take) {
+            let _ = tx.send(reply);
+            self.free.push(stream);
+        }
+    }
+
+    /// Fails every request in flight and every later one.
+    fn close(&mut self) {
+        self.closed = true;
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(tx) = slot.take() {
+                let _ = tx.send(Reply::Other);
+                self.free.push(id as i16);
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<InFlight>) -> MutexGuard<'_, InFlight> {
+    // A panic in the other task of the connection must not stop this one from failing requests.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes every queued request, encodes them into one buffer and writes it with one call.
+async fn writer(
+    mut queue: mpsc::Receiver<Req>,
+    mut wr: OwnedWriteHalf,
+    table: Arc<Mutex<InFlight>>,
+    write: ExecTemplate,
+    read: ExecTemplate,
+) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    let mut buf = BytesMut::with_capacity(WRITE_BATCH * write.frame.len());
+    while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        buf.clear();
+        {
+            let mut t = lock(&table);
+            for Req { op, reply } in batch.drain(..) {
+                match t.take(reply) {
+                    Ok(id) => {
+                        let tpl = if op.kind == OpKind::Write {
+                            &write
+                        } else {
+                            &read
+                        };
+                        tpl.encode(&mut buf, id, &op);
+                    }
+                    Err(reply) => {
+                        let _ = reply.send(Reply::Other);
+                    }
+                }
+            }
+        }
+        if !buf.is_empty() && wr.write_all(&buf).await.is_err() {
+            lock(&table).close();
+        }
+    }
+    // The target was dropped: closing our half lets the server close the connection.
+    let _ = wr.shutdown().await;
+}
+
+/// Reads large chunks and completes every whole answer in them; on EOF or a broken stream,
+/// fails everything in flight and closes the connection for later requests.
+async fn reader(mut rd: OwnedReadHalf, table: Arc<Mutex<InFlight>>, rate_limit_opt_in: bool) {
+    let mut buf = BytesMut::with_capacity(2 * READ_CHUNK);
+    'read: loop {
+        if buf.capacity() - buf.len() < READ_CHUNK {
+            buf.reserve(READ_CHUNK);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let mut t = lock(&table);
+        while let Some(head) = parse_head(&buf) {
+            let Ok(head) = head else { break 'read };
+            let end = HEADER_LEN + head.len;
+            if buf.len() < end {
+                break;
+            }
+            let reply = reply_of(&head, &buf[HEADER_LEN..end], rate_limit_opt_in);
+            t.complete(head.stream, reply);
+            buf.advance(end);
+        }
+    }
+    lock(&table).close();
+}
+
+// ------------------------------------------------------------------ the target
+
+/// The connections of one shard, used in turn.
+struct ShardConns {
+    conns: Vec<mpsc::Sender<Req>>,
+    next: AtomicUsize,
+}
+
+/// A CQL endpoint driven over raw protocol v4: shard-aware routing, pipelined connections,
+/// no retries. Same contract as [`CqlTarget`](crate::driver::CqlTarget).
+pub struct RawTarget {
+    shards: Vec<ShardConns>,
+    nr_shards: u32,
+    ignore_msb: u8,
+    /// Requests routed to each shard (their sum is the requests sent).
+    routed: Vec<AtomicU64>,
+    conns: Vec<ConnInfo>,
+    shard_aware_port: Option<u16>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl RawTarget {
+    /// Connects `connections` connections per shard of the single node in `nodes` and prepares
+    /// the write (with `USING TIMEOUT` if given and accepted) and read statements of `table`.
+    /// Returns notes for the report, as [`CqlTarget::prepare`](crate::driver::CqlTarget::prepare).
+    pub async fn connect(
+        nodes: &[String],
+        connections: usize,
+        table: &str,
+        using_timeout: Option<Duration>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        let [node] = nodes else {
+            bail!(
+                "--client raw drives one node (no token ring); got {}",
+                nodes.join(",")
+            );
+        };
+        let addr = tokio::net::lookup_host(node.as_str())
+            .await
+            .with_context(|| format!("resolving {node}"))?
+            .next()
+            .ok_or_else(|| anyhow!("{node} resolves to no address"))?;
+        let per_shard = connections.max(1);
+
+        // The first connection tells how the node is sharded; it also picks the statements.
+        let first = open(addr, None, None).await?;
+        let info = first.sharding.clone();
+        let mut notes = Vec::new();
+        let mut control = first.stream;
+        let plain = format!("INSERT INTO {KEYSPACE}.{table} (pk, ck, v) VALUES (?, ?, ?)");
+        let write_cql = match using_timeout {
+            Some(t) => {
+                let cql = format!("{plain} USING TIMEOUT {}ms", t.as_millis());
+                match prepare(&mut control, &cql).await? {
+                    Ok(_) => cql,
+                    Err(e) => {
+                        notes.push(format!(
+                            "USING TIMEOUT unsupported by the server ({e}); writes carry only the client deadline"
+                        ));
+                        plain
+                    }
+                }
+            }
+            None => plain,
+        };
+        let read_cql = format!("SELECT pk, ck, v FROM {KEYSPACE}.{table} WHERE pk = ?");
+
+        let nr = info.nr_shards.max(1);
+        let mut opened: Vec<Opened> = Vec::with_capacity(per_shard * nr as usize);
+        match (info.shard, info.shard_aware_port) {
+            (Some(_), Some(port)) => {
+                // Each connection chooses its shard by its source port.
+                let sa = SocketAddr::new(addr.ip(), port);
+                let mut ports = PortPicker::new(rand::random_range(PORT_LOW..=PORT_HIGH));
+                for shard in 0..nr {
+                    for _ in 0..per_shard {
+                        let c = open(sa, Some((shard, nr)), Some(&mut ports)).await?;
+                        if c.sharding.shard != Some(shard) {
+                            bail!(
+                                "a connection to the shard-aware port {port} meant for shard {shard} reports shard {:?}",
+                                c.sharding.shard
+                            );
+                        }
+                        opened.push(c);
+                    }
+                }
+            }
+            (Some(shard), None) => {
+                // The main port assigns shards itself: open until every shard has its share.
+                let mut need = vec![per_shard; nr as usize];
+                need[shard as usize] -= 1;
+                opened.push(Opened {
+                    stream: control,
+                    sharding: info.clone(),
+                    meant: shard,
+                });
+                let max_attempts = 8 * per_shard * nr as usize + 8;
+                let mut attempts = 0;
+                while need.iter().any(|n| *n > 0) {
+                    if attempts == max_attempts {
+                        bail!("after {attempts} connections some shards of {node} still lack connections: {need:?} missing");
+                    }
+                    attempts += 1;
+                    let c = open(addr, None, None).await?;
+                    let s = c.sharding.shard.unwrap_or(0).min(nr - 1);
+                    if need[s as usize] > 0 {
+                        need[s as usize] -= 1;
+                        opened.push(Opened { meant: s, ..c });
+                    }
+                }
+            }
+            (None, _) => {
+                opened.push(Opened {
+                    stream: control,
+                    sharding: info.clone(),
+                    meant: 0,
+                });
+                for _ in 1..per_shard {
+                    opened.push(open(addr, None, None).await?);
+                }
+            }
+        }
+
+        let mut shards: Vec<ShardConns> = (0..nr)
+            .map(|_| ShardConns {
+                conns: Vec::with_capacity(per_shard),
+                next: AtomicUsize::new(0),
+            })
+            .collect();
+        let mut conns = Vec::with_capacity(opened.len());
+        let mut tasks = Vec::with_capacity(2 * opened.len());
+        for mut c in opened {
+            let write_id = prepare(&mut c.stream, &write_cql)
+                .await?
+                .map_err(|e| anyhow!("preparing the write: {e}"))?;
+            let read_id = prepare(&mut c.stream, &read_cql)
+                .await?
+                .map_err(|e| anyhow!("preparing the read: {e}"))?;
+            conns.push(ConnInfo {
+                meant: c.meant,
+                reported: c.sharding.shard,
+                local_port: c.stream.local_addr().map(|a| a.port()).unwrap_or(0),
+            });
+            let table = Arc::new(Mutex::new(InFlight::new()));
+            let (tx, rx) = mpsc::channel(QUEUE_LEN);
+            let (rd, wr) = c.stream.into_split();
+            let w = tokio::spawn(writer(
+                rx,
+                wr,
+                table.clone(),
+                ExecTemplate::new(&write_id, OpKind::Write),
+                ExecTemplate::new(&read_id, OpKind::Read),
+            ));
+            let opt_in = c.sharding.rate_limit_error.is_some();
+            let r = tokio::spawn(reader(rd, table, opt_in));
+            tasks.push(w.abort_handle());
+            tasks.push(r.abort_handle());
+            shards[c.meant as usize].conns.push(tx);
+        }
+        let target = Self {
+            shards,
+            nr_shards: nr,
+            ignore_msb: info.ignore_msb,
+            routed: (0..nr).map(|_| AtomicU64::new(0)).collect(),
+            conns,
+            shard_aware_port: info.shard_aware_port.filter(|_| info.shard.is_some()),
+            tasks,
+        };
+        Ok((target, notes))
+    }
+
+    /// The shard that owns partition `pk` (token of the bigint key, ScyllaDB's sharding).
+    pub fn shard_of(&self, pk: i64) -> usize {
+        shard_of(
+            murmur3_token(&pk.to_be_bytes()),
+            self.nr_shards,
+            self.ignore_msb,
+        ) as usize
+    }
+
+    /// Requests routed to each shard so far.
+    pub fn routed(&self) -> Vec<u64> {
+        self.routed
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Every connection: the shard it serves, the shard the server reported, its source port.
+    pub fn connections(&self) -> &[ConnInfo] {
+        &self.conns
+    }
+
+    /// Shards of the node (1 for an unsharded node such as Cassandra).
+    pub fn nr_shards(&self) -> u32 {
+        self.nr_shards
+    }
+
+    /// One line for reports: protocol, sharding and connections.
+    pub fn describe(&self) -> String {
+        let per_shard = self.conns.len() / self.shards.len().max(1);
+        let how = match self.shard_aware_port {
+            Some(p) => format!("shard-aware port {p}"),
+            None if self.nr_shards > 1 => "main port".to_string(),
+            None => "unsharded node".to_string(),
+        };
+        format!(
+            "raw CQL v4 (pipelined, no retries), {} shard(s) x {per_shard} connection(s), {how}",
+            self.nr_shards
+        )
+    }
+}
+
+/// Connects (to the shard-aware port from a source port of `(shard, nr_shards)` when given)
+/// and shakes hands, within [`SETUP_TIMEOUT`].
+async fn open(
+    addr: SocketAddr,
+    shard: Option<(u32, u32)>,
+    ports: Option<&mut PortPicker>,
+) -> anyhow::Result<Opened> {
+    let go = async {
+        let mut stream = match (shard, ports) {
+            (Some((s, nr)), Some(ports)) => connect_to_shard(addr, s, nr, ports).await?,
+            _ => connect(addr, None)
+                .await
+                .with_context(|| format!("connecting to {addr}"))?,
+        };
+        let sharding = handshake(&mut stream)
+            .await
+            .with_context(|| format!("handshake with {addr}"))?;
+        let meant = shard.map(|(s, _)| s).or(sharding.shard).unwrap_or(0);
+        Ok(Opened {
+            stream,
+            sharding,
+            meant,
+        })
+    };
+    tokio::time::timeout(SETUP_TIMEOUT, go)
+        .await
+        .map_err(|_| anyhow!("setting up a connection to {addr} took over {SETUP_TIMEOUT:?}"))?
+}
+
+impl Drop for RawTarget {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Target for RawTarget {
+    async fn execute(&self, op: Op) -> Reply {
+        let shard = self.shard_of(op.pk);
+        self.routed[shard].fetch_add(1, Ordering::Relaxed);
+        let s = &self.shards[shard];
+        let i = match s.conns.len() {
+            1 => 0,
+            n => s.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        let (tx, rx) = oneshot::channel();
+        if s.conns[i].send(Req { op, reply: tx }).await.is_err() {
+            return Reply::Other;
+        }
+        // A dropped sender means the connection's tasks ended.
+        rx.await.unwrap_or(Reply::Other)
+    }
+
+    fn attempts(&self) -> Option<u64> {
+        Some(self.routed.iter().map(|c| c.load(Ordering::Relaxed)).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cassandra_protocol::compression::Compression;
+    use cassandra_protocol::consistency::Consistency;
+    use cassandra_protocol::frame::message_error::{
+        ErrorBody, ErrorType, WriteTimeoutError, WriteType,
+    };
+    use cassandra_protocol::frame::message_request::RequestBody;
+    use cassandra_protocol::frame::message_result::ResResultBody;
+    use cassandra_protocol::frame::message_supported::BodyResSupported;
+    use cassandra_protocol::frame::{Direction, Envelope, Flags, Opcode, Serialize, Version};
+    use cassandra_protocol::query::QueryValues;
+    use cassandra_protocol::types::value::Value;
+    use std::collections::HashMap;
+
+    /// Decodes one request frame with the oracle, checking the envelope and that it spans `raw`.
+    fn oracle_request(raw: &[u8], stream: i16, opcode: Opcode) -> RequestBody {
+        let parsed = Envelope::from_buffer(raw, Compression::None).expect("oracle parses");
+        assert_eq!(parsed.envelope_len, raw.len());
+        let env = parsed.envelope;
+        assert_eq!(env.version, Version::V4);
+        assert_eq!(env.direction, Direction::Request);
+        assert_eq!(env.stream_id, stream);
+        assert_eq!(env.opcode, opcode);
+        env.request_body().expect("oracle decodes the body")
+    }
+
+    /// An oracle-encoded response frame.
+    fn response(opcode: Opcode, stream: i16, body: Vec<u8>, warnings: Vec<String>) -> Vec<u8> {
+        let flags = if warnings.is_empty() {
+            Flags::empty()
+        } else {
+            Flags::WARNING
+        };
+        Envelope::new(
+            Version::V4,
+            Direction::Response,
+            flags,
+            opcode,
+            stream,
+            body,
+            None,
+            warnings,
+        )
+        .encode_with(Compression::None)
+        .expect("oracle encodes")
+    }
+
+    /// Our reading of a whole response frame.
+    fn our_reply(raw: &[u8], opt_in: bool) -> (i16, Reply) {
+        let head = parse_head(raw).expect("whole header").expect("v4 response");
+        assert_eq!(HEADER_LEN + head.len, raw.len());
+        (head.stream, reply_of(&head, &raw[HEADER_LEN..], opt_in))
+    }
+
+    fn error(ty: ErrorType) -> Vec<u8> {
+        ErrorBody {
+            message: "m".into(),
+            ty,
+        }
+        .serialize_to_vec(Version::V4)
+    }
+
+    #[test]
+    fn execute_frames_decode_with_the_oracle() {
+        let id: Vec<u8> = (1..=16).collect();
+        let write = ExecTemplate::new(&id, OpKind::Write);
+        let read = ExecTemplate::new(&id, OpKind::Read);
+        let w = Op {
+            kind: OpKind::Write,
+            pk: -42,
+            ck: 7,
+        };
+        let r = Op {
+            kind: OpKind::Read,
+            pk: i64::MAX,
+            ck: 0,
+        };
+        // Two frames in one buffer, as the writer sends them.
+        let mut buf = BytesMut::new();
+        write.encode(&mut buf, 32767, &w);
+        let split = buf.len();
+        read.encode(&mut buf, 1, &r);
+        let RequestBody::Execute(e) = oracle_request(&buf[..split], 32767, Opcode::Execute) else {
+            panic!("not EXECUTE")
+        };
+        assert_eq!(e.id.into_bytes(), Some(id.clone()));
+        let q = e.query_parameters;
+        assert_eq!(q.consistency, Consistency::One);
+        assert!(!q.with_names);
+        assert_eq!(
+            q.values,
+            Some(QueryValues::SimpleValues(vec![
+                Value::Some((-42i64).to_be_bytes().to_vec()),
+                Value::Some(7i32.to_be_bytes().to_vec()),
+                Value::Some(vec![0x5a; VALUE_LEN]),
+            ]))
+        );
+        assert_eq!(
+            (
+                q.page_size,
+                q.paging_state,
+                q.serial_consistency,
+                q.timestamp
+            ),
+            (None, None, None, None)
+        );
+        let RequestBody::Execute(e) = oracle_request(&buf[split..], 1, Opcode::Execute) else {
+            panic!("not EXECUTE")
+        };
+        assert_eq!(
+            e.query_parameters.values,
+            Some(QueryValues::SimpleValues(vec![Value::Some(
+                i64::MAX.to_be_bytes().to_vec()
+            )]))
+        );
+        assert_eq!(e.query_parameters.page_size, None);
+        // The template itself is untouched by encoding.
+        assert_eq!(&write.frame[2..4], &[0, 0]);
+    }
+
+    #[test]
+    fn setup_frames_decode_with_the_oracle() {
+        assert!(matches!(
+            oracle_request(&options_frame(0), 0, Opcode::Options),
+            RequestBody::Options(_)
+        ));
+        let f = startup_frame(
+            3,
+            &[
+                ("CQL_VERSION", "3.0.0"),
+                ("SCYLLA_RATE_LIMIT_ERROR", "ERROR_CODE=61440"),
+            ],
+        );
+        let RequestBody::Startup(s) = oracle_request(&f, 3, Opcode::Startup) else {
+            panic!("not STARTUP")
+        };
+        let want: HashMap<String, String> = [
+            ("CQL_VERSION", "3.0.0"),
+            ("SCYLLA_RATE_LIMIT_ERROR", "ERROR_CODE=61440"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(s.map, want);
+        let cql = "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?) USING TIMEOUT 10ms";
+        let RequestBody::Prepare(p) = oracle_request(&prepare_frame(0, cql), 0, Opcode::Prepare)
+        else {
+            panic!("not PREPARE")
+        };
+        assert_eq!((p.query.as_str(), p.keyspace), (cql, None));
+    }
+
+    #[test]
+    fn answers_map_onto_outcome_classes() {
+        let void = ResResultBody::Void.serialize_to_vec(Version::V4);
+        assert_eq!(
+            our_reply(&response(Opcode::Result, 5, void, vec![]), true),
+            (5, Reply::Ok)
+        );
+        let wt = ErrorType::WriteTimeout(WriteTimeoutError {
+            cl: Consistency::One,
+            received: 0,
+            block_for: 1,
+            write_type: WriteType::Simple,
+            contentions: None,
+        });
+        let cases = [
+            (error(ErrorType::Overloaded), true, Reply::Overloaded),
+            (error(wt), true, Reply::ServerTimeout),
+            (error(ErrorType::Config), false, Reply::RateLimited),
+            (error(ErrorType::Config), true, Reply::Other),
+            (error(ErrorType::Syntax), true, Reply::Other),
+            (error(ErrorType::Server), false, Reply::Other),
+        ];
+        for (i, (body, opt_in, want)) in cases.into_iter().enumerate() {
+            let raw = response(Opcode::Error, i as i16 + 1, body.clone(), vec![]);
+            assert_eq!(our_reply(&raw, opt_in), (i as i16 + 1, want), "case {i}");
+            // Warnings come before the error code and must be skipped.
+            let raw = response(
+                Opcode::Error,
+                9,
+                body,
+                vec!["w1".into(), "warning two".into()],
+            );
+            assert_eq!(our_reply(&raw, opt_in).1, want, "case {i} with warnings");
+        }
+        // ReadTimeout (its oracle type cannot be built here) and ScyllaDB's 0xF000 rate-limit
+        // error (unknown to the oracle) by hand; the oracle checks the ReadTimeout bytes.
+        let mut rt = 0x1200i32.to_be_bytes().to_vec();
+        rt.extend_from_slice(&[0, 1, b'm', 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+        let raw = response(Opcode::Error, 2, rt, vec![]);
+        let env = Envelope::from_buffer(&raw, Compression::None)
+            .expect("parse")
+            .envelope;
+        let parsed = env.response_body().expect("oracle decodes ReadTimeout");
+        assert!(matches!(
+            parsed,
+            cassandra_protocol::frame::message_response::ResponseBody::Error(ErrorBody {
+                ty: ErrorType::ReadTimeout(_),
+                ..
+            })
+        ));
+        assert_eq!(our_reply(&raw, true).1, Reply::ServerTimeout);
+        let mut rl = 0xF000i32.to_be_bytes().to_vec();
+        rl.extend_from_slice(&[0, 1, b'm', 0, 1]);
+        assert_eq!(
+            our_reply(&response(Opcode::Error, 2, rl, vec![]), true).1,
+            Reply::RateLimited
+        );
+        // A truncated ERROR, a tracing flag and other opcodes.
+        let head = Head {
+            stream: 1,
+            opcode: OP_ERROR,
+            flags: 0,
+            len: 2,
+        };
+        assert_eq!(reply_of(&head, &[0, 0], true), Reply::Other);
+        let mut traced = vec![0u8; 16];
+        traced.extend_from_slice(&ERR_OVERLOADED.to_be_bytes());
+        let head = Head {
+            stream: 1,
+            opcode: OP_ERROR,
+            flags: FLAG_TRACING,
+            len: traced.len(),
+        };
+        assert_eq!(reply_of(&head, &traced, true), Reply::Overloaded);
+        let head = Head {
+            stream: 1,
+            opcode: OP_READY,
+            flags: 0,
+            len: 0,
+        };
+        assert_eq!(reply_of(&head, &[], true), Reply::Other);
+    }
+
+    #[test]
+    fn headers_parse_only_when_whole_and_v4() {
+        let raw = response(Opcode::Ready, 300, vec![], vec![]);
+        assert_eq!(parse_head(&raw[..8]), None);
+        assert_eq!(
+            parse_head(&raw),
+            Some(Ok(Head {
+                stream: 300,
+                opcode: OP_READY,
+                flags: 0,
+                len: 0
+            }))
+        );
+        let mut v3 = raw.clone();
+        v3[0] = 0x83;
+        assert!(matches!(parse_head(&v3), Some(Err(_))));
+    }
+
+    #[test]
+    fn supported_gives_the_sharding() {
+        let data: HashMap<String, Vec<String>> = [
+            ("SCYLLA_SHARD", "1"),
+            ("SCYLLA_NR_SHARDS", "2"),
+            ("SCYLLA_SHARDING_IGNORE_MSB", "12"),
+            ("SCYLLA_SHARD_AWARE_PORT", "19042"),
+            ("SCYLLA_RATE_LIMIT_ERROR", "ERROR_CODE=61440"),
+            ("CQL_VERSION", "3.4.7"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+        .collect();
+        let body = BodyResSupported { data }.serialize_to_vec(Version::V4);
+        let s = Sharding::of(&parse_supported(&body).expect("multimap"));
+        assert_eq!(
+            s,
+            Sharding {
+                shard: Some(1),
+                nr_shards: 2,
+                ignore_msb: 12,
+                shard_aware_port: Some(19042),
+                rate_limit_error: Some("ERROR_CODE=61440".into()),
+            }
+        );
+        // Cassandra: no sharding keys at all.
+        let data: HashMap<String, Vec<String>> = [
+            ("CQL_VERSION".to_string(), vec!["3.4.5".to_string()]),
+            (
+                "COMPRESSION".to_string(),
+                vec!["lz4".into(), "snappy".into()],
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let body = BodyResSupported { data }.serialize_to_vec(Version::V4);
+        let s = Sharding::of(&parse_supported(&body).expect("multimap"));
+        assert_eq!((s.shard, s.nr_shards, s.shard_aware_port), (None, 1, None));
+        assert!(parse_supported(&body[..body.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn stream_ids_are_lent_and_returned() {
+        let mut t = InFlight::new();
+        let mut rxs = Vec::new();
+        for want in 1..=MAX_STREAM {
+            let (tx, rx) = oneshot::channel();
+            assert_eq!(t.take(tx).ok(), Some(want));
+            rxs.push(rx);
+        }
+        // No id left: the sender comes back.
+        let (tx, _rx) = oneshot::channel();
+        assert!(t.take(tx).is_err());
+        t.complete(5, Reply::Overloaded);
+        assert_eq!(rxs[4].try_recv(), Ok(Reply::Overloaded));
+        // An answer whose waiter gave up frees its id all the same.
+        drop(rxs.pop());
+        t.complete(MAX_STREAM, Reply::Ok);
+        t.complete(5, Reply::Ok); // a duplicate answer is ignored
+        t.complete(-1, Reply::Ok); // an event is not a request
+        let (a, _ra) = oneshot::channel();
+        let (b, _rb) = oneshot::channel();
+        let mut got = [t.take(a).expect("free id"), t.take(b).expect("free id")];
+        got.sort_unstable();
+        assert_eq!(got, [5, MAX_STREAM]);
+        t.close();
+        assert_eq!(rxs[0].try_recv(), Ok(Reply::Other));
+        let (c, _rc) = oneshot::channel();
+        assert!(t.take(c).is_err(), "a closed connection lends no id");
+    }
+
+    #[test]
+    fn source_ports_land_on_the_shard() {
+        let mut p = PortPicker::new(PORT_HIGH - 3);
+        let ports: Vec<u16> = (0..6).map(|_| p.pick(1, 4)).collect();
+        assert!(
+            ports
+                .iter()
+                .all(|&x| x % 4 == 1 && u32::from(x) >= PORT_LOW),
+            "{ports:?}"
+        );
+        assert!(ports.windows(2).all(|w| w[0] != w[1]), "{ports:?}");
+        let mut p = PortPicker::new(PORT_LOW);
+        assert_eq!(p.pick(0, 1), PORT_LOW as u16);
+        assert_eq!(p.pick(0, 1), PORT_LOW as u16 + 1);
+    }
+
+    /// A server that answers the first `answer` EXECUTEs with RESULT Void (stream order
+    /// reversed per read, to show answers need not come in order) and then closes.
+    async fn fake_server(listener: tokio::net::TcpListener, answer: usize) -> usize {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut seen = 0;
+        let mut buf = BytesMut::new();
+        while seen < answer {
+            if s.read_buf(&mut buf).await.expect("read") == 0 {
+                break;
+            }
+            let mut streams = Vec::new();
+            while buf.len() >= HEADER_LEN {
+                let len = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) as usize;
+                if buf.len() < HEADER_LEN + len {
+                    break;
+                }
+                assert_eq!(buf[4], OP_EXECUTE);
+                streams.push(i16::from_be_bytes([buf[2], buf[3]]));
+                buf.advance(HEADER_LEN + len);
+            }
+            let mut out = Vec::new();
+            for st in streams.into_iter().rev() {
+                if seen < answer {
+                    out.extend(response(Opcode::Result, st, vec![0, 0, 0, 1], vec![]));
+                    seen += 1;
+                }
+            }
+            s.write_all(&out).await.expect("write");
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn pipelined_answers_complete_and_a_closed_connection_fails_the_rest() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(fake_server(listener, 100));
+        let (rd, wr) = connect(addr, None).await.expect("connect").into_split();
+        let table = Arc::new(Mutex::new(InFlight::new()));
+        let (tx, rx) = mpsc::channel(QUEUE_LEN);
+        let id = [9u8; 16];
+        tokio::spawn(writer(
+            rx,
+            wr,
+            table.clone(),
+            ExecTemplate::new(&id, OpKind::Write),
+            ExecTemplate::new(&id, OpKind::Read),
+        ));
+        tokio::spawn(reader(rd, table, true));
+        let send = |pk: i64| {
+            let tx = tx.clone();
+            async move {
+                let (reply, rx) = oneshot::channel();
+                let op = Op {
+                    kind: if pk % 2 == 0 {
+                        OpKind::Write
+                    } else {
+                        OpKind::Read
+                    },
+                    pk,
+                    ck: 0,
+                };
+                tx.send(Req { op, reply }).await.expect("queue open");
+                rx.await.unwrap_or(Reply::Other)
+            }
+        };
+        let work = async {
+            let first: Vec<Reply> = futures_join(&send, 0..100).await;
+            assert!(first.iter().all(|r| *r == Reply::Ok), "{first:?}");
+            assert_eq!(server.await.expect("server"), 100);
+            // The server has closed: what is in flight or sent later fails.
+            let later = futures_join(&send, 100..110).await;
+            assert!(later.iter().all(|r| *r == Reply::Other), "{later:?}");
+        };
+        tokio::time::timeout(Duration::from_secs(10), work)
+            .await
+            .expect("bounded");
+    }
+
+    /// Runs `send(pk)` for every pk concurrently and collects the replies in order.
+    async fn futures_join<F, Fut>(send: &F, pks: std::ops::Range<i64>) -> Vec<Reply>
+    where
+        F: Fn(i64) -> Fut,
+        Fut: std::future::Future<Output = Reply> + Send + 'static,
+    {
+        let handles: Vec<_> = pks.map(|pk| tokio::spawn(send(pk))).collect();
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(h.await.expect("task"));
+        }
+        out
+    }
+}

@@ -1,0 +1,269 @@
+//! The raw client against the real `sluice` binary (2 shards, loopback, temporary data dir):
+//! every write and read succeeds, every connection sits on the shard it was opened for, and
+//! every EXECUTE reaches the shard that owns its partition (the server's own per-shard
+//! counters agree, and it forwarded nothing).
+//!
+//! The binary is `$SLUICE_BIN`, else `sluice` beside this test's target directory (build it
+//! first with `cargo build -p sluice`, as scripts/test.sh does).
+
+use sluice_bench::driver::{Connection, DriverOptions, RetryMode, KEYSPACE};
+use sluice_bench::raw::RawTarget;
+use sluice_bench::target::{populate, Op, OpKind, Reply, Target};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SHARDS: usize = 2;
+const PER_SHARD: usize = 2;
+const PARTITIONS: i64 = 1000;
+const ROWS: i32 = 3;
+
+/// The `sluice` executable under test.
+fn sluice_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_BIN") {
+        return p.into();
+    }
+    // target/<profile>/deps/raw_client-<hash> -> target/<profile>/sluice
+    let exe = std::env::current_exe().expect("test executable");
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("sluice"))
+        .expect("target directory");
+    assert!(
+        p.exists(),
+        "no sluice binary at {}: run `cargo build -p sluice` first or set SLUICE_BIN",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running node, killed when dropped.
+struct Node {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    log: PathBuf,
+}
+
+impl Node {
+    fn start(dir: &Path, shard_aware: bool) -> Node {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let log = dir.join("sluice.log");
+        let mut cmd = Command::new(sluice_bin());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--shards")
+            .arg(SHARDS.to_string())
+            .arg("--metrics-listen")
+            .arg(metrics.to_string())
+            // Correctness, not overload: a debug build sheds a closed loop of 128 otherwise.
+            .arg("--admission")
+            .arg("off")
+            .arg("--log")
+            .arg("warn");
+        match shard_aware {
+            true => cmd.arg("--shard-aware-port").arg(free_port().to_string()),
+            false => cmd.arg("--shard-aware-port").arg("off"),
+        };
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start sluice");
+        let mut node = Node {
+            child,
+            addr,
+            metrics,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(st)) = node.child.try_wait() {
+                panic!("sluice exited ({st}): {}", node.log());
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return node;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not listen within 30 s: {}",
+                node.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Per shard, the sum of `name`'s samples carrying `label` (all samples if empty).
+    fn per_shard(&self, name: &str, label: &str) -> Vec<u64> {
+        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        (0..SHARDS)
+            .map(|shard| {
+                let tag = format!("shard=\"{shard}\"");
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("{name}{{")))
+                    .filter(|l| l.contains(&tag) && l.contains(label))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>() as u64
+            })
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes, reads and checks routing against a fresh two-shard node.
+async fn exercise(shard_aware: bool) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(dir.path(), shard_aware);
+    let nodes = vec![node.addr.to_string()];
+    let opts = DriverOptions {
+        nodes: nodes.clone(),
+        connections: 1,
+        client_timeout: Duration::from_secs(10),
+        retry: RetryMode::None,
+        retries: 0,
+    };
+    // The driver's 5 s connect timeout can pass on a loaded 2-core machine: try again.
+    let mut conn = Connection::open(&opts).await;
+    for _ in 0..2 {
+        if conn.is_ok() {
+            break;
+        }
+        conn = Connection::open(&opts).await;
+    }
+    let conn = conn.unwrap_or_else(|e| panic!("driver session: {e:#}\n{}", node.log()));
+    conn.create_table("kv", true).await.expect("table");
+
+    let (target, notes) = RawTarget::connect(&nodes, PER_SHARD, "kv", None)
+        .await
+        .expect("raw client");
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(target.nr_shards() as usize, SHARDS);
+    let conns = target.connections();
+    assert_eq!(conns.len(), SHARDS * PER_SHARD);
+    for c in conns {
+        assert_eq!(c.reported, Some(c.meant), "{c:?}");
+        if shard_aware {
+            assert_eq!(c.local_port as usize % SHARDS, c.meant as usize, "{c:?}");
+        }
+    }
+    for shard in 0..SHARDS as u32 {
+        assert_eq!(conns.iter().filter(|c| c.meant == shard).count(), PER_SHARD);
+    }
+    let describe = target.describe();
+    let how = if shard_aware {
+        "shard-aware port"
+    } else {
+        "main port"
+    };
+    assert!(describe.contains(how), "{describe}");
+
+    let executes = |n: &Node| n.per_shard("sluice_requests_total", "opcode=\"execute\"");
+    let forwards = |n: &Node| n.per_shard("sluice_cross_shard_forwards_total", "");
+    let (exec_before, fwd_before) = (executes(&node), forwards(&node));
+
+    let target = Arc::new(target);
+    let failed = populate(&target, 0..PARTITIONS, ROWS).await;
+    assert_eq!(failed, 0, "writes failed");
+    let mut reads = tokio::task::JoinSet::new();
+    for pk in 0..PARTITIONS {
+        let t = target.clone();
+        reads.spawn(async move {
+            t.execute(Op {
+                kind: OpKind::Read,
+                pk,
+                ck: 0,
+            })
+            .await
+        });
+    }
+    let mut replies = Vec::new();
+    while let Some(r) = reads.join_next().await {
+        replies.push(r.expect("read task"));
+    }
+    assert!(replies.iter().all(|r| *r == Reply::Ok), "a read failed");
+
+    // Every op was counted once, on the shard that owns its partition...
+    let total = (PARTITIONS as u64) * (ROWS as u64 + 1);
+    assert_eq!(target.attempts(), Some(total));
+    let mut want = vec![0u64; SHARDS];
+    for pk in 0..PARTITIONS {
+        want[target.shard_of(pk)] += ROWS as u64 + 1;
+    }
+    assert_eq!(target.routed(), want);
+    assert!(want.iter().all(|n| *n > 0), "both shards own partitions");
+    // ...and the server saw each EXECUTE on that shard, and forwarded none.
+    let exec: Vec<u64> = executes(&node)
+        .iter()
+        .zip(&exec_before)
+        .map(|(a, b)| a - b)
+        .collect();
+    assert_eq!(exec, want, "server-side EXECUTEs per shard");
+    let fwd: u64 = forwards(&node)
+        .iter()
+        .zip(&fwd_before)
+        .map(|(a, b)| a - b)
+        .sum();
+    assert_eq!(fwd, 0, "cross-shard forwards");
+
+    // The bound values landed where they should: the driver reads them back.
+    let rows = conn
+        .session
+        .query_unpaged(format!("SELECT ck, v FROM {KEYSPACE}.kv WHERE pk = 7"), ())
+        .await
+        .expect("select")
+        .into_rows_result()
+        .expect("rows");
+    let rows: Vec<(i32, Vec<u8>)> = rows
+        .rows::<(i32, Vec<u8>)>()
+        .expect("typed rows")
+        .collect::<Result<_, _>>()
+        .expect("decode");
+    assert_eq!(rows.len(), ROWS as usize);
+    assert!(rows
+        .iter()
+        .enumerate()
+        .all(|(i, (ck, v))| *ck == i as i32 && v.len() == sluice_bench::driver::VALUE_LEN));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_client_routes_by_source_port_on_the_shard_aware_port() {
+    tokio::time::timeout(Duration::from_secs(120), exercise(true))
+        .await
+        .expect("finished within 120 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_client_fills_every_shard_from_the_main_port() {
+    tokio::time::timeout(Duration::from_secs(120), exercise(false))
+        .await
+        .expect("finished within 120 s");
+}
