@@ -10,6 +10,10 @@
 #[path = "../tests/support/request_path.rs"]
 mod support;
 
+/// The allocator the `sluice` binary runs with, so that the counts are the binary's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let path = args.next().unwrap_or_else(|| "served".into());

@@ -12,6 +12,11 @@ use tracing::{error, info, warn};
 
 use config::{DurabilityArg, ResolvedConfig, ServeArgs};
 
+/// mimalloc rather than glibc's malloc: a served write costs 12% fewer instructions
+/// (`scripts/insns.sh`), and a flushed 64 MiB memtable is freed in less CPU time.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sluice: a CQL (Cassandra/ScyllaDB protocol v4) database that keeps its goodput under
 /// overload.
 #[derive(Debug, Parser)]

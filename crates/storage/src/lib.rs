@@ -1,8 +1,10 @@
 //! Storage: rows of cells on an embedded LSM engine (fjall), last-write-wins by write
 //! timestamp, tombstones and TTL, with group commit so that concurrent writes share an fsync.
 
+mod background;
 mod journal_sync;
 pub mod keycodec;
+mod memtable_reaper;
 pub mod model;
 mod row;
 mod store;

@@ -22,6 +22,7 @@
 
 use crate::journal_sync::{JournalSyncer, SideSyncError};
 use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
+use crate::memtable_reaper::MemtableReaper;
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
 use crate::{
@@ -174,6 +175,7 @@ struct Inner {
     commit: Arc<CommitShared>,
     durability: Durability,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
+    reaper: Mutex<MemtableReaper>,
     closed: AtomicBool,
 }
 
@@ -197,6 +199,10 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_sync_thread();
+        self.reaper
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
     }
 }
 
@@ -269,6 +275,14 @@ impl Storage {
                 Durability::Periodic { interval } => thread_commit.run_periodic(interval),
             })
             .map_err(|_| StorageError::Io("cannot start the storage sync thread"))?;
+        // fjall's flush and compaction workers exist once the database is open.
+        let lowered = crate::background::lower_threads_named("fjall:");
+        tracing::debug!(
+            threads = lowered,
+            "storage background threads at lower priority"
+        );
+        let reaper = MemtableReaper::start(data.clone())
+            .map_err(|_| StorageError::Io("cannot start the memtable reaper thread"))?;
         let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
         Ok(Storage {
             inner: Arc::new(Inner {
@@ -279,6 +293,7 @@ impl Storage {
                 commit,
                 durability,
                 sync_thread: Mutex::new(Some(handle)),
+                reaper: Mutex::new(reaper),
                 closed: AtomicBool::new(false),
             }),
         })
