@@ -95,9 +95,10 @@ pub struct BenchArgs {
     /// CQL contact points, host:port (comma-separated or repeated).
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9042")]
     pub nodes: Vec<String>,
-    /// Connections per host (driver) or per shard (raw).
-    #[arg(long, default_value_t = 4)]
-    pub connections: usize,
+    /// Connections per host (driver) or per shard (raw) [default: 4 per host; 1 per shard with
+    /// --client raw, whose connections are pipelined].
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// CQL client of the generator: the scylla driver, or the cheap raw protocol client.
     #[arg(long, value_enum, default_value = "driver")]
     pub client: ClientKind,
@@ -212,6 +213,15 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// Connections per host (driver) or per shard (raw).
+    fn connections(&self) -> usize {
+        self.connections.unwrap_or(match self.client {
+            ClientKind::Driver => 4,
+            // One pipelined connection per shard batches the most frames per syscall.
+            ClientKind::Raw => 1,
+        })
+    }
+
     fn deadline(&self, s: Scenario) -> Duration {
         self.deadline.unwrap_or(if s == Scenario::Ramp {
             // Longer than the server's 10 ms timeout, so that its timeout answers are seen.
@@ -261,7 +271,7 @@ impl BenchArgs {
                 deadline_ms: plan.run.deadline.as_secs_f64() * 1e3,
                 client_timeout_ms: plan.run.client_timeout.as_secs_f64() * 1e3,
                 lag_tolerance_ms: plan.run.lag_tolerance.as_secs_f64() * 1e3,
-                connections: self.connections,
+                connections: self.connections(),
                 retry_policy: match self.retry_policy {
                     RetryMode::None => "none".into(),
                     RetryMode::Stock => format!("stock ({} retries)", self.retries),
@@ -370,7 +380,7 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
 async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::Result<RunReport> {
     let opts = DriverOptions {
         nodes: args.nodes.clone(),
-        connections: args.connections,
+        connections: args.connections(),
         client_timeout: plan.run.client_timeout,
         retry: args.retry_policy,
         retries: args.retries,
@@ -394,14 +404,14 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
             let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
             r.notes.push(format!(
                 "client: scylla driver, {} connection(s)/host",
-                args.connections
+                args.connections()
             ));
             r.notes.extend(notes);
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
         }
         ClientKind::Raw => {
             let (target, notes) =
-                RawTarget::connect(&args.nodes, args.connections, table, using_timeout).await?;
+                RawTarget::connect(&args.nodes, args.connections(), table, using_timeout).await?;
             r.notes.push(format!("client: {}", target.describe()));
             r.notes.extend(notes);
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
@@ -539,7 +549,7 @@ fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
             ClientKind::Driver => "scylla driver",
             ClientKind::Raw => "raw CQL v4 client (pipelined, shard-aware, no retries)",
         },
-        args.connections,
+        args.connections(),
         match args.client {
             ClientKind::Driver => "host",
             ClientKind::Raw => "shard",
@@ -584,7 +594,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
     for side in 0..2 {
         let opts = DriverOptions {
             nodes: nodes[side].clone(),
-            connections: args.connections,
+            connections: args.connections(),
             client_timeout: plan.run.client_timeout,
             retry: args.retry_policy,
             retries: args.retries,
@@ -619,7 +629,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
             let mut targets = Vec::with_capacity(2);
             for side in 0..2 {
                 let (target, notes) =
-                    RawTarget::connect(&nodes[side], args.connections, VERSUS_TABLE, None)
+                    RawTarget::connect(&nodes[side], args.connections(), VERSUS_TABLE, None)
                         .await
                         .with_context(|| format!("raw client to {}", labels[side]))?;
                 reports[side]
@@ -763,7 +773,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
     let bench = BenchArgs {
         scenario: Some(Scenario::Ramp),
         nodes: vec![addr],
-        connections: 2,
+        connections: Some(2),
         client: ClientKind::Driver,
         capacity: None,
         workload: Workload::Write,
@@ -861,6 +871,8 @@ mod tests {
             shared.starts_with("scylla driver, 4 connection(s)/host,"),
             "{shared}"
         );
+        let t = T::try_parse_from(["x", "versus", "--client", "raw"]).expect("parse");
+        assert_eq!(t.a.connections(), 1, "one pipelined connection per shard");
         let t = T::try_parse_from(["x", "versus", "--client", "raw", "--connections", "2"])
             .expect("parse");
         assert_eq!(t.a.client, ClientKind::Raw);

@@ -9,9 +9,10 @@
 //!   connection of the shard that owns its partition ([`RawTarget::shard_of`]).
 //! * **Pipelining.** Each request takes a stream id from its connection's [`InFlight`] table
 //!   and appends its frame to the connection's buffer; the caller that finds no write in
-//!   progress writes the whole buffer with one non-blocking call, so requests issued together
-//!   share a syscall and no task sits between a request and the socket ([`Conn`]). One reader
-//!   task per connection reads large chunks and completes every answer it finds.
+//!   progress yields once, then writes the whole buffer with one non-blocking call, so requests
+//!   issued together share a syscall and no task sits between a request and the socket
+//!   ([`Conn`]). One reader task per connection reads large chunks and completes every answer
+//!   it finds.
 //! * **Pre-encoding.** An EXECUTE frame differs between requests only in its stream id and keys:
 //!   [`ExecTemplate`] holds the rest, so encoding a request is one copy and two patches.
 //!
@@ -620,13 +621,24 @@ impl Conn {
     }
 
     /// Sends `op`; its answer (or `Reply::Other` if it cannot be sent) comes through `reply`.
-    fn send(&self, op: &Op, reply: oneshot::Sender<Reply>) {
+    /// The first request of a burst waits one scheduler turn, so that the requests issued in
+    /// the same instant (the generator releases them per timer tick) join its write.
+    async fn send(&self, op: &Op, reply: oneshot::Sender<Reply>) {
+        if self.queue(op, reply) {
+            // Flushes on drop, also if the caller gives up during the yield.
+            let _flush = FlushOnDrop(self);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Appends `op`'s frame; true if the caller must flush (nobody is writing).
+    fn queue(&self, op: &Op, reply: oneshot::Sender<Reply>) -> bool {
         let mut st = self.lock();
         let id = match st.inflight.take(reply) {
             Ok(id) => id,
             Err(reply) => {
                 let _ = reply.send(Reply::Other);
-                return;
+                return false;
             }
         };
         let tpl = if op.kind == OpKind::Write {
@@ -636,11 +648,10 @@ impl Conn {
         };
         tpl.encode(&mut st.out, id, op);
         if st.flushing {
-            return; // whoever is writing takes this frame along
+            return false; // whoever is writing takes this frame along
         }
         st.flushing = true;
-        drop(st);
-        self.flush();
+        true
     }
 
     /// Writes out everything queued without waiting, until nothing is left (then clears
@@ -679,6 +690,15 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// Holds the duty to flush a connection and does it when dropped.
+struct FlushOnDrop<'a>(&'a Conn);
+
+impl Drop for FlushOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.flush();
     }
 }
 
@@ -979,7 +999,7 @@ impl Target for RawTarget {
             n => s.next.fetch_add(1, Ordering::Relaxed) % n,
         };
         let (tx, rx) = oneshot::channel();
-        s.conns[i].send(&op, tx);
+        s.conns[i].send(&op, tx).await;
         // A dropped sender means the connection's tasks ended.
         rx.await.unwrap_or(Reply::Other)
     }
@@ -1395,7 +1415,9 @@ mod tests {
             } else {
                 OpKind::Read
             };
-            conn.send(&Op { kind, pk, ck: 0 }, reply);
+            if conn.queue(&Op { kind, pk, ck: 0 }, reply) {
+                conn.flush();
+            }
             rx
         }
     }
