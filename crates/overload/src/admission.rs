@@ -488,6 +488,38 @@ impl<T> AdmissionController<T> {
         Ok(())
     }
 
+    /// The fast path of an arrival that finds the queue empty and a free execution place:
+    /// exactly what [`Self::enqueue_read`] then [`Self::dispatch`] would do in that case,
+    /// without going through the queue. Returns the time it waited (the queue-delay sample),
+    /// or `None` when it must take that path instead: something waits, the limit is
+    /// reached, or the queue would turn it away (expired, or CoDel sheds it).
+    #[inline]
+    pub fn dispatch_at_once(
+        &mut self,
+        read_at: Nanos,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Option<Duration> {
+        if !self.queue.is_empty() || self.inflight >= self.limit.limit() {
+            return None;
+        }
+        let hidden = duration_nanos(self.lag.estimate(now));
+        let arrived = Nanos(read_at.0.saturating_sub(hidden));
+        let waited = now.saturating_duration_since(arrived);
+        // `should_shed` only rolls the interval at `now`: asking twice is harmless.
+        if deadline.expired(now) || self.codel.should_shed(now, waited) {
+            return None;
+        }
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        self.overload_bound(now);
+        self.stats.enqueued += 1;
+        self.codel.on_dequeue(waited, now);
+        self.inflight += 1;
+        self.stats.dispatched += 1;
+        self.count_dispatch(now);
+        Some(waited)
+    }
+
     /// The standing-delay sample while the queue is empty: the wait a request arriving now
     /// would already have, i.e. the loop lag, or the age the latest arrival had on reaching
     /// the queue if that was recent (a reader working through a backlog of old frames keeps
@@ -833,6 +865,100 @@ mod tests {
 
     fn at_ms(x: u64) -> Nanos {
         Nanos::from_millis(x)
+    }
+
+    proptest::proptest! {
+        /// The fast path changes nothing but the cost: a controller that tries
+        /// `dispatch_at_once` first ends every step in the state of one that always queues.
+        #[test]
+        fn dispatch_at_once_is_the_queue_path_without_the_queue(
+            steps in proptest::collection::vec((0u8..4, 0u64..30, 0u64..200), 1..400),
+        ) {
+            let cfg = AdmissionConfig {
+                queue_capacity: 8,
+                ..AdmissionConfig::default()
+            };
+            let mut fast: AdmissionController<u32> = AdmissionController::new(cfg);
+            let mut queued: AdmissionController<u32> = AdmissionController::new(cfg);
+            let (mut fast_running, mut queued_running) = (Vec::new(), Vec::new());
+            let mut now = Nanos::ZERO;
+            for (i, (kind, age_ms, budget_ms)) in steps.into_iter().enumerate() {
+                let id = i as u32;
+                now = Nanos(now.0 + 700_000);
+                match kind {
+                    // An arrival read `age_ms` ago with `budget_ms` of deadline left.
+                    0 | 1 => {
+                        let read = Nanos(now.0.saturating_sub(age_ms * 1_000_000));
+                        let deadline = Deadline(Nanos(read.0 + budget_ms * 1_000_000));
+                        let dispatch_all = |c: &mut AdmissionController<u32>, running: &mut Vec<u32>| {
+                            while c.can_dispatch() {
+                                match c.dispatch(now, |_, _| {}) {
+                                    Some(q) => running.push(q.item),
+                                    None => break,
+                                }
+                            }
+                        };
+                        if fast.dispatch_at_once(read, now, deadline).is_some() {
+                            fast_running.push(id);
+                        } else if fast.enqueue_read(id, read, now, deadline).is_ok() {
+                            dispatch_all(&mut fast, &mut fast_running);
+                        }
+                        if queued.enqueue_read(id, read, now, deadline).is_ok() {
+                            dispatch_all(&mut queued, &mut queued_running);
+                        }
+                    }
+                    // The oldest running request completes after a few milliseconds.
+                    2 => {
+                        if !fast_running.is_empty() {
+                            fast_running.remove(0);
+                            fast.on_complete(Duration::from_millis(age_ms), now);
+                        }
+                        if !queued_running.is_empty() {
+                            queued_running.remove(0);
+                            queued.on_complete(Duration::from_millis(age_ms), now);
+                        }
+                    }
+                    // The loop-lag probe.
+                    _ => {
+                        fast.lag_probe_started(now);
+                        queued.lag_probe_started(now);
+                        let later = Nanos(now.0 + age_ms * 100_000);
+                        fast.lag_probe_finished(later);
+                        queued.lag_probe_finished(later);
+                    }
+                }
+                proptest::prop_assert_eq!(&fast_running, &queued_running);
+                proptest::prop_assert_eq!(fast.stats(), queued.stats());
+                proptest::prop_assert_eq!(fast.inflight(), queued.inflight());
+                proptest::prop_assert_eq!(fast.queued(), queued.queued());
+                proptest::prop_assert_eq!(fast.concurrency_limit(), queued.concurrency_limit());
+                proptest::prop_assert_eq!(fast.turn_away_at_once(), queued.turn_away_at_once());
+            }
+        }
+    }
+
+    #[test]
+    fn dispatch_at_once_only_when_nothing_waits_and_there_is_room() {
+        let mut cfg = AdmissionConfig::default();
+        cfg.concurrency.initial = 1;
+        cfg.concurrency.min = 1;
+        cfg.concurrency.max = 1;
+        let mut c: AdmissionController<u32> = AdmissionController::new(cfg);
+        let far = Deadline(at_ms(1_000));
+        // Read 2 ms ago, nothing running: runs at once, and the wait is its sample.
+        assert_eq!(c.dispatch_at_once(at_ms(8), at_ms(10), far), Some(ms(2)));
+        assert_eq!((c.inflight(), c.stats().dispatched), (1, 1));
+        // The only place is taken: the queue decides.
+        assert_eq!(c.dispatch_at_once(at_ms(10), at_ms(10), far), None);
+        c.on_complete(ms(1), at_ms(11));
+        // Expired on arrival: the queue answers it, not the fast path.
+        assert_eq!(
+            c.dispatch_at_once(at_ms(5), at_ms(12), Deadline(at_ms(11))),
+            None
+        );
+        // Something queued: it goes first.
+        c.enqueue(7, at_ms(12), far).unwrap();
+        assert_eq!(c.dispatch_at_once(at_ms(12), at_ms(12), far), None);
     }
 
     #[test]

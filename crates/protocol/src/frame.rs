@@ -301,6 +301,18 @@ impl FrameDecoder {
     /// rest of the frame (up to [`READ_RESERVE_CAP`]) so the next read can continue it. Errors are fatal (see
     /// [`FrameError`]); `buf` is left untouched so the caller can still inspect it.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let Some(header) = self.next_header(buf)? else {
+            return Ok(None);
+        };
+        let body = Self::take_body(buf, &header);
+        Ok(Some(Frame { header, body }))
+    }
+
+    /// The header of the next frame once the whole frame is buffered, leaving `buf` as it
+    /// is: the caller then takes the body with [`FrameDecoder::take_body`] or, turning the
+    /// request away from its header, drops it with [`FrameDecoder::skip_body`], which costs
+    /// no reference count. `Ok(None)` and errors as for [`FrameDecoder::decode`].
+    pub fn next_header(&mut self, buf: &mut BytesMut) -> Result<Option<FrameHeader>, FrameError> {
         let header = match self.peek_header(buf) {
             None => return Ok(None),
             Some(h) => h?,
@@ -312,11 +324,21 @@ impl FrameDecoder {
             buf.reserve((total - buf.len()).min(READ_RESERVE_CAP));
             return Ok(None);
         }
-        let mut frame = buf.split_to(total);
+        Ok(Some(header))
+    }
+
+    /// Splits off the frame whose `header` [`FrameDecoder::next_header`] just returned and
+    /// returns its body, sharing `buf`'s memory.
+    pub fn take_body(buf: &mut BytesMut, header: &FrameHeader) -> Bytes {
+        let mut frame = buf.split_to(HEADER_LEN + header.length as usize);
         // Advancing past the header costs no second reference count, unlike split_off.
         frame.advance(HEADER_LEN);
-        let body = frame.freeze();
-        Ok(Some(Frame { header, body }))
+        frame.freeze()
+    }
+
+    /// Drops the frame whose `header` [`FrameDecoder::next_header`] just returned.
+    pub fn skip_body(buf: &mut BytesMut, header: &FrameHeader) {
+        buf.advance(HEADER_LEN + header.length as usize);
     }
 }
 
@@ -476,6 +498,26 @@ mod tests {
             r.read_int().unwrap();
             assert!(r.read_string().unwrap().contains(s));
         }
+    }
+
+    #[test]
+    fn a_skipped_frame_leaves_the_next_one_intact() {
+        let mut dec = FrameDecoder::new(1024);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&header(0x04, 0, 1, 0x07, 3));
+        buf.extend_from_slice(b"abc");
+        buf.extend_from_slice(&header(0x04, 0, 2, 0x07, 2));
+        buf.extend_from_slice(b"d");
+        let h = dec.next_header(&mut buf).unwrap().unwrap();
+        assert_eq!((h.stream, h.length), (1, 3));
+        FrameDecoder::skip_body(&mut buf, &h);
+        // The second frame is not complete yet: no header, and the buffer is kept.
+        assert_eq!(dec.next_header(&mut buf).unwrap(), None);
+        buf.extend_from_slice(b"e");
+        let h = dec.next_header(&mut buf).unwrap().unwrap();
+        assert_eq!(h.stream, 2);
+        assert_eq!(&FrameDecoder::take_body(&mut buf, &h)[..], b"de");
+        assert!(buf.is_empty());
     }
 
     #[test]

@@ -225,6 +225,22 @@ impl ShardAdmission {
         let read = self.nanos(arrival);
         let now = self.nanos(Instant::now());
         let deadline = Deadline(read.saturating_add(self.queue_timeout));
+        // Nothing waits and there is room: straight to running, as the queue would have.
+        if let Some(waited) = self
+            .ctl
+            .as_mut()
+            .and_then(|c| c.dispatch_at_once(read, now, deadline))
+        {
+            self.last_now = self.last_now.max(now);
+            metrics.observe_queue_delay(waited);
+            if let Some(slot) = self.slots.get_mut(idx as usize) {
+                slot.state = SlotState::Running(now);
+                slot.conn = conn;
+                slot.waker = None;
+            }
+            self.admitted += 1;
+            return Admit::Accept(Ticket(Some(idx)));
+        }
         let queued = match self.ctl.as_mut() {
             Some(ctl) => ctl.enqueue_read(idx, read, now, deadline).is_ok(),
             None => false,

@@ -29,7 +29,7 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
+use sluice_protocol::frame::{Frame, FrameDecoder, FrameError, Opcode, HEADER_LEN};
 use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -158,25 +158,26 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     'read: loop {
         // Pull every complete frame already buffered.
         loop {
-            let frame = match decoder.decode(&mut buf) {
-                Ok(Some(f)) => f,
+            // The header first: a frame turned away from it is skipped without taking its body.
+            let header = match decoder.next_header(&mut buf) {
+                Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
                     protocol_close(&shard, &conn, e);
                     break 'read;
                 }
             };
-            shard.metrics.count_request(frame.header.opcode as u8);
+            shard.metrics.count_request(header.opcode as u8);
             let arrival = read_at;
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let opcode = frame.header.opcode;
+            let opcode = header.opcode;
             // Bytes caps: a frame larger than a cap takes the whole cap (frames are bounded
             // by max_frame_bytes), so it waits for the scope to drain instead of stalling.
-            let len = frame.header.length as usize;
+            let len = header.length as usize;
             let bytes = (
                 len.min(byte_cap(shard.config.max_inflight_bytes_per_connection)) as u32,
                 len.min(byte_cap(shard.config.max_inflight_bytes_per_shard)) as u32,
@@ -194,7 +195,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                             .admission
                             .borrow_mut()
                             .count_rejected_over_cap(&shard.metrics);
-                        reject_overloaded(&shard, &conn, frame.header.stream);
+                        FrameDecoder::skip_body(&mut buf, &header);
+                        reject_overloaded(&shard, &conn, header.stream);
                         continue;
                     }
                     shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
@@ -212,13 +214,18 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 shard
                     .admission
                     .borrow_mut()
-                    .admit(&frame.header, arrival, conn_id, &shard.metrics);
+                    .admit(&header, arrival, conn_id, &shard.metrics);
             let ticket = match admit {
                 Admit::Accept(t) => t,
                 Admit::Reject => {
-                    reject_overloaded(&shard, &conn, frame.header.stream);
+                    FrameDecoder::skip_body(&mut buf, &header);
+                    reject_overloaded(&shard, &conn, header.stream);
                     continue;
                 }
+            };
+            let frame = Frame {
+                body: FrameDecoder::take_body(&mut buf, &header),
+                header,
             };
             shard.metrics.inflight.fetch_add(1, Relaxed);
             let in_flight = InFlight {

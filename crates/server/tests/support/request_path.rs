@@ -100,7 +100,8 @@ impl Bench {
     /// One frame through the path; returns the opcode of the answer written.
     pub fn one(&mut self, frame: &[u8], path: &str) -> u8 {
         self.input.extend_from_slice(frame);
-        let Ok(Some(frame)) = self.decoder.decode(&mut self.input) else {
+        // As connection.rs: the header first, the body only for an admitted request.
+        let Ok(Some(header)) = self.decoder.next_header(&mut self.input) else {
             panic!("bad frame");
         };
         let mut arrival = Instant::now();
@@ -110,18 +111,20 @@ impl Bench {
                 .checked_sub(Duration::from_millis(5))
                 .unwrap_or(arrival);
         }
-        let stream = frame.header.stream;
+        let stream = header.stream;
         let start = self.out.len();
-        match self
-            .admission
-            .admit(&frame.header, arrival, 1, &self.metrics)
-        {
+        match self.admission.admit(&header, arrival, 1, &self.metrics) {
             Admit::Reject => {
                 // As connection::reject_overloaded does.
+                FrameDecoder::skip_body(&mut self.input, &header);
                 self.metrics.count_overloaded_error();
                 self.admission.append_overloaded(&mut self.out, stream)
             }
             Admit::Accept(ticket) => {
+                let frame = Frame {
+                    body: FrameDecoder::take_body(&mut self.input, &header),
+                    header,
+                };
                 // As request.rs: a request turned away by [C] or [B] is no latency sample.
                 if self.served(frame, arrival) {
                     self.admission.complete(ticket, &self.metrics);
