@@ -10,7 +10,7 @@ use sluice_bench::driver::{Connection, DriverOptions, RetryMode, KEYSPACE};
 use sluice_bench::raw::RawTarget;
 use sluice_bench::target::{populate, Op, OpKind, Reply, Target};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -41,12 +41,9 @@ fn sluice_bin() -> PathBuf {
     p
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+#[path = "../../sluice/tests/common/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// A running node, killed when dropped.
 struct Node {
@@ -57,7 +54,19 @@ struct Node {
 }
 
 impl Node {
+    /// Starts a node; picks new ports and tries again (up to 5 times) if one was taken.
     fn start(dir: &Path, shard_aware: bool) -> Node {
+        for _ in 0..5 {
+            match Node::try_start(dir, shard_aware) {
+                Ok(node) => return node,
+                Err(log) if log.contains("in use") => continue,
+                Err(log) => panic!("sluice exited: {log}"),
+            }
+        }
+        panic!("sluice could not bind free ports in 5 tries")
+    }
+
+    fn try_start(dir: &Path, shard_aware: bool) -> Result<Node, String> {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let log = dir.join("sluice.log");
@@ -94,10 +103,17 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(st)) = node.child.try_wait() {
-                panic!("sluice exited ({st}): {}", node.log());
+                return Err(format!("({st}) {}", node.log()));
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return node;
+            let accepts =
+                |a: &SocketAddr| TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok();
+            if accepts(&addr) && accepts(&metrics) {
+                // A port it failed to bind makes it exit right after binding the others.
+                std::thread::sleep(Duration::from_millis(20));
+                if let Ok(Some(st)) = node.child.try_wait() {
+                    return Err(format!("({st}) {}", node.log()));
+                }
+                return Ok(node);
             }
             assert!(
                 Instant::now() < deadline,
