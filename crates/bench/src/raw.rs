@@ -1430,12 +1430,18 @@ mod tests {
         out
     }
 
-    #[tokio::test]
-    async fn pipelined_answers_complete_and_a_closed_connection_fails_the_rest() {
+    /// A listener for a fake server on a free loopback port.
+    async fn loopback_listener() -> (tokio::net::TcpListener, SocketAddr) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        (listener, addr)
+    }
+
+    #[tokio::test]
+    async fn pipelined_answers_complete_and_a_closed_connection_fails_the_rest() {
+        let (listener, addr) = loopback_listener().await;
         let server = tokio::spawn(fake_server(listener, 100, Duration::ZERO));
         let conn = client(addr, None).await;
         let send = sender(&conn);
@@ -1454,10 +1460,7 @@ mod tests {
 
     #[tokio::test]
     async fn writes_that_find_the_socket_full_are_finished_by_the_stall_task() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
+        let (listener, addr) = loopback_listener().await;
         // The server reads nothing for a while: ~5 MB of frames cannot fit in the buffers.
         let n = 30_000;
         let server = tokio::spawn(fake_server(listener, n, Duration::from_millis(300)));

@@ -301,11 +301,9 @@ impl FrameDecoder {
     /// rest of the frame (up to [`READ_RESERVE_CAP`]) so the next read can continue it. Errors are fatal (see
     /// [`FrameError`]); `buf` is left untouched so the caller can still inspect it.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
-        let Some(header) = self.next_header(buf)? else {
-            return Ok(None);
-        };
-        let body = Self::take_body(buf, &header);
-        Ok(Some(Frame { header, body }))
+        Ok(self
+            .next_header(buf)?
+            .map(|header| Self::take_frame(buf, header)))
     }
 
     /// The header of the next frame once the whole frame is buffered, leaving `buf` as it
@@ -325,6 +323,12 @@ impl FrameDecoder {
             return Ok(None);
         }
         Ok(Some(header))
+    }
+
+    /// Splits off the frame whose `header` [`FrameDecoder::next_header`] just returned.
+    pub fn take_frame(buf: &mut BytesMut, header: FrameHeader) -> Frame {
+        let body = Self::take_body(buf, &header);
+        Frame { header, body }
     }
 
     /// Splits off the frame whose `header` [`FrameDecoder::next_header`] just returned and

@@ -233,12 +233,7 @@ impl ShardAdmission {
         {
             self.last_now = self.last_now.max(now);
             metrics.observe_queue_delay(waited);
-            if let Some(slot) = self.slots.get_mut(idx as usize) {
-                slot.state = SlotState::Running(now);
-                slot.conn = conn;
-                slot.waker = None;
-            }
-            self.admitted += 1;
+            self.occupy(idx, conn, SlotState::Running(now));
             return Admit::Accept(Ticket(Some(idx)));
         }
         let queued = match self.ctl.as_mut() {
@@ -252,14 +247,19 @@ impl ShardAdmission {
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         }
+        self.occupy(idx, conn, SlotState::Queued);
+        self.pump(now, metrics);
+        Admit::Accept(Ticket(Some(idx)))
+    }
+
+    /// Gives slot `idx` to an admitted request of connection `conn`.
+    fn occupy(&mut self, idx: u32, conn: usize, state: SlotState) {
         if let Some(slot) = self.slots.get_mut(idx as usize) {
-            slot.state = SlotState::Queued;
+            slot.state = state;
             slot.conn = conn;
             slot.waker = None;
         }
         self.admitted += 1;
-        self.pump(now, metrics);
-        Admit::Accept(Ticket(Some(idx)))
     }
 
     /// Period of the shard's loop-lag probe, if admission is on and the probe enabled.

@@ -29,7 +29,7 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{Frame, FrameDecoder, FrameError, Opcode, HEADER_LEN};
+use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
 use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -223,10 +223,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     continue;
                 }
             };
-            let frame = Frame {
-                body: FrameDecoder::take_body(&mut buf, &header),
-                header,
-            };
+            let frame = FrameDecoder::take_frame(&mut buf, header);
             shard.metrics.inflight.fetch_add(1, Relaxed);
             let in_flight = InFlight {
                 shard: shard.clone(),

@@ -37,9 +37,11 @@ impl MemtableReaper {
             handle: Some(handle),
         })
     }
+}
 
+impl Drop for MemtableReaper {
     /// Stops the thread and waits for it (what it still holds is freed as it exits).
-    pub(crate) fn stop(&mut self) {
+    fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(h) = self.handle.take() {
             h.thread().unpark();
@@ -47,12 +49,6 @@ impl MemtableReaper {
                 tracing::error!("memtable reaper panicked");
             }
         }
-    }
-}
-
-impl Drop for MemtableReaper {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

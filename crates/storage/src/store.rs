@@ -168,6 +168,8 @@ impl CommitShared {
 }
 
 struct Inner {
+    /// Stops itself when dropped: first of the fields, so before the database it reads.
+    _reaper: MemtableReaper,
     db: Database,
     data: Keyspace,
     meta: Keyspace,
@@ -175,7 +177,6 @@ struct Inner {
     commit: Arc<CommitShared>,
     durability: Durability,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
-    reaper: Mutex<MemtableReaper>,
     closed: AtomicBool,
 }
 
@@ -199,10 +200,6 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_sync_thread();
-        self.reaper
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .stop();
     }
 }
 
@@ -293,7 +290,7 @@ impl Storage {
                 commit,
                 durability,
                 sync_thread: Mutex::new(Some(handle)),
-                reaper: Mutex::new(reaper),
+                _reaper: reaper,
                 closed: AtomicBool::new(false),
             }),
         })

@@ -121,10 +121,7 @@ impl Bench {
                 self.admission.append_overloaded(&mut self.out, stream)
             }
             Admit::Accept(ticket) => {
-                let frame = Frame {
-                    body: FrameDecoder::take_body(&mut self.input, &header),
-                    header,
-                };
+                let frame = FrameDecoder::take_frame(&mut self.input, header);
                 // As request.rs: a request turned away by [C] or [B] is no latency sample.
                 if self.served(frame, arrival) {
                     self.admission.complete(ticket, &self.metrics);
