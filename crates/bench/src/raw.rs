@@ -20,10 +20,12 @@
 //! measured.
 
 use crate::driver::{KEYSPACE, VALUE_LEN};
+use crate::runner::Ticket;
 use crate::target::{Op, OpKind, Reply, Target};
 use anyhow::{anyhow, bail, Context};
 use bytes::{Buf, BytesMut};
 use sluice_types::token::{murmur3_token, shard_of};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +35,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 // ------------------------------------------------------------------ protocol constants
 
@@ -516,11 +519,48 @@ pub struct ConnInfo {
 
 // ------------------------------------------------------------------ the stream-id table
 
-/// The requests on the wire of one connection: each one's reply sender, indexed by stream id,
-/// and the ids not in use. Callers take ids, the reader frees them.
+/// Who waits for the answer on one stream id.
+#[derive(Debug)]
+enum Waiter {
+    /// The id is free.
+    Free,
+    /// A caller of [`Target::execute`].
+    Caller(oneshot::Sender<Reply>),
+    /// A request of the runner: recorded when answered, or when its client timeout passes.
+    Ticket(Ticket),
+    /// The client gave up on it; the id is free again once the answer comes.
+    Abandoned,
+}
+
+impl Waiter {
+    /// Tells whoever waits that the request ended with `reply`.
+    fn answer(self, reply: Reply) {
+        match self {
+            Waiter::Caller(tx) => {
+                let _ = tx.send(reply);
+            }
+            Waiter::Ticket(t) => t.complete(reply),
+            Waiter::Free | Waiter::Abandoned => {}
+        }
+    }
+}
+
+/// One stream id: its waiter, and a generation that tells its successive requests apart.
+#[derive(Debug)]
+struct Slot {
+    waiter: Waiter,
+    generation: u32,
+}
+
+/// The requests on the wire of one connection, indexed by stream id, and the ids not in use.
+/// Callers take ids, the reader frees them; runner requests also leave an entry in
+/// `expiries`, so that a periodic sweep can time them out without a timer each.
 struct InFlight {
-    slots: Vec<Option<oneshot::Sender<Reply>>>,
+    slots: Vec<Slot>,
     free: Vec<i16>,
+    /// (expiry, stream id, generation) of runner requests in the order they were queued,
+    /// which is their order of expiry; entries whose request already ended are skipped.
+    expiries: VecDeque<(Instant, i16, u32)>,
     /// The connection failed: nothing more is sent, everything gets `Reply::Other`.
     closed: bool,
 }
@@ -528,47 +568,83 @@ struct InFlight {
 impl InFlight {
     fn new() -> Self {
         Self {
-            slots: (0..=MAX_STREAM as usize).map(|_| None).collect(),
+            slots: (0..=MAX_STREAM as usize)
+                .map(|_| Slot {
+                    waiter: Waiter::Free,
+                    generation: 0,
+                })
+                .collect(),
             // Popped from the end: ids are handed out from 1 upwards.
             free: (1..=MAX_STREAM).rev().collect(),
+            expiries: VecDeque::new(),
             closed: false,
         }
     }
 
-    /// Takes a free id for `reply`, or hands `reply` back when none is free or the
+    /// Takes a free id for `waiter`, or hands `waiter` back when none is free or the
     /// connection is closed.
-    fn take(&mut self, reply: oneshot::Sender<Reply>) -> Result<i16, oneshot::Sender<Reply>> {
+    fn take(&mut self, waiter: Waiter) -> Result<i16, Waiter> {
         if self.closed {
-            return Err(reply);
+            return Err(waiter);
         }
-        match self.free.pop() {
-            Some(id) => {
-                self.slots[id as usize] = Some(reply);
-                Ok(id)
-            }
-            None => Err(reply),
+        let Some(id) = self.free.pop() else {
+            return Err(waiter);
+        };
+        let slot = &mut self.slots[id as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        if let Waiter::Ticket(t) = &waiter {
+            self.expiries.push_back((t.expires(), id, slot.generation));
         }
+        slot.waiter = waiter;
+        Ok(id)
     }
 
     /// Completes the request on `stream` and frees the id; an answer nobody waits for any
-    /// more (the client timeout fired) only frees it.
+    /// more only frees it. Answers on free or unknown ids are ignored.
     fn complete(&mut self, stream: i16, reply: Reply) {
-        if stream <= 0 {
+        let Some(slot) = usize::try_from(stream)
+            .ok()
+            .filter(|s| *s > 0)
+            .and_then(|s| self.slots.get_mut(s))
+        else {
             return;
+        };
+        match std::mem::replace(&mut slot.waiter, Waiter::Free) {
+            Waiter::Free => {}
+            w => {
+                w.answer(reply);
+                self.free.push(stream);
+            }
         }
-        if let Some(tx) = self.slots.get_mut(stream as usize).and_then(Option::take) {
-            let _ = tx.send(reply);
-            self.free.push(stream);
+    }
+
+    /// Gives up on the runner requests whose client timeout passed by `now`: each is recorded
+    /// as a client timeout, and its id stays taken until the server answers.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, id, generation)) = self.expiries.front() {
+            let slot = &mut self.slots[id as usize];
+            let waiting = slot.generation == generation && matches!(slot.waiter, Waiter::Ticket(_));
+            if waiting && at > now {
+                return;
+            }
+            self.expiries.pop_front();
+            if waiting {
+                std::mem::replace(&mut slot.waiter, Waiter::Abandoned).answer(Reply::ClientTimeout);
+            }
         }
     }
 
     /// Fails every request in flight and every later one.
     fn close(&mut self) {
         self.closed = true;
+        self.expiries.clear();
         for (id, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(tx) = slot.take() {
-                let _ = tx.send(Reply::Other);
-                self.free.push(id as i16);
+            match std::mem::replace(&mut slot.waiter, Waiter::Free) {
+                Waiter::Free => {}
+                w => {
+                    w.answer(Reply::Other);
+                    self.free.push(id as i16);
+                }
             }
         }
     }
@@ -576,21 +652,21 @@ impl InFlight {
 
 // ------------------------------------------------------------------ one connection
 
-/// What the callers of one connection share, under one lock held only to encode or complete.
+/// What the users of one connection share, under one lock held only to encode or complete.
 struct ConnState {
     inflight: InFlight,
     /// Frames encoded and not yet handed to the socket.
     out: BytesMut,
-    /// Someone (a caller, or the stall task) is writing `out`: the others only append to it.
+    /// Someone (a flusher, or the stall task) is writing `out`: the others only append to it.
     flushing: bool,
 }
 
-/// One pipelined connection. A caller encodes its frame into `out` and, unless someone else is
-/// already writing, writes everything queued itself with a non-blocking `try_write`: frames
-/// that arrive meanwhile go out in the same write, and no task hop sits between a request and
-/// the socket (a hop costs a wake-up, and wake-ups are most of a client's CPU here). Only when
-/// the socket is full does the connection's stall task finish the write. The reader task
-/// completes the answers.
+/// One pipelined connection. Requests are encoded into `out`; whoever claims the flush
+/// (the runner after each burst through [`Target::flush`], or a caller of `execute`) writes
+/// everything queued with non-blocking `try_write`s, so frames queued together share a
+/// syscall and no task hop sits between a request and the socket (a hop costs a wake-up, and
+/// wake-ups are most of a client's CPU here). Only when the socket is full does the
+/// connection's stall task finish the write. The reader task completes the answers.
 struct Conn {
     state: Mutex<ConnState>,
     wr: OwnedWriteHalf,
@@ -620,25 +696,28 @@ impl Conn {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `op`; its answer (or `Reply::Other` if it cannot be sent) comes through `reply`.
-    /// The first request of a burst waits one scheduler turn, so that the requests issued in
-    /// the same instant (the generator releases them per timer tick) join its write.
+    /// Sends `op` for a caller of `execute`; its answer (or `Reply::Other` if it cannot be
+    /// sent) comes through `reply`. The caller yields one scheduler turn before writing, so
+    /// that requests issued in the same instant join its write.
     async fn send(&self, op: &Op, reply: oneshot::Sender<Reply>) {
-        if self.queue(op, reply) {
+        self.queue(op, Waiter::Caller(reply));
+        if self.claim_flush() {
             // Flushes on drop, also if the caller gives up during the yield.
             let _flush = FlushOnDrop(self);
             tokio::task::yield_now().await;
         }
     }
 
-    /// Appends `op`'s frame; true if the caller must flush (nobody is writing).
-    fn queue(&self, op: &Op, reply: oneshot::Sender<Reply>) -> bool {
+    /// Appends `op`'s frame to `out`, to go out at the next flush; a request that cannot
+    /// take a stream id is answered `Reply::Other` at once.
+    fn queue(&self, op: &Op, waiter: Waiter) {
         let mut st = self.lock();
-        let id = match st.inflight.take(reply) {
+        let id = match st.inflight.take(waiter) {
             Ok(id) => id,
-            Err(reply) => {
-                let _ = reply.send(Reply::Other);
-                return false;
+            Err(waiter) => {
+                drop(st);
+                waiter.answer(Reply::Other);
+                return;
             }
         };
         let tpl = if op.kind == OpKind::Write {
@@ -647,8 +726,14 @@ impl Conn {
             &self.read
         };
         tpl.encode(&mut st.out, id, op);
-        if st.flushing {
-            return false; // whoever is writing takes this frame along
+    }
+
+    /// Takes the duty to write `out`: true if there is something to write and nobody is
+    /// writing already (the one writing takes new frames along).
+    fn claim_flush(&self) -> bool {
+        let mut st = self.lock();
+        if st.flushing || st.out.is_empty() {
+            return false;
         }
         st.flushing = true;
         true
@@ -681,15 +766,20 @@ impl Conn {
                         return;
                     }
                     _ => {
-                        let mut st = self.lock();
-                        st.inflight.close();
-                        st.out.clear();
-                        st.flushing = false;
+                        self.fail();
                         return;
                     }
                 }
             }
         }
+    }
+
+    /// The connection broke: fails everything in flight and every later request.
+    fn fail(&self) {
+        let mut st = self.lock();
+        st.inflight.close();
+        st.out.clear();
+        st.flushing = false;
     }
 }
 
@@ -707,10 +797,7 @@ async fn unstall(conn: Arc<Conn>) {
     loop {
         conn.stalled.notified().await;
         if conn.wr.writable().await.is_err() {
-            let mut st = conn.lock();
-            st.inflight.close();
-            st.out.clear();
-            st.flushing = false;
+            conn.fail();
             return;
         }
         conn.flush();
@@ -741,7 +828,23 @@ async fn reader(mut rd: OwnedReadHalf, conn: Arc<Conn>, rate_limit_opt_in: bool)
             buf.advance(end);
         }
     }
-    conn.lock().inflight.close();
+    conn.fail();
+}
+
+/// How often each connection's runner requests are checked against their client timeout.
+const EXPIRY_SWEEP: Duration = Duration::from_millis(2);
+
+/// Times out the runner requests of every connection whose answer is overdue.
+async fn sweep_expiries(conns: Vec<Arc<Conn>>) {
+    let mut tick = tokio::time::interval(EXPIRY_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        for c in &conns {
+            c.lock().inflight.expire(now);
+        }
+    }
 }
 
 // ------------------------------------------------------------------ the target
@@ -898,6 +1001,8 @@ impl RawTarget {
             tasks.push(tokio::spawn(reader(rd, conn.clone(), opt_in)).abort_handle());
             shards[c.meant as usize].conns.push(conn);
         }
+        let all: Vec<Arc<Conn>> = shards.iter().flat_map(|s| s.conns.clone()).collect();
+        tasks.push(tokio::spawn(sweep_expiries(all)).abort_handle());
         let target = Self {
             shards,
             nr_shards: nr,
@@ -989,8 +1094,9 @@ impl Drop for RawTarget {
     }
 }
 
-impl Target for RawTarget {
-    async fn execute(&self, op: Op) -> Reply {
+impl RawTarget {
+    /// The connection that carries `op`: one of its partition's shard, in turn; counts it.
+    fn conn_for(&self, op: &Op) -> &Conn {
         let shard = self.shard_of(op.pk);
         self.routed[shard].fetch_add(1, Ordering::Relaxed);
         let s = &self.shards[shard];
@@ -998,8 +1104,14 @@ impl Target for RawTarget {
             1 => 0,
             n => s.next.fetch_add(1, Ordering::Relaxed) % n,
         };
+        &s.conns[i]
+    }
+}
+
+impl Target for RawTarget {
+    async fn execute(&self, op: Op) -> Reply {
         let (tx, rx) = oneshot::channel();
-        s.conns[i].send(&op, tx).await;
+        self.conn_for(&op).send(&op, tx).await;
         // A dropped sender means the connection's tasks ended.
         rx.await.unwrap_or(Reply::Other)
     }
@@ -1007,11 +1119,28 @@ impl Target for RawTarget {
     fn attempts(&self) -> Option<u64> {
         Some(self.routed.iter().map(|c| c.load(Ordering::Relaxed)).sum())
     }
+
+    /// Queues the request on its shard's connection with the ticket in its stream-id slot:
+    /// no task, no channel and no timer per request (the reader completes the ticket, the
+    /// expiry sweep times it out).
+    fn submit(self: &Arc<Self>, op: Op, ticket: Ticket) {
+        self.conn_for(&op).queue(&op, Waiter::Ticket(ticket));
+    }
+
+    fn flush(&self) {
+        for c in self.shards.iter().flat_map(|s| &s.conns) {
+            if c.claim_flush() {
+                c.flush();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::{RunConfig, StepSink};
+    use crate::stats::Recorder;
     use cassandra_protocol::compression::Compression;
     use cassandra_protocol::consistency::Consistency;
     use cassandra_protocol::frame::message_error::{
@@ -1308,15 +1437,16 @@ mod tests {
     #[test]
     fn stream_ids_are_lent_and_returned() {
         let mut t = InFlight::new();
+        let caller = |tx| Waiter::Caller(tx);
         let mut rxs = Vec::new();
         for want in 1..=MAX_STREAM {
             let (tx, rx) = oneshot::channel();
-            assert_eq!(t.take(tx).ok(), Some(want));
+            assert_eq!(t.take(caller(tx)).ok(), Some(want));
             rxs.push(rx);
         }
-        // No id left: the sender comes back.
+        // No id left: the waiter comes back.
         let (tx, _rx) = oneshot::channel();
-        assert!(t.take(tx).is_err());
+        assert!(t.take(caller(tx)).is_err());
         t.complete(5, Reply::Overloaded);
         assert_eq!(rxs[4].try_recv(), Ok(Reply::Overloaded));
         // An answer whose waiter gave up frees its id all the same.
@@ -1326,13 +1456,95 @@ mod tests {
         t.complete(-1, Reply::Ok); // an event is not a request
         let (a, _ra) = oneshot::channel();
         let (b, _rb) = oneshot::channel();
-        let mut got = [t.take(a).expect("free id"), t.take(b).expect("free id")];
+        let mut got = [
+            t.take(caller(a)).expect("free id"),
+            t.take(caller(b)).expect("free id"),
+        ];
         got.sort_unstable();
         assert_eq!(got, [5, MAX_STREAM]);
         t.close();
         assert_eq!(rxs[0].try_recv(), Ok(Reply::Other));
         let (c, _rc) = oneshot::channel();
-        assert!(t.take(c).is_err(), "a closed connection lends no id");
+        assert!(
+            t.take(caller(c)).is_err(),
+            "a closed connection lends no id"
+        );
+    }
+
+    /// A step's sink with a 10 ms client timeout and a 5 ms deadline, one class.
+    fn sink() -> Arc<StepSink> {
+        let cfg = RunConfig {
+            arrival: crate::schedule::Arrival::Constant,
+            deadline: Duration::from_millis(5),
+            client_timeout: Duration::from_millis(10),
+            lag_tolerance: Duration::from_millis(2),
+            max_in_flight: 100,
+            seed: 1,
+            progress: false,
+        };
+        Arc::new(StepSink::new(Recorder::new(1, Instant::now(), 0), &cfg))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runner_requests_are_answered_or_timed_out_by_the_sweep() {
+        let sink = sink();
+        let mut t = InFlight::new();
+        let t0 = Instant::now();
+        let ticket = || {
+            assert!(sink.try_begin());
+            Waiter::Ticket(sink.ticket(t0, 0))
+        };
+        let ids: Vec<i16> = (0..4).map(|_| t.take(ticket()).expect("id")).collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        t.complete(2, Reply::Ok); // on time: goodput
+        tokio::time::advance(Duration::from_millis(7)).await;
+        t.complete(4, Reply::Overloaded);
+        t.expire(Instant::now());
+        assert_eq!(sink.in_flight(), 2, "not expired yet");
+        tokio::time::advance(Duration::from_millis(4)).await;
+        t.expire(Instant::now());
+        assert_eq!(sink.in_flight(), 0);
+        assert!(t.expiries.is_empty(), "every entry ended and was swept");
+        // The timed-out ids 1 and 3 stay taken until the server answers them: the next
+        // requests get the answered 4 and 2, then a new id.
+        let ids: Vec<i16> = (0..3)
+            .map(|_| t.take(Waiter::Caller(oneshot::channel().0)).expect("id"))
+            .collect();
+        assert_eq!(ids, [4, 2, 5]);
+        t.complete(1, Reply::Ok);
+        assert_eq!(t.free.last(), Some(&1), "a late answer frees the id");
+        // It is not counted again: the request was already recorded as a client timeout.
+        let (_, totals) = sink.finish(Instant::now());
+        let c = totals[0].counts;
+        assert_eq!(
+            (c.ok, c.overloaded, c.client_timeout, c.completed()),
+            (1, 1, 2, 4),
+            "{c:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_connection_fails_its_runner_requests_once() {
+        let sink = sink();
+        let mut t = InFlight::new();
+        for _ in 0..3 {
+            assert!(sink.try_begin());
+            t.take(Waiter::Ticket(sink.ticket(Instant::now(), 0)))
+                .expect("id");
+        }
+        t.close();
+        t.expire(Instant::now() + Duration::from_secs(1));
+        assert!(sink.try_begin());
+        let refused = t
+            .take(Waiter::Ticket(sink.ticket(Instant::now(), 0)))
+            .expect_err("closed");
+        refused.answer(Reply::Other);
+        assert_eq!(sink.in_flight(), 0);
+        let (_, totals) = sink.finish(Instant::now());
+        assert_eq!(
+            (totals[0].counts.other, totals[0].counts.completed()),
+            (4, 4)
+        );
     }
 
     #[test]
@@ -1415,7 +1627,8 @@ mod tests {
             } else {
                 OpKind::Read
             };
-            if conn.queue(&Op { kind, pk, ck: 0 }, reply) {
+            conn.queue(&Op { kind, pk, ck: 0 }, Waiter::Caller(reply));
+            if conn.claim_flush() {
                 conn.flush();
             }
             rx

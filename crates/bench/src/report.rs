@@ -20,6 +20,9 @@ pub struct Settings {
     pub lag_tolerance_ms: f64,
     /// Connections per host.
     pub connections: usize,
+    /// Threads of the generator's runtime (0 in runs recorded before it was recorded).
+    #[serde(default)]
+    pub generator_threads: usize,
     /// Retry policy name.
     pub retry_policy: String,
     /// Seconds per step.
@@ -716,7 +719,7 @@ fn html_run_header(r: &RunReport) -> String {
     let s = &r.settings;
     let _ = write!(
         o,
-        "<h2>{} &mdash; {}</h2><p>target <code>{}</code>; arrivals {}; deadline {} ms; client timeout {} ms; {} connection(s)/host; retry policy {}; {} s per step{}</p>",
+        "<h2>{} &mdash; {}</h2><p>target <code>{}</code>; arrivals {}; deadline {} ms; client timeout {} ms; {} connection(s)/host; generator threads {}; retry policy {}; {} s per step{}</p>",
         esc(&r.label),
         esc(&r.scenario),
         esc(&r.target),
@@ -724,6 +727,7 @@ fn html_run_header(r: &RunReport) -> String {
         s.deadline_ms,
         s.client_timeout_ms,
         s.connections,
+        s.generator_threads,
         esc(&s.retry_policy),
         s.step_secs,
         r.capacity

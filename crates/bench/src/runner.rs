@@ -6,8 +6,8 @@ use crate::target::{KeyDist, OpGen, Outcome, Reply, Target};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::Semaphore;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, Instant};
 
 /// How far past the end of its step a lagging generator keeps issuing.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
@@ -60,6 +60,130 @@ fn lock(m: &Mutex<Recorder>) -> MutexGuard<'_, Recorder> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Where the completions of one step go: its recorder, and the count of requests in flight
+/// that the end of the step waits for.
+#[derive(Debug)]
+pub struct StepSink {
+    rec: Mutex<Recorder>,
+    deadline: Duration,
+    client_timeout: Duration,
+    in_flight: AtomicUsize,
+    max_in_flight: usize,
+    /// Woken when the last request in flight completes.
+    drained: Notify,
+}
+
+impl StepSink {
+    /// A sink recording into `rec` under `cfg`'s deadline, timeout and in-flight cap.
+    pub(crate) fn new(rec: Recorder, cfg: &RunConfig) -> Self {
+        Self {
+            rec: Mutex::new(rec),
+            deadline: cfg.deadline,
+            client_timeout: cfg.client_timeout,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: cfg.max_in_flight.max(1),
+            drained: Notify::new(),
+        }
+    }
+
+    /// The ticket of a request of `class` meant to go out at `intended`, counted in flight
+    /// (whether or not the cap allows it; the runner asks [`try_begin`](Self::try_begin)).
+    pub(crate) fn ticket(self: &Arc<Self>, intended: Instant, class: usize) -> Ticket {
+        Ticket {
+            sink: self.clone(),
+            intended,
+            class,
+            done: false,
+        }
+    }
+
+    /// Closes the accounting at `now`: every per-second row and the totals of each class.
+    pub(crate) fn finish(&self, now: Instant) -> (Vec<SecondRow>, Vec<ClassTotals>) {
+        let mut rec = lock(&self.rec);
+        let start = rec.start();
+        std::mem::replace(&mut *rec, Recorder::new(0, start, 0)).finish(now)
+    }
+
+    /// Requests in flight.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Counts one more request in flight, unless the cap is reached.
+    pub(crate) fn try_begin(&self) -> bool {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_in_flight).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Waits until every request begun so far has completed.
+    async fn drain(&self) {
+        loop {
+            let woken = self.drained.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so a completion in between still wakes us.
+            woken.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// One request in flight: what its answer is recorded against. A target completes it exactly
+/// once; one dropped unanswered (its connection went away) counts as [`Reply::Other`].
+#[derive(Debug)]
+pub struct Ticket {
+    sink: Arc<StepSink>,
+    intended: Instant,
+    class: usize,
+    done: bool,
+}
+
+impl Ticket {
+    /// The intended send time, from which latency is measured.
+    pub fn intended(&self) -> Instant {
+        self.intended
+    }
+
+    /// When the client stops waiting for the answer.
+    pub fn expires(&self) -> Instant {
+        self.intended + self.sink.client_timeout
+    }
+
+    /// How long the client waits for an answer.
+    pub fn client_timeout(&self) -> Duration {
+        self.sink.client_timeout
+    }
+
+    /// Records how the request ended, now.
+    pub fn complete(mut self, reply: Reply) {
+        self.finish(reply);
+    }
+
+    fn finish(&mut self, reply: Reply) {
+        self.done = true;
+        let done = Instant::now();
+        let latency = done.saturating_duration_since(self.intended);
+        let outcome = Outcome::classify(reply, latency, self.sink.deadline);
+        lock(&self.sink.rec).on_done(done, self.class, outcome, latency);
+        if self.sink.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.sink.drained.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish(Reply::Other);
+        }
+    }
+}
+
 /// Formats one progress line (elapsed, offered, goodput, rejections, lag, p99 of class 0).
 pub fn progress_line(row: &SecondRow) -> String {
     let c = row.total();
@@ -84,6 +208,8 @@ pub fn progress_line(row: &SecondRow) -> String {
 ///
 /// Latency is measured from each request's intended send time, so a stalled server or a
 /// stalled generator shows up in the latency of every request scheduled during the stall.
+/// Requests go to the target through [`Target::submit`], and [`Target::flush`] follows every
+/// burst of arrivals that were due together.
 pub async fn run_step<T: Target>(
     target: &Arc<T>,
     streams: &[StreamSpec],
@@ -92,20 +218,21 @@ pub async fn run_step<T: Target>(
     t_offset: u64,
 ) -> StepRun {
     let start = Instant::now();
-    let rec = Arc::new(Mutex::new(Recorder::new(streams.len(), start, t_offset)));
-    let max = cfg.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
-    let sem = Arc::new(Semaphore::new(max));
+    let sink = Arc::new(StepSink::new(
+        Recorder::new(streams.len(), start, t_offset),
+        cfg,
+    ));
     let attempts_before = target.attempts();
 
     let printed = Arc::new(AtomicUsize::new(0));
     let ticker = cfg.progress.then(|| {
-        let (rec, printed) = (rec.clone(), printed.clone());
+        let (sink, printed) = (sink.clone(), printed.clone());
         tokio::spawn(async move {
             let mut next = start + Duration::from_secs(1);
             loop {
                 sleep_until(next).await;
                 next += Duration::from_secs(1);
-                let mut r = lock(&rec);
+                let mut r = lock(&sink.rec);
                 r.roll(Instant::now());
                 for row in r.rows().iter().skip(printed.load(Ordering::Relaxed)) {
                     eprintln!("{}", progress_line(row));
@@ -125,7 +252,7 @@ pub async fn run_step<T: Target>(
             spec.rows,
             seed.wrapping_mul(31),
         );
-        let (target, rec, sem, cfg) = (target.clone(), rec.clone(), sem.clone(), cfg.clone());
+        let (target, sink, lag_tolerance) = (target.clone(), sink.clone(), cfg.lag_tolerance);
         dispatchers.push(tokio::spawn(async move {
             let mut burst = 0u32;
             // A generator that falls this far behind gives up on the rest of the step and
@@ -136,41 +263,33 @@ pub async fn run_step<T: Target>(
                 let intended = start + offset;
                 if burst > 0 && burst.is_multiple_of(64) && Instant::now() > give_up {
                     let rest = 1 + sched.by_ref().count() as u64;
-                    lock(&rec).on_unsent(Instant::now(), class, rest);
+                    lock(&sink.rec).on_unsent(Instant::now(), class, rest);
                     break;
                 }
                 if Instant::now() < intended {
+                    // The burst that was due is complete: send it before sleeping.
                     burst = 0;
+                    target.flush();
                     sleep_until(intended).await;
                 } else {
-                    // Behind schedule: yield now and then so that completions (and, on a
-                    // single-threaded runtime, the requests themselves) still make progress.
+                    // Behind schedule: send and yield now and then so that completions (and,
+                    // on a single-threaded runtime, the requests themselves) make progress.
                     burst += 1;
                     if burst.is_multiple_of(64) {
+                        target.flush();
                         tokio::task::yield_now().await;
                     }
                 }
                 let now = Instant::now();
-                let lagged = now.saturating_duration_since(intended) > cfg.lag_tolerance;
+                let lagged = now.saturating_duration_since(intended) > lag_tolerance;
                 let op = gen.next_op();
-                let Ok(permit) = sem.clone().try_acquire_owned() else {
-                    lock(&rec).on_issue(now, class, lagged, false);
-                    continue;
-                };
-                lock(&rec).on_issue(now, class, lagged, true);
-                let (target, rec) = (target.clone(), rec.clone());
-                let (deadline, client_timeout) = (cfg.deadline, cfg.client_timeout);
-                tokio::spawn(async move {
-                    let reply = timeout(client_timeout, target.execute(op))
-                        .await
-                        .unwrap_or(Reply::ClientTimeout);
-                    let done = Instant::now();
-                    let latency = done.saturating_duration_since(intended);
-                    let outcome = Outcome::classify(reply, latency, deadline);
-                    lock(&rec).on_done(done, class, outcome, latency);
-                    drop(permit);
-                });
+                let sent = sink.try_begin();
+                lock(&sink.rec).on_issue(now, class, lagged, sent);
+                if sent {
+                    target.submit(op, sink.ticket(intended, class));
+                }
             }
+            target.flush();
         }));
     }
     for d in dispatchers {
@@ -181,9 +300,7 @@ pub async fn run_step<T: Target>(
             }
         }
     }
-    // Every in-flight request holds a permit; taking them all waits for the last straggler.
-    let all = u32::try_from(max).unwrap_or(u32::MAX);
-    let _all = sem.acquire_many(all).await;
+    sink.drain().await;
     if let Some(t) = ticker {
         t.abort();
     }
@@ -192,8 +309,7 @@ pub async fn run_step<T: Target>(
         _ => None,
     };
     // The aborted ticker may still hold a clone of the Arc for a moment: take the state out.
-    let rec = std::mem::replace(&mut *lock(&rec), Recorder::new(0, start, t_offset));
-    let (seconds, totals) = rec.finish(Instant::now());
+    let (seconds, totals) = sink.finish(Instant::now());
     if cfg.progress {
         for row in seconds.iter().skip(printed.load(Ordering::Relaxed)) {
             eprintln!("{}", progress_line(row));

@@ -208,6 +208,11 @@ impl Recorder {
         }
     }
 
+    /// The instant of second 0.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Closes every second that ended before `now`.
     pub fn roll(&mut self, now: Instant) {
         let sec = now.saturating_duration_since(self.start).as_secs();

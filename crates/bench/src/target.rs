@@ -1,5 +1,6 @@
 //! What the generator drives: operations, replies, outcome classes and the `Target` trait.
 
+use crate::runner::Ticket;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -166,6 +167,28 @@ pub trait Target: Send + Sync + 'static {
     fn attempts(&self) -> Option<u64> {
         None
     }
+
+    /// Sends `op` without waiting and completes `ticket` with its answer. By default a task
+    /// of its own runs [`execute`](Target::execute) under the ticket's client timeout; a
+    /// pipelined target queues the request instead, and sends it at the next [`flush`].
+    ///
+    /// [`flush`]: Target::flush
+    fn submit(self: &Arc<Self>, op: Op, ticket: Ticket)
+    where
+        Self: Sized,
+    {
+        let target = Arc::clone(self);
+        tokio::spawn(async move {
+            let reply = tokio::time::timeout(ticket.client_timeout(), target.execute(op))
+                .await
+                .unwrap_or(Reply::ClientTimeout);
+            ticket.complete(reply);
+        });
+    }
+
+    /// Sends whatever [`submit`](Target::submit) queued; the runner calls it after each burst
+    /// of arrivals that were due together. Nothing is queued by default.
+    fn flush(&self) {}
 }
 
 /// Writes `rows` rows in each of `pks` through any target, 128 at a time (closed loop: setup

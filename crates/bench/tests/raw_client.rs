@@ -1,14 +1,17 @@
 //! The raw client against the real `sluice` binary (2 shards, loopback, temporary data dir):
 //! every write and read succeeds, every connection sits on the shard it was opened for, and
 //! every EXECUTE reaches the shard that owns its partition (the server's own per-shard
-//! counters agree, and it forwarded nothing).
+//! counters agree, and it forwarded nothing). The runner's own path through the client
+//! (queued tickets, one flush per burst) accounts for every request of a short step.
 //!
 //! The binary is `$SLUICE_BIN`, else `sluice` beside this test's target directory (build it
 //! first with `cargo build -p sluice`, as scripts/test.sh does).
 
 use sluice_bench::driver::{Connection, DriverOptions, RetryMode, KEYSPACE};
 use sluice_bench::raw::RawTarget;
-use sluice_bench::target::{populate, Op, OpKind, Reply, Target};
+use sluice_bench::runner::{run_step, RunConfig, StreamSpec};
+use sluice_bench::schedule::Arrival;
+use sluice_bench::target::{populate, KeyDist, Op, OpKind, Reply, Target};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -268,6 +271,31 @@ async fn exercise(shard_aware: bool) {
         .iter()
         .enumerate()
         .all(|(i, (ck, v))| *ck == i as i32 && v.len() == sluice_bench::driver::VALUE_LEN));
+
+    // One second of the runner at 2,000 requests/s, half reads, half writes: every request
+    // goes out once and comes back a success (generous limits: this is not a speed test).
+    let cfg = RunConfig {
+        arrival: Arrival::Constant,
+        deadline: Duration::from_secs(10),
+        client_timeout: Duration::from_secs(10),
+        lag_tolerance: Duration::from_secs(10),
+        max_in_flight: 100_000,
+        seed: 1,
+        progress: false,
+    };
+    let stream = StreamSpec {
+        rate: 2000.0,
+        read_fraction: 0.5,
+        keys: KeyDist::Uniform {
+            partitions: PARTITIONS as u64,
+        },
+        rows: ROWS,
+    };
+    let run = run_step(&target, &[stream], Duration::from_secs(1), &cfg, 0).await;
+    let c = run.totals[0].counts;
+    assert_eq!((c.offered, c.sent, c.ok), (2000, 2000, 2000), "{c:?}");
+    assert_eq!(c.completed(), 2000, "{c:?}");
+    assert_eq!(run.attempts, Some(2000));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

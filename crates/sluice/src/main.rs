@@ -42,7 +42,11 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Serve(args) => report(serve(*args)),
-        Command::Bench(args) => report(run_tool(sluice_bench::run_bench(*args))),
+        Command::Bench(args) => report(
+            args.runtime()
+                .context("starting the generator's runtime")
+                .and_then(|rt| rt.block_on(sluice_bench::run_bench(*args))),
+        ),
         Command::Demo(args) => report(
             std::env::current_exe()
                 .context("locating the sluice executable")
@@ -63,7 +67,7 @@ fn report(result: Result<()>) -> i32 {
     }
 }
 
-/// Runs a client-side tool (bench, demo) on a multi-threaded runtime of its own.
+/// Runs a client-side tool (the demo) on a multi-threaded runtime of its own.
 fn run_tool(fut: impl std::future::Future<Output = Result<()>>) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -28,14 +28,11 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
-        match cli.cmd {
-            Cmd::Bench(args) => sluice_bench::run_bench(*args).await,
-            Cmd::Demo { args, sluice_exe } => sluice_bench::run_demo(args, &sluice_exe).await,
-        }
-    })
+    match Cli::parse().cmd {
+        Cmd::Bench(args) => args.runtime()?.block_on(sluice_bench::run_bench(*args)),
+        Cmd::Demo { args, sluice_exe } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(sluice_bench::run_demo(args, &sluice_exe)),
+    }
 }
