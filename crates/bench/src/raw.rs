@@ -1490,10 +1490,7 @@ mod tests {
         let sink = sink();
         let mut t = InFlight::new();
         let t0 = Instant::now();
-        let ticket = || {
-            assert!(sink.try_begin());
-            Waiter::Ticket(sink.ticket(t0, 0))
-        };
+        let ticket = || Waiter::Ticket(sink.begin(t0, 0).expect("below the cap"));
         let ids: Vec<i16> = (0..4).map(|_| t.take(ticket()).expect("id")).collect();
         assert_eq!(ids, [1, 2, 3, 4]);
         t.complete(2, Reply::Ok); // on time: goodput
@@ -1528,16 +1525,13 @@ mod tests {
         let sink = sink();
         let mut t = InFlight::new();
         for _ in 0..3 {
-            assert!(sink.try_begin());
-            t.take(Waiter::Ticket(sink.ticket(Instant::now(), 0)))
-                .expect("id");
+            let ticket = sink.begin(Instant::now(), 0).expect("below the cap");
+            t.take(Waiter::Ticket(ticket)).expect("id");
         }
         t.close();
         t.expire(Instant::now() + Duration::from_secs(1));
-        assert!(sink.try_begin());
-        let refused = t
-            .take(Waiter::Ticket(sink.ticket(Instant::now(), 0)))
-            .expect_err("closed");
+        let ticket = sink.begin(Instant::now(), 0).expect("below the cap");
+        let refused = t.take(Waiter::Ticket(ticket)).expect_err("closed");
         refused.answer(Reply::Other);
         assert_eq!(sink.in_flight(), 0);
         let (_, totals) = sink.finish(Instant::now());

@@ -86,15 +86,20 @@ impl StepSink {
         }
     }
 
-    /// The ticket of a request of `class` meant to go out at `intended`, counted in flight
-    /// (whether or not the cap allows it; the runner asks [`try_begin`](Self::try_begin)).
-    pub(crate) fn ticket(self: &Arc<Self>, intended: Instant, class: usize) -> Ticket {
-        Ticket {
+    /// Counts a request of `class` meant to go out at `intended` in flight and returns its
+    /// ticket, or None when the in-flight cap is reached (the request is not sent).
+    pub(crate) fn begin(self: &Arc<Self>, intended: Instant, class: usize) -> Option<Ticket> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_in_flight).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Ticket {
             sink: self.clone(),
             intended,
             class,
             done: false,
-        }
+        })
     }
 
     /// Closes the accounting at `now`: every per-second row and the totals of each class.
@@ -107,15 +112,6 @@ impl StepSink {
     /// Requests in flight.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
-    }
-
-    /// Counts one more request in flight, unless the cap is reached.
-    pub(crate) fn try_begin(&self) -> bool {
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_in_flight).then_some(n + 1)
-            })
-            .is_ok()
     }
 
     /// Waits until every request begun so far has completed.
@@ -144,11 +140,6 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The intended send time, from which latency is measured.
-    pub fn intended(&self) -> Instant {
-        self.intended
-    }
-
     /// When the client stops waiting for the answer.
     pub fn expires(&self) -> Instant {
         self.intended + self.sink.client_timeout
@@ -266,11 +257,13 @@ pub async fn run_step<T: Target>(
                     lock(&sink.rec).on_unsent(Instant::now(), class, rest);
                     break;
                 }
-                if Instant::now() < intended {
+                let mut now = Instant::now();
+                if now < intended {
                     // The burst that was due is complete: send it before sleeping.
                     burst = 0;
                     target.flush();
                     sleep_until(intended).await;
+                    now = Instant::now();
                 } else {
                     // Behind schedule: send and yield now and then so that completions (and,
                     // on a single-threaded runtime, the requests themselves) make progress.
@@ -278,15 +271,15 @@ pub async fn run_step<T: Target>(
                     if burst.is_multiple_of(64) {
                         target.flush();
                         tokio::task::yield_now().await;
+                        now = Instant::now();
                     }
                 }
-                let now = Instant::now();
                 let lagged = now.saturating_duration_since(intended) > lag_tolerance;
                 let op = gen.next_op();
-                let sent = sink.try_begin();
-                lock(&sink.rec).on_issue(now, class, lagged, sent);
-                if sent {
-                    target.submit(op, sink.ticket(intended, class));
+                let ticket = sink.begin(intended, class);
+                lock(&sink.rec).on_issue(now, class, lagged, ticket.is_some());
+                if let Some(ticket) = ticket {
+                    target.submit(op, ticket);
                 }
             }
             target.flush();
