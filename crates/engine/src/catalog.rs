@@ -9,7 +9,7 @@ use crate::system::{self, SystemTable};
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use sluice_protocol::{DetailedError, ErrorCode};
-use sluice_storage::{ColumnId, Order, TableLayout};
+use sluice_storage::{ColumnId, Order, RegularColumns, TableLayout};
 use sluice_types::CqlType;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -228,6 +228,7 @@ impl TableDef {
             layout: TableLayout {
                 id: *id.as_bytes(),
                 clustering: Vec::new(),
+                regular: None,
             },
         };
         t.reindex();
@@ -242,6 +243,12 @@ impl TableDef {
         self.clustering = (0..self.columns.len())
             .filter(|&i| self.columns[i].kind == ColumnKind::Clustering)
             .collect();
+        let regular = self
+            .columns
+            .iter()
+            .filter(|c| c.kind == ColumnKind::Regular)
+            .map(|c| (c.id, c.ty.is_multi_cell_collection()))
+            .collect();
         self.layout = TableLayout {
             id: *self.id.as_bytes(),
             clustering: self
@@ -249,6 +256,7 @@ impl TableDef {
                 .iter()
                 .map(|&i| (self.columns[i].ty.clone(), self.columns[i].order))
                 .collect(),
+            regular: Some(Arc::new(RegularColumns::new(regular))),
         };
     }
 

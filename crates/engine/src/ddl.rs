@@ -642,6 +642,9 @@ fn alter_table(
             nt.options.clone(),
         )
     };
+    // Writes still planned with the old columns must not replace whole rows from now on:
+    // they cannot know of a column added here (see `RegularColumns`).
+    t.layout.retire_regular_columns();
     let mut next = (*engine.schema()).clone();
     next.tables
         .insert((t.keyspace.clone(), t.name.clone()), Arc::new(rebuilt));

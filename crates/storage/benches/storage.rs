@@ -17,6 +17,7 @@ fn layout() -> TableLayout {
     TableLayout {
         id: [3; 16],
         clustering: vec![(CqlType::Native(NativeType::Bigint), Order::Asc)],
+        regular: None,
     }
 }
 

@@ -7,6 +7,8 @@
 use bytes::Bytes;
 use sluice_types::CqlType;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A table's identity in storage (the table's UUID bytes).
 pub type TableId = [u8; 16];
@@ -30,7 +32,78 @@ pub struct TableLayout {
     pub id: TableId,
     /// Clustering column types and orders, in clustering order.
     pub clustering: Vec<(CqlType, Order)>,
+    /// The table's regular columns, which let a write that sets all of them skip reading the
+    /// row it replaces; `None`: every write merges into the stored row.
+    pub regular: Option<Arc<RegularColumns>>,
 }
+
+impl TableLayout {
+    /// Retires the regular column set, if any (see `RegularColumns::retire`).
+    pub fn retire_regular_columns(&self) {
+        if let Some(regular) = &self.regular {
+            regular.retire();
+        }
+    }
+}
+
+/// A table's regular (non-key, non-static) columns as one version of its schema has them.
+///
+/// A row write that sets every one of them (a multi-cell collection counts as set when the
+/// write deletes it first, as an INSERT does) with timestamps above everything stored in its
+/// partition's lock stripe replaces the stored row entirely, so storage writes it without
+/// reading the old one. The set must be the table's current one: a write planned against an
+/// older schema cannot know of a column added since, whose cells it would erase. So the
+/// schema owner `retire`s a set before a new schema version becomes visible.
+#[derive(Debug)]
+pub struct RegularColumns {
+    columns: Vec<(ColumnId, bool)>,
+    current: AtomicBool,
+}
+
+impl RegularColumns {
+    /// The regular columns by storage id, each with whether it is a multi-cell collection.
+    pub fn new(columns: Vec<(ColumnId, bool)>) -> RegularColumns {
+        RegularColumns {
+            columns,
+            current: AtomicBool::new(true),
+        }
+    }
+
+    /// Marks this set as superseded: later writes planned with it merge as before.
+    pub fn retire(&self) {
+        self.current.store(false, Ordering::Release);
+    }
+
+    /// Whether `row` sets every column of a current set and writes no counter (so that the
+    /// stored row, all older, would be entirely shadowed).
+    pub(crate) fn replaced_by(&self, row: &RowMutation) -> bool {
+        if !self.current.load(Ordering::Acquire) || row.liveness.is_none() {
+            return false;
+        }
+        if row
+            .cells
+            .iter()
+            .any(|c| matches!(c.value, CellValue::CounterDelta(_)))
+        {
+            return false;
+        }
+        self.columns.iter().all(|&(id, multi_cell)| {
+            if multi_cell {
+                row.collection_deletions.iter().any(|&(c, _)| c == id)
+            } else {
+                row.cells.iter().any(|c| c.column == id && c.path.is_none())
+            }
+        })
+    }
+}
+
+impl PartialEq for RegularColumns {
+    fn eq(&self, other: &Self) -> bool {
+        self.columns == other.columns
+    }
+}
+
+impl Eq for RegularColumns {}
 
 /// A row's liveness (Cassandra's primary-key liveness info, written by INSERT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

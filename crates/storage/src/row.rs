@@ -319,7 +319,19 @@ impl StoredRow {
         });
     }
 
-    /// The newest timestamp anywhere in the row (liveness, deletions, cells).
+    /// The oldest timestamp anywhere in the row (liveness, deletions, cells).
+    pub fn min_timestamp(&self) -> i64 {
+        let cells = self.cells.iter().map(|c| c.timestamp);
+        let deletions = self.collection_deletions.iter().map(|&(_, ts)| ts);
+        cells
+            .chain(deletions)
+            .chain(self.liveness.map(|l| l.timestamp))
+            .chain(self.deletion)
+            .min()
+            .unwrap_or(i64::MIN)
+    }
+
+    /// The newest timestamp in the row (cells, deletions, liveness).
     pub fn max_timestamp(&self) -> i64 {
         let cells = self.cells.iter().map(|c| c.timestamp);
         let deletions = self.collection_deletions.iter().map(|&(_, ts)| ts);
@@ -507,6 +519,16 @@ impl StoredRow {
 }
 
 impl PartitionHeader {
+    /// The newest timestamp in the header (deletions, range tombstones, static row).
+    pub fn max_timestamp(&self) -> i64 {
+        let tombstones = self.range_tombstones.iter().map(|t| t.timestamp);
+        tombstones
+            .chain(self.deletion)
+            .chain(self.static_row.as_ref().map(StoredRow::max_timestamp))
+            .max()
+            .unwrap_or(i64::MIN)
+    }
+
     /// Merges incoming header changes into this header.
     pub fn merge(&mut self, incoming: PartitionHeader) {
         self.deletion = max_opt(self.deletion, incoming.deletion);

@@ -7,12 +7,16 @@
 //! batch. The stripes are a fixed array, so memory does not grow with the number of
 //! partitions, and a read-merge-write of one partition is linearizable.
 //!
-//! Durability: fjall writes every batch to its journal and flushes it to the OS (so that it
-//! survives the process being killed) but never fsyncs on the write path. A dedicated sync
-//! thread fsyncs: in `Batch` mode whenever tickets are pending (all writers that arrived
-//! during one fsync share the next one), in `Periodic` mode on a timer. It fsyncs the
-//! journal file through its own handle (`journal_sync`), so writers keep appending while
-//! the fsync runs instead of queueing behind fjall's journal lock.
+//! Durability: `apply` appends each batch to fjall's journal buffer without a system call.
+//! A write is acknowledged only once the buffer holding it is in the OS (so that it survives
+//! the process being killed): in `Periodic` mode the first waiter of an event-loop turn
+//! flushes it after the turn's other writes have been appended (`wait_durable` yields once
+//! first), so one `write(2)` carries the whole turn; in `Batch` mode the sync thread flushes
+//! it before each fsync. Nothing fsyncs on the write path. The sync thread fsyncs: in `Batch`
+//! mode whenever tickets are pending (all writers that arrived during one fsync share the
+//! next one), in `Periodic` mode on a timer. It fsyncs the journal file through its own
+//! handle (`journal_sync`), so writers keep appending while the fsync runs instead of
+//! queueing behind fjall's journal lock.
 //!
 //! Reads take a fjall snapshot (no lock): the partition header (partition deletion, range
 //! tombstones, static row) with a point `get`, then the rows of each clustering range, or a
@@ -85,6 +89,10 @@ struct CommitShared {
     path: std::path::PathBuf,
     /// Last ticket handed out; a ticket is handed out only after its batch is in the journal.
     applied: AtomicU64,
+    /// Every ticket up to this one is in the OS (survives the process, not the machine).
+    in_os: AtomicU64,
+    /// Journal buffer flushes (`write(2)` calls) made for waiting writers, for tests and metrics.
+    buffer_flushes: AtomicU64,
     request: Mutex<SyncRequest>,
     wake: Condvar,
     durable: watch::Sender<DurableState>,
@@ -99,6 +107,14 @@ impl CommitShared {
         self.request.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Moves the journal buffer to the OS; every ticket handed out before it is then there.
+    fn flush_buffer(&self) -> Result<(), StorageError> {
+        let upto = self.applied.load(Ordering::Acquire);
+        self.db.persist(PersistMode::Buffer).map_err(io)?;
+        self.in_os.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Fsyncs the journal if tickets are pending and publishes the new durable point.
     fn sync_pending(&self, syncer: &mut JournalSyncer) {
         #[cfg(test)]
@@ -108,12 +124,16 @@ impl CommitShared {
         if current.failed || upto <= current.upto {
             return;
         }
-        let result = match syncer.sync() {
-            Ok(()) => Ok(()),
-            Err(SideSyncError::Io) => Err(()),
-            Err(SideSyncError::NotFound) => self.db.persist(PersistMode::SyncData).map_err(|e| {
-                tracing::error!(error = ?e, "journal fsync failed");
-            }),
+        // The side fsync covers only what is in the OS: flush the buffer first (`upto` was
+        // read before it, so everything up to `upto` is in it).
+        let result = match self.flush_buffer().map(|()| syncer.sync()) {
+            Ok(Ok(())) => Ok(()),
+            Err(_) | Ok(Err(SideSyncError::Io)) => Err(()),
+            Ok(Err(SideSyncError::NotFound)) => {
+                self.db.persist(PersistMode::SyncData).map_err(|e| {
+                    tracing::error!(error = ?e, "journal fsync failed");
+                })
+            }
         };
         match result {
             Ok(()) => {
@@ -173,7 +193,11 @@ struct Inner {
     db: Database,
     data: Keyspace,
     meta: Keyspace,
-    stripes: Box<[Mutex<()>]>,
+    stripes: Box<[Mutex<Stripe>]>,
+    /// Persisted bound on every stored timestamp (see `TimestampCeiling`).
+    ceiling: TimestampCeiling,
+    /// Rows written without reading the row they replace, for tests and metrics.
+    replaced_rows: AtomicU64,
     commit: Arc<CommitShared>,
     durability: Durability,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
@@ -225,7 +249,35 @@ fn io(e: fjall::Error) -> StorageError {
 /// One entry of an `apply`, keyed by its fjall key.
 enum Pending {
     Header(PartitionHeader),
-    Row(StoredRow),
+    Row {
+        row: StoredRow,
+        /// Its lowest timestamp when the write sets every regular column of the table
+        /// (`RegularColumns::replaced_by`): above the stripe's newest, it needs no read.
+        replaces_from: Option<i64>,
+        stripe: usize,
+    },
+}
+
+/// What one partition lock stripe guards besides the partitions themselves.
+struct Stripe {
+    /// No stored row of a partition in this stripe has a timestamp above this one.
+    newest: i64,
+}
+
+/// Meta key of the persisted timestamp ceiling.
+const CEILING_KEY: &[u8] = b"storage/timestamp-ceiling";
+
+/// How far above a write's timestamp the persisted ceiling is moved, so that it is
+/// rewritten about once per this many microseconds of server time, not per write.
+const CEILING_HEADROOM_MICROS: i64 = 10_000_000;
+
+/// A bound on every timestamp ever stored, kept in the meta keyspace and moved up in the
+/// same journal batch as the write that passes it, so that after a restart it still bounds
+/// whatever the journal recovered. It seeds every stripe's `newest` at open.
+struct TimestampCeiling {
+    value: std::sync::atomic::AtomicI64,
+    /// Held across the commit of a batch that moves the ceiling: moves land in order.
+    moving: Mutex<()>,
 }
 
 impl Storage {
@@ -256,6 +308,8 @@ impl Storage {
             db: db.clone(),
             path: config.path.clone(),
             applied: AtomicU64::new(0),
+            in_os: AtomicU64::new(0),
+            buffer_flushes: AtomicU64::new(0),
             request: Mutex::new(SyncRequest::default()),
             wake: Condvar::new(),
             durable,
@@ -280,13 +334,21 @@ impl Storage {
         );
         let reaper = MemtableReaper::start(data.clone())
             .map_err(|_| StorageError::Io("cannot start the memtable reaper thread"))?;
-        let stripes = (0..STRIPES).map(|_| Mutex::new(())).collect();
+        let ceiling = load_timestamp_ceiling(&data, &meta)?;
+        let stripes = (0..STRIPES)
+            .map(|_| Mutex::new(Stripe { newest: ceiling }))
+            .collect();
         Ok(Storage {
             inner: Arc::new(Inner {
                 db,
                 data,
                 meta,
                 stripes,
+                ceiling: TimestampCeiling {
+                    value: std::sync::atomic::AtomicI64::new(ceiling),
+                    moving: Mutex::new(()),
+                },
+                replaced_rows: AtomicU64::new(0),
                 commit,
                 durability,
                 sync_thread: Mutex::new(Some(handle)),
@@ -328,7 +390,8 @@ impl Storage {
             if prefix.len() + 1 > MAX_KEY_LEN {
                 return Err(StorageError::TooLarge("partition key too large"));
             }
-            stripes.push(Self::stripe_of(&m.table, m.token));
+            let stripe = Self::stripe_of(&m.table, m.token);
+            stripes.push(stripe);
             let mut header = PartitionHeader {
                 deletion: m.partition_deletion,
                 ..Default::default()
@@ -372,10 +435,30 @@ impl Storage {
                     return Err(StorageError::TooLarge("clustering key too large"));
                 }
                 let row = StoredRow::from_mutation(r);
+                let replaces_from = layout
+                    .regular
+                    .as_ref()
+                    .filter(|regular| regular.replaced_by(r))
+                    .map(|_| row.min_timestamp());
                 match entries.get_mut(&key) {
-                    Some(Pending::Row(existing)) => existing.merge(row),
+                    Some(Pending::Row {
+                        row: existing,
+                        replaces_from,
+                        ..
+                    }) => {
+                        existing.merge(row);
+                        // Two writes of one row in a batch: merge as usual.
+                        *replaces_from = None;
+                    }
                     _ => {
-                        entries.insert(key, Pending::Row(row));
+                        entries.insert(
+                            key,
+                            Pending::Row {
+                                row,
+                                replaces_from,
+                                stripe,
+                            },
+                        );
                     }
                 }
             }
@@ -400,13 +483,23 @@ impl Storage {
                 self.inner.commit.applied.load(Ordering::Acquire),
             ));
         }
-        let mut batch = self.inner.db.batch();
+        // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
+        let mut batch = self.inner.db.batch().durability(None);
         let mut buf = Vec::new();
         // Partitions that got a new deletion, to purge the rows it shadows afterwards.
         let mut purges: Vec<(Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
+        let mut replaced = 0u64;
+        let newest_written = entries
+            .values()
+            .map(|p| match p {
+                Pending::Header(h) => h.max_timestamp(),
+                Pending::Row { row, .. } => row.max_timestamp(),
+            })
+            .max()
+            .unwrap_or(i64::MIN);
         {
             // Stripes are taken in ascending order: two batches cannot deadlock.
-            let _guards: Vec<MutexGuard<'_, ()>> = stripes
+            let mut guards: Vec<MutexGuard<'_, Stripe>> = stripes
                 .iter()
                 .map(|&i| {
                     self.inner.stripes[i]
@@ -415,8 +508,26 @@ impl Storage {
                 })
                 .collect();
             for (key, pending) in entries {
-                let existing = self.inner.data.get(&key).map_err(io)?;
                 buf.clear();
+                if let Pending::Row {
+                    row,
+                    replaces_from: Some(oldest),
+                    stripe,
+                } = &pending
+                {
+                    let newest_stored = stripes
+                        .binary_search(stripe)
+                        .map_or(i64::MAX, |at| guards[at].newest);
+                    if *oldest > newest_stored {
+                        // Everything stored under this key is older than every cell of a
+                        // write that sets the whole row: the merge would return `row`.
+                        row.encode(&mut buf)?;
+                        batch.insert(&self.inner.data, key, buf.as_slice());
+                        replaced += 1;
+                        continue;
+                    }
+                }
+                let existing = self.inner.data.get(&key).map_err(io)?;
                 match pending {
                     Pending::Header(incoming) => {
                         let mut header = match existing {
@@ -445,7 +556,7 @@ impl Storage {
                         }
                         header.encode(&mut buf)?;
                     }
-                    Pending::Row(incoming) => {
+                    Pending::Row { row: incoming, .. } => {
                         let row = match existing {
                             Some(v) => {
                                 let mut row = StoredRow::decode_value(&v)?;
@@ -459,7 +570,15 @@ impl Storage {
                 }
                 batch.insert(&self.inner.data, key, buf.as_slice());
             }
-            batch.commit().map_err(io)?;
+            self.commit_with_ceiling(batch, newest_written)?;
+            for guard in &mut guards {
+                guard.newest = guard.newest.max(newest_written);
+            }
+        }
+        if replaced > 0 {
+            self.inner
+                .replaced_rows
+                .fetch_add(replaced, Ordering::Relaxed);
         }
         // The ticket is handed out after the batch is in the journal, so an fsync that
         // starts after reading `applied >= t` covers ticket t.
@@ -474,6 +593,29 @@ impl Storage {
             }
         }
         Ok(CommitTicket(ticket))
+    }
+
+    /// Commits `batch`; when it stores a timestamp above the persisted ceiling, the batch
+    /// also moves the ceiling (atomically with the data, in order with other moves).
+    fn commit_with_ceiling(
+        &self,
+        mut batch: fjall::OwnedWriteBatch,
+        newest_written: i64,
+    ) -> Result<(), StorageError> {
+        let ceiling = &self.inner.ceiling;
+        if newest_written <= ceiling.value.load(Ordering::Acquire) {
+            return batch.commit().map_err(io);
+        }
+        let _moving = ceiling.moving.lock().unwrap_or_else(|e| e.into_inner());
+        let current = ceiling.value.load(Ordering::Acquire);
+        if newest_written <= current {
+            return batch.commit().map_err(io);
+        }
+        let next = newest_written.saturating_add(CEILING_HEADROOM_MICROS);
+        batch.insert(&self.inner.meta, CEILING_KEY, next.to_be_bytes());
+        batch.commit().map_err(io)?;
+        ceiling.value.store(next, Ordering::Release);
+        Ok(())
     }
 
     /// Physically removes the rows of a partition that its header's deletions shadow
@@ -539,10 +681,11 @@ impl Storage {
         Ok(())
     }
 
-    /// Resolves once the ticket's write is durable (Batch: after the group fsync; Periodic: at once).
+    /// Resolves once the ticket's write is durable: in Batch mode after the group fsync; in
+    /// Periodic mode once it is in the OS (the next timed fsync makes it durable).
     pub async fn wait_durable(&self, ticket: CommitTicket) -> Result<(), StorageError> {
         if let Durability::Periodic { .. } = self.inner.durability {
-            return Ok(());
+            return self.wait_in_os(ticket).await;
         }
         let mut rx = self.inner.commit.durable.subscribe();
         let state = rx
@@ -558,9 +701,37 @@ impl Storage {
         }
     }
 
+    /// Group flush to the OS: the first writer to wait lets the rest of its event-loop turn
+    /// run first (their batches join the journal buffer), then flushes them all with one
+    /// `write(2)`; the others find their ticket already flushed.
+    async fn wait_in_os(&self, ticket: CommitTicket) -> Result<(), StorageError> {
+        let commit = &self.inner.commit;
+        if commit.in_os.load(Ordering::Acquire) >= ticket.0 {
+            return Ok(());
+        }
+        tokio::task::yield_now().await;
+        if commit.in_os.load(Ordering::Acquire) >= ticket.0 {
+            return Ok(());
+        }
+        // (Also after `close`: its final fsync already covered what it could, this is cheap.)
+        commit.flush_buffer()?;
+        commit.buffer_flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Number of rows written whole without reading what they replace (tests, metrics).
+    pub fn replaced_row_count(&self) -> u64 {
+        self.inner.replaced_rows.load(Ordering::Relaxed)
+    }
+
     /// Number of journal fsyncs done by the sync thread (for tests and metrics).
     pub fn fsync_count(&self) -> u64 {
         self.inner.commit.fsyncs.load(Ordering::Relaxed)
+    }
+
+    /// Number of journal buffer flushes made for waiting writers in Periodic mode (tests, metrics).
+    pub fn buffer_flush_count(&self) -> u64 {
+        self.inner.commit.buffer_flushes.load(Ordering::Relaxed)
     }
 
     /// Test hook: the number of stored entries (headers and rows, live or not) of a table.
@@ -979,6 +1150,34 @@ impl Storage {
         });
         result
     }
+}
+
+/// The persisted timestamp ceiling. A database written before there was one gets it from
+/// one scan of every stored entry (then persisted); an empty one starts below every timestamp.
+fn load_timestamp_ceiling(data: &Keyspace, meta: &Keyspace) -> Result<i64, StorageError> {
+    if let Some(v) = meta.get(CEILING_KEY).map_err(io)? {
+        let bytes: [u8; 8] = v
+            .as_ref()
+            .try_into()
+            .map_err(|_| StorageError::Corrupt("bad timestamp ceiling"))?;
+        return Ok(i64::from_be_bytes(bytes));
+    }
+    let mut newest = i64::MIN;
+    for guard in data.iter() {
+        let (key, value) = guard.into_inner().map_err(io)?;
+        let (_, _, kind, _) = keycodec::split_data_key(&key)?;
+        let stored = if kind == KIND_HEADER {
+            PartitionHeader::decode_value(&value)?.max_timestamp()
+        } else {
+            StoredRow::decode_value(&value)?.max_timestamp()
+        };
+        newest = newest.max(stored);
+    }
+    if newest > i64::MIN {
+        tracing::info!("timestamp ceiling computed from a scan of the stored data");
+        meta.insert(CEILING_KEY, newest.to_be_bytes()).map_err(io)?;
+    }
+    Ok(newest)
 }
 
 /// Reads and decodes a partition header (absent = empty).
