@@ -1,6 +1,8 @@
 //! Crash test: a client writes at full speed and records every acknowledged write; the
 //! server gets SIGKILL mid-stream, restarts on the same data directory, and every
-//! acknowledged row must be there (default `batch` durability: ack after fsync).
+//! acknowledged row must be there: with the default `batch` durability (ack after fsync)
+//! and with `periodic` (ack once the journal buffer is in the OS, which a killed process
+//! cannot lose).
 
 mod common;
 
@@ -12,9 +14,25 @@ use common::{connect, create_keyspace, Node};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
+    acknowledged_writes_survive_kill_9_with(&["--durability", "batch"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_kill_9_in_periodic_mode() {
+    // No timed fsync during the test: only what reached the OS can survive.
+    acknowledged_writes_survive_kill_9_with(&[
+        "--durability",
+        "periodic",
+        "--periodic-sync-ms",
+        "600000",
+    ])
+    .await;
+}
+
+async fn acknowledged_writes_survive_kill_9_with(durability: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut node = Node::start(&data, 2, &["--durability", "batch"]);
+    let mut node = Node::start(&data, 2, durability);
     let session = Arc::new(connect(&node).await);
     create_keyspace(&session, "crash").await;
     session
