@@ -319,28 +319,24 @@ impl StoredRow {
         });
     }
 
-    /// The oldest timestamp anywhere in the row (liveness, deletions, cells).
-    pub fn min_timestamp(&self) -> i64 {
+    /// Every timestamp in the row: cells, collection deletions, liveness, row deletion.
+    fn timestamps(&self) -> impl Iterator<Item = i64> + '_ {
         let cells = self.cells.iter().map(|c| c.timestamp);
         let deletions = self.collection_deletions.iter().map(|&(_, ts)| ts);
         cells
             .chain(deletions)
             .chain(self.liveness.map(|l| l.timestamp))
             .chain(self.deletion)
-            .min()
-            .unwrap_or(i64::MIN)
     }
 
-    /// The newest timestamp in the row (cells, deletions, liveness).
+    /// The oldest timestamp anywhere in the row (`i64::MIN` for an empty row).
+    pub fn min_timestamp(&self) -> i64 {
+        self.timestamps().min().unwrap_or(i64::MIN)
+    }
+
+    /// The newest timestamp anywhere in the row (`i64::MIN` for an empty row).
     pub fn max_timestamp(&self) -> i64 {
-        let cells = self.cells.iter().map(|c| c.timestamp);
-        let deletions = self.collection_deletions.iter().map(|&(_, ts)| ts);
-        cells
-            .chain(deletions)
-            .chain(self.liveness.map(|l| l.timestamp))
-            .chain(self.deletion)
-            .max()
-            .unwrap_or(i64::MIN)
+        self.timestamps().max().unwrap_or(i64::MIN)
     }
 
     /// The live content of this row under an outer deletion (partition / range tombstone)
