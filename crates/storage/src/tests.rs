@@ -107,41 +107,26 @@ fn whole_row_writes_newer_than_their_stripe_skip_the_read_and_others_merge() {
     let apply = |m: Mutation| s.apply(&[(&l, m)]).unwrap();
     apply(whole_row(1, "k", "a", 10));
     assert_eq!(s.replaced_row_count(), 1, "first write of a fresh store");
+    // After each write: how many rows were replaced whole so far, and the row's cells.
+    let check = |replaced: u64, cells: [(u16, &str, i64); 3]| {
+        assert_eq!(s.replaced_row_count(), replaced);
+        let want: Vec<(u16, String, i64)> = cells
+            .iter()
+            .map(|&(c, v, ts)| (c, v.to_string(), ts))
+            .collect();
+        assert_eq!(cells_of(&s, &l, 1, "k"), want);
+    };
     // Only column 1: merges, column 2 and the list stay.
     let mut m = mutation(T2, 1, "k");
     m.rows.push(insert_row(vec![], vec![cell(1, "b", 20)], 20));
     apply(m);
-    assert_eq!(s.replaced_row_count(), 1);
-    assert_eq!(
-        cells_of(&s, &l, 1, "k"),
-        vec![
-            (1, "b".into(), 20),
-            (2, "a".into(), 10),
-            (3, "a".into(), 10)
-        ]
-    );
+    check(1, [(1, "b", 20), (2, "a", 10), (3, "a", 10)]);
     // Whole, but older than what the stripe holds: merges, the newer column 1 stays.
     apply(whole_row(1, "k", "c", 15));
-    assert_eq!(s.replaced_row_count(), 1);
-    assert_eq!(
-        cells_of(&s, &l, 1, "k"),
-        vec![
-            (1, "b".into(), 20),
-            (2, "c".into(), 15),
-            (3, "c".into(), 15)
-        ]
-    );
+    check(1, [(1, "b", 20), (2, "c", 15), (3, "c", 15)]);
     // Whole and newest: replaces (the old list element is gone with the rest).
     apply(whole_row(1, "k", "d", 30));
-    assert_eq!(s.replaced_row_count(), 2);
-    assert_eq!(
-        cells_of(&s, &l, 1, "k"),
-        vec![
-            (1, "d".into(), 30),
-            (2, "d".into(), 30),
-            (3, "d".into(), 30)
-        ]
-    );
+    check(2, [(1, "d", 30), (2, "d", 30), (3, "d", 30)]);
     // A list written without deleting it first does not cover the column: merges.
     let mut m = whole_row(1, "k", "e", 40);
     m.rows[0].collection_deletions.clear();
@@ -1285,28 +1270,22 @@ mod model_check {
         let mut m = mutation(T1, token, pk);
         let op = &shifted(op, base);
         match op {
-            Op::WholeRow {
-                key,
-                values,
-                ts,
-                expires,
-            } => m.rows.push(RowMutation {
-                clustering: ckey(*key),
-                liveness: Some(Liveness {
-                    timestamp: *ts,
-                    expiry: expires.map(|at| (at, 10)),
-                }),
-                cells: (0u16..3)
-                    .map(|col| CellWrite {
-                        column: col,
-                        path: None,
-                        value: CellValue::Live(Bytes::from(vec![values[col as usize]])),
-                        timestamp: *ts,
-                        expiry: expires.map(|at| (at, 10)),
-                    })
-                    .collect(),
-                ..Default::default()
-            }),
+            // One row with the insert's liveness and the three writes' cells, exactly as
+            // the model expands it.
+            Op::WholeRow { key, .. } => {
+                let mut row = RowMutation {
+                    clustering: ckey(*key),
+                    ..Default::default()
+                };
+                for part in expanded(std::slice::from_ref(op)) {
+                    // `op` is shifted already.
+                    for r in to_mutation(&part, token, pk, 0).rows {
+                        row.liveness = row.liveness.or(r.liveness);
+                        row.cells.extend(r.cells);
+                    }
+                }
+                m.rows.push(row);
+            }
             Op::Insert { key, ts, expires } => m.rows.push(RowMutation {
                 clustering: ckey(*key),
                 liveness: Some(Liveness {
