@@ -332,6 +332,7 @@ mod tests {
                 interval: std::time::Duration::from_millis(50),
             },
             cache_bytes: 8 << 20,
+            stores: 1,
         })
         .unwrap();
         let node = NodeInfo::single(

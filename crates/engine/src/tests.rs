@@ -26,6 +26,7 @@ fn open_storage(path: &std::path::Path) -> Storage {
             interval: Duration::from_millis(50),
         },
         cache_bytes: 8 << 20,
+        stores: 2,
     })
     .expect("storage opens")
 }

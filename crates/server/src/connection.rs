@@ -505,6 +505,7 @@ mod tests {
                     interval: Duration::from_secs(1),
                 },
                 cache_bytes: 8 << 20,
+                stores: 1,
             })
             .unwrap();
             let host = uuid::Uuid::new_v4();

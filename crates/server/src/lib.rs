@@ -30,8 +30,8 @@ use std::time::Duration;
 pub use shard::Server;
 pub use sluice_overload::AdmissionConfig;
 
-/// ScyllaDB's `SCYLLA_SHARDING_IGNORE_MSB`: drivers and shards agree on it.
-pub const IGNORE_MSB: u8 = 12;
+/// ScyllaDB's `SCYLLA_SHARDING_IGNORE_MSB`: drivers, shards and stores agree on it.
+pub const IGNORE_MSB: u8 = sluice_types::token::SHARDING_IGNORE_MSB;
 
 /// Per-kind default deadlines, used when a statement has no `USING TIMEOUT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

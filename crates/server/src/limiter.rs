@@ -443,6 +443,7 @@ mod tests {
                 interval: std::time::Duration::from_millis(50),
             },
             cache_bytes: 8 << 20,
+            stores: 1,
         })
         .unwrap();
         let node = sluice_engine::NodeInfo::single(

@@ -105,6 +105,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         path: cfg.data_dir.join("db"),
         durability,
         cache_bytes: 256 << 20,
+        stores: cfg.shards,
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
 

@@ -56,6 +56,7 @@ fn bench(c: &mut Criterion) {
             interval: Duration::from_secs(10),
         },
         cache_bytes: 64 << 20,
+        stores: 1,
     })
     .expect("open storage");
     let layout = layout();
@@ -77,6 +78,7 @@ fn bench(c: &mut Criterion) {
             interval: Duration::from_secs(10),
         },
         cache_bytes: 64 << 20,
+        stores: 1,
     })
     .expect("open storage");
     for token in 0..10_000 {
@@ -113,6 +115,7 @@ fn bench_group_commit(c: &mut Criterion) {
         path: dir.path().to_path_buf(),
         durability: Durability::Batch,
         cache_bytes: 64 << 20,
+        stores: 1,
     })
     .expect("open storage");
     let mut group = c.benchmark_group("group_commit");

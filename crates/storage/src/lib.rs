@@ -1,5 +1,6 @@
-//! Storage: rows of cells on an embedded LSM engine (fjall), last-write-wins by write
-//! timestamp, tombstones and TTL, with group commit so that concurrent writes share an fsync.
+//! Storage: rows of cells on an embedded LSM engine (fjall, one database per shard),
+//! last-write-wins by write timestamp, tombstones and TTL, with group commit so that
+//! concurrent writes share an fsync.
 
 mod background;
 mod journal_sync;
@@ -7,12 +8,14 @@ pub mod keycodec;
 mod memtable_reaper;
 pub mod model;
 mod row;
+mod storage;
 mod store;
 #[cfg(test)]
 mod tests;
 
 pub use model::*;
-pub use store::{Storage, MAX_DEAD_ROWS_PER_READ};
+pub use storage::{CommitTicket, Storage};
+pub use store::MAX_DEAD_ROWS_PER_READ;
 
 use bytes::Bytes;
 use std::ops::Bound;
@@ -38,8 +41,11 @@ pub struct StorageConfig {
     pub path: PathBuf,
     /// Durability mode.
     pub durability: Durability,
-    /// Block cache size in bytes.
+    /// Block cache size in bytes (shared out among the stores).
     pub cache_bytes: u64,
+    /// Number of stores (fjall databases) for a new data directory: one per shard, so that
+    /// shards do not share a journal. An existing directory keeps the number it has.
+    pub stores: usize,
 }
 
 /// A storage failure. Small and `Copy`: the detail goes to the log where it happens.
@@ -104,7 +110,3 @@ pub struct ScanPage {
     /// Where to resume, or None when the range is exhausted.
     pub next: Option<ScanStart>,
 }
-
-/// Proof that a write was applied; wait on it for durability.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct CommitTicket(pub u64);

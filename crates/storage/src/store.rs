@@ -1,13 +1,14 @@
-//! `Storage`: the row store on fjall, with striped partition locks and group commit.
+//! `Store`: one fjall database of the row store (one per shard, see `storage.rs`), with
+//! striped partition locks and group commit.
 //!
-//! Writes: `apply` converts every mutation to storage form (clustering keys encoded, cells
-//! sorted and reconciled) BEFORE taking any lock. It then takes the stripe locks of the
+//! Writes: `prepare` converts every mutation to storage form (clustering keys encoded, cells
+//! sorted and reconciled) BEFORE any lock is taken. `commit` then takes the stripe locks of the
 //! partitions it touches (sorted, so that concurrent batches cannot deadlock), and under
 //! them only reads the current rows, merges and re-encodes them and commits one fjall
 //! batch. The stripes are a fixed array, so memory does not grow with the number of
 //! partitions, and a read-merge-write of one partition is linearizable.
 //!
-//! Durability: `apply` appends each batch to fjall's journal buffer without a system call.
+//! Durability: `commit` appends each batch to fjall's journal buffer without a system call.
 //! A write is acknowledged only once the buffer holding it is in the OS (so that it survives
 //! the process being killed): in `Periodic` mode the first waiter of an event-loop turn
 //! flushes it after the turn's other writes have been appended (`wait_durable` yields once
@@ -29,9 +30,7 @@ use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
 use crate::memtable_reaper::MemtableReaper;
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
-use crate::{
-    CommitTicket, Durability, ScanPage, ScanStart, ScannedPartition, StorageConfig, StorageError,
-};
+use crate::{Durability, ScanPage, ScanStart, ScannedPartition, StorageError};
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use std::collections::BTreeMap;
@@ -49,7 +48,7 @@ const STRIPES: usize = 1024;
 /// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
 pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
 
-/// Most rows one `apply` examines to purge what a new deletion shadows; the rest stays
+/// Most rows one `commit` examines to purge what a new deletion shadows; the rest stays
 /// (hidden by the deletion) until a later deletion of the partition purges it.
 const PURGE_ROWS_PER_APPLY: usize = 16_384;
 
@@ -187,7 +186,9 @@ impl CommitShared {
     }
 }
 
-struct Inner {
+/// One fjall database: its journal, memtables, version lock, sync thread and partition
+/// stripes. `Storage` keeps one per shard, so that shards share nothing on the write path.
+pub(crate) struct Store {
     /// Stops itself when dropped: first of the fields, so before the database it reads.
     _reaper: MemtableReaper,
     db: Database,
@@ -204,40 +205,9 @@ struct Inner {
     closed: AtomicBool,
 }
 
-impl Inner {
-    fn stop_sync_thread(&self) {
-        self.commit.lock_request().shutdown = true;
-        self.commit.wake.notify_all();
-        let handle = self
-            .sync_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = handle {
-            if h.join().is_err() {
-                tracing::error!("storage sync thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for Inner {
+impl Drop for Store {
     fn drop(&mut self) {
         self.stop_sync_thread();
-    }
-}
-
-/// The row store. Cheap to clone; all clones share one database.
-#[derive(Clone)]
-pub struct Storage {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for Storage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Storage")
-            .field("durability", &self.inner.durability)
-            .finish_non_exhaustive()
     }
 }
 
@@ -246,7 +216,7 @@ fn io(e: fjall::Error) -> StorageError {
     StorageError::Io("storage engine error")
 }
 
-/// One entry of an `apply`, keyed by its fjall key.
+/// One entry of a commit, keyed by its fjall key.
 enum Pending {
     Header(PartitionHeader),
     Row {
@@ -256,6 +226,101 @@ enum Pending {
         replaces_from: Option<i64>,
         stripe: usize,
     },
+}
+
+/// Mutations in storage form, ready to commit to one store: what `prepare` makes before
+/// any lock is taken, and what a batchlog record holds.
+pub(crate) struct Prepared {
+    entries: BTreeMap<Vec<u8>, Pending>,
+    /// Lock stripes of the partitions touched, ascending and unique.
+    stripes: Vec<usize>,
+}
+
+/// Batchlog entry kinds.
+const LOGGED_HEADER: u8 = 0;
+const LOGGED_ROW: u8 = 1;
+
+impl Prepared {
+    /// Whether there is nothing to commit.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends the entries for a batchlog record: count, then per entry its kind, key and
+    /// value (each with a u32 length).
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) -> Result<(), StorageError> {
+        let len = |n: usize| {
+            u32::try_from(n).map_err(|_| StorageError::TooLarge("batch too large for the batchlog"))
+        };
+        out.extend_from_slice(&len(self.entries.len())?.to_be_bytes());
+        let mut value = Vec::new();
+        for (key, pending) in &self.entries {
+            value.clear();
+            let kind = match pending {
+                Pending::Header(h) => {
+                    h.encode(&mut value)?;
+                    LOGGED_HEADER
+                }
+                Pending::Row { row, .. } => {
+                    row.encode(&mut value)?;
+                    LOGGED_ROW
+                }
+            };
+            out.push(kind);
+            out.extend_from_slice(&len(key.len())?.to_be_bytes());
+            out.extend_from_slice(key);
+            out.extend_from_slice(&len(value.len())?.to_be_bytes());
+            out.extend_from_slice(&value);
+        }
+        Ok(())
+    }
+
+    /// Decodes what `encode` wrote from the front of `input`, advancing it. Replayed rows
+    /// always merge with what is stored (a replay may follow a newer write).
+    pub(crate) fn decode(input: &mut &[u8]) -> Result<Prepared, StorageError> {
+        const BAD: StorageError = StorageError::Corrupt("bad batchlog record");
+        fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], StorageError> {
+            if input.len() < n {
+                return Err(BAD);
+            }
+            let (head, rest) = input.split_at(n);
+            *input = rest;
+            Ok(head)
+        }
+        fn take_len(input: &mut &[u8]) -> Result<usize, StorageError> {
+            let b: [u8; 4] = take(input, 4)?.try_into().map_err(|_| BAD)?;
+            Ok(u32::from_be_bytes(b) as usize)
+        }
+        let count = take_len(input)?;
+        let mut entries = BTreeMap::new();
+        let mut stripes = Vec::new();
+        for _ in 0..count {
+            let kind = take(input, 1)?[0];
+            let key_len = take_len(input)?;
+            let key = take(input, key_len)?.to_vec();
+            let value_len = take_len(input)?;
+            let value = take(input, value_len)?;
+            let table: TableId = key.get(..16).and_then(|t| t.try_into().ok()).ok_or(BAD)?;
+            let token = keycodec::token_from_bytes(
+                key.get(16..24).and_then(|t| t.try_into().ok()).ok_or(BAD)?,
+            );
+            let stripe = Store::stripe_of(&table, token);
+            stripes.push(stripe);
+            let pending = match kind {
+                LOGGED_HEADER => Pending::Header(PartitionHeader::decode_value(value)?),
+                LOGGED_ROW => Pending::Row {
+                    row: StoredRow::decode_value(value)?,
+                    replaces_from: None,
+                    stripe,
+                },
+                _ => return Err(BAD),
+            };
+            entries.insert(key, pending);
+        }
+        stripes.sort_unstable();
+        stripes.dedup();
+        Ok(Prepared { entries, stripes })
+    }
 }
 
 /// What one partition lock stripe guards besides the partitions themselves.
@@ -280,11 +345,15 @@ struct TimestampCeiling {
     moving: Mutex<()>,
 }
 
-impl Storage {
-    /// Opens (or creates) the database at `config.path` and starts the sync thread.
-    pub fn open(config: StorageConfig) -> Result<Storage, StorageError> {
-        let db = Database::builder(&config.path)
-            .cache_size(config.cache_bytes)
+impl Store {
+    /// Opens (or creates) the database at `path` and starts its sync thread.
+    pub(crate) fn open(
+        path: &std::path::Path,
+        durability: Durability,
+        cache_bytes: u64,
+    ) -> Result<Store, StorageError> {
+        let db = Database::builder(path)
+            .cache_size(cache_bytes)
             // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
             .manual_journal_persist(false)
             // Bounded recovery time and disk: past this journal size fjall flushes
@@ -306,7 +375,7 @@ impl Storage {
         });
         let commit = Arc::new(CommitShared {
             db: db.clone(),
-            path: config.path.clone(),
+            path: path.to_path_buf(),
             applied: AtomicU64::new(0),
             in_os: AtomicU64::new(0),
             buffer_flushes: AtomicU64::new(0),
@@ -318,7 +387,6 @@ impl Storage {
             gate: std::sync::RwLock::new(()),
         });
         let thread_commit = commit.clone();
-        let durability = config.durability;
         let handle = std::thread::Builder::new()
             .name("sluice-storage-sync".into())
             .spawn(move || match durability {
@@ -338,28 +406,41 @@ impl Storage {
         let stripes = (0..STRIPES)
             .map(|_| Mutex::new(Stripe { newest: ceiling }))
             .collect();
-        Ok(Storage {
-            inner: Arc::new(Inner {
-                db,
-                data,
-                meta,
-                stripes,
-                ceiling: TimestampCeiling {
-                    value: std::sync::atomic::AtomicI64::new(ceiling),
-                    moving: Mutex::new(()),
-                },
-                replaced_rows: AtomicU64::new(0),
-                commit,
-                durability,
-                sync_thread: Mutex::new(Some(handle)),
-                _reaper: reaper,
-                closed: AtomicBool::new(false),
-            }),
+        Ok(Store {
+            db,
+            data,
+            meta,
+            stripes,
+            ceiling: TimestampCeiling {
+                value: std::sync::atomic::AtomicI64::new(ceiling),
+                moving: Mutex::new(()),
+            },
+            replaced_rows: AtomicU64::new(0),
+            commit,
+            durability,
+            sync_thread: Mutex::new(Some(handle)),
+            _reaper: reaper,
+            closed: AtomicBool::new(false),
         })
     }
 
+    fn stop_sync_thread(&self) {
+        self.commit.lock_request().shutdown = true;
+        self.commit.wake.notify_all();
+        let handle = self
+            .sync_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                tracing::error!("storage sync thread panicked");
+            }
+        }
+    }
+
     fn check_open(&self) -> Result<(), StorageError> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) {
             Err(StorageError::Closed)
         } else {
             Ok(())
@@ -375,11 +456,11 @@ impl Storage {
     }
 
     /// Converts mutations to storage form, merging entries for the same key. No lock held.
-    fn prepare(
-        mutations: &[(&TableLayout, Mutation)],
-    ) -> Result<(BTreeMap<Vec<u8>, Pending>, Vec<usize>), StorageError> {
+    pub(crate) fn prepare<'a, 'l: 'a>(
+        mutations: impl IntoIterator<Item = &'a (&'l TableLayout, Mutation)>,
+    ) -> Result<Prepared, StorageError> {
         let mut entries: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
-        let mut stripes = Vec::with_capacity(mutations.len());
+        let mut stripes = Vec::new();
         for (layout, m) in mutations {
             if layout.id != m.table {
                 return Err(StorageError::Corrupt(
@@ -465,26 +546,25 @@ impl Storage {
         }
         stripes.sort_unstable();
         stripes.dedup();
-        Ok((entries, stripes))
+        Ok(Prepared { entries, stripes })
     }
 
-    /// Applies mutations atomically (one engine batch). LWW merge per cell happens here.
-    /// Returns when the data is visible to reads; durability is awaited via the ticket.
-    pub fn apply(
+    /// Commits prepared entries atomically (one engine batch, together with `batchlog`, a
+    /// meta entry, when given). LWW merge per cell happens here, under the stripe locks.
+    /// Returns the commit's sequence number once the data is visible to reads; durability
+    /// is awaited with `wait_durable`.
+    pub(crate) fn commit(
         &self,
-        mutations: &[(&TableLayout, Mutation)],
-    ) -> Result<CommitTicket, StorageError> {
+        prepared: Prepared,
+        batchlog: Option<(&[u8], &[u8])>,
+    ) -> Result<u64, StorageError> {
         self.check_open()?;
-        // Everything expensive that does not depend on the stored state happens here,
-        // before the lock: key encoding, cell sorting and reconciliation.
-        let (entries, stripes) = Self::prepare(mutations)?;
-        if entries.is_empty() {
-            return Ok(CommitTicket(
-                self.inner.commit.applied.load(Ordering::Acquire),
-            ));
+        let Prepared { entries, stripes } = prepared;
+        if entries.is_empty() && batchlog.is_none() {
+            return Ok(self.commit.applied.load(Ordering::Acquire));
         }
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
-        let mut batch = self.inner.db.batch().durability(None);
+        let mut batch = self.db.batch().durability(None);
         let mut buf = Vec::new();
         // Partitions that got a new deletion, to purge the rows it shadows afterwards.
         let mut purges: Vec<(Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
@@ -501,11 +581,7 @@ impl Storage {
             // Stripes are taken in ascending order: two batches cannot deadlock.
             let mut guards: Vec<MutexGuard<'_, Stripe>> = stripes
                 .iter()
-                .map(|&i| {
-                    self.inner.stripes[i]
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                })
+                .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
                 .collect();
             for (key, pending) in entries {
                 buf.clear();
@@ -522,12 +598,12 @@ impl Storage {
                         // Everything stored under this key is older than every cell of a
                         // write that sets the whole row: the merge would return `row`.
                         row.encode(&mut buf)?;
-                        batch.insert(&self.inner.data, key, buf.as_slice());
+                        batch.insert(&self.data, key, buf.as_slice());
                         replaced += 1;
                         continue;
                     }
                 }
-                let existing = self.inner.data.get(&key).map_err(io)?;
+                let existing = self.data.get(&key).map_err(io)?;
                 match pending {
                     Pending::Header(incoming) => {
                         let mut header = match existing {
@@ -568,7 +644,10 @@ impl Storage {
                         row.encode(&mut buf)?;
                     }
                 }
-                batch.insert(&self.inner.data, key, buf.as_slice());
+                batch.insert(&self.data, key, buf.as_slice());
+            }
+            if let Some((key, value)) = batchlog {
+                batch.insert(&self.meta, key, value);
             }
             self.commit_with_ceiling(batch, newest_written)?;
             for guard in &mut guards {
@@ -576,23 +655,21 @@ impl Storage {
             }
         }
         if replaced > 0 {
-            self.inner
-                .replaced_rows
-                .fetch_add(replaced, Ordering::Relaxed);
+            self.replaced_rows.fetch_add(replaced, Ordering::Relaxed);
         }
         // The ticket is handed out after the batch is in the journal, so an fsync that
         // starts after reading `applied >= t` covers ticket t.
-        let ticket = self.inner.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
-        if self.inner.durability == Durability::Batch {
-            self.inner.commit.lock_request().pending = true;
-            self.inner.commit.wake.notify_one();
+        let ticket = self.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.durability == Durability::Batch {
+            self.commit.lock_request().pending = true;
+            self.commit.wake.notify_one();
         }
         for (prefix, header, ranges) in purges {
             for range in &ranges {
                 self.purge_shadowed_rows(&prefix, &header, range)?;
             }
         }
-        Ok(CommitTicket(ticket))
+        Ok(ticket)
     }
 
     /// Commits `batch`; when it stores a timestamp above the persisted ceiling, the batch
@@ -602,7 +679,7 @@ impl Storage {
         mut batch: fjall::OwnedWriteBatch,
         newest_written: i64,
     ) -> Result<(), StorageError> {
-        let ceiling = &self.inner.ceiling;
+        let ceiling = &self.ceiling;
         if newest_written <= ceiling.value.load(Ordering::Acquire) {
             return batch.commit().map_err(io);
         }
@@ -612,7 +689,7 @@ impl Storage {
             return batch.commit().map_err(io);
         }
         let next = newest_written.saturating_add(CEILING_HEADROOM_MICROS);
-        batch.insert(&self.inner.meta, CEILING_KEY, next.to_be_bytes());
+        batch.insert(&self.meta, CEILING_KEY, next.to_be_bytes());
         batch.commit().map_err(io)?;
         ceiling.value.store(next, Ordering::Release);
         Ok(())
@@ -649,13 +726,12 @@ impl Storage {
         let (mut from, end) = full_range(&row_prefix, range);
         let mut examined = 0usize;
         while examined < PURGE_ROWS_PER_APPLY {
-            let _guard = self.inner.stripes[stripe]
+            let _guard = self.stripes[stripe]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let mut batch = self.inner.db.batch();
+            let mut batch = self.db.batch();
             let mut seen = 0usize;
             for guard in self
-                .inner
                 .data
                 .range((from.clone(), end.clone()))
                 .take(PURGE_CHUNK)
@@ -668,7 +744,7 @@ impl Storage {
                     .deletion_for(clustering)
                     .is_some_and(|d| row.max_timestamp() <= d)
                 {
-                    batch.remove(&self.inner.data, key.clone());
+                    batch.remove(&self.data, key.clone());
                 }
                 from = Bound::Excluded(key.to_vec());
             }
@@ -683,16 +759,16 @@ impl Storage {
 
     /// Resolves once the ticket's write is durable: in Batch mode after the group fsync; in
     /// Periodic mode once it is in the OS (the next timed fsync makes it durable).
-    pub async fn wait_durable(&self, ticket: CommitTicket) -> Result<(), StorageError> {
-        if let Durability::Periodic { .. } = self.inner.durability {
+    pub(crate) async fn wait_durable(&self, ticket: u64) -> Result<(), StorageError> {
+        if let Durability::Periodic { .. } = self.durability {
             return self.wait_in_os(ticket).await;
         }
-        let mut rx = self.inner.commit.durable.subscribe();
+        let mut rx = self.commit.durable.subscribe();
         let state = rx
-            .wait_for(|d| d.failed || d.closed || d.upto >= ticket.0)
+            .wait_for(|d| d.failed || d.closed || d.upto >= ticket)
             .await
             .map_err(|_| StorageError::Closed)?;
-        if state.upto >= ticket.0 {
+        if state.upto >= ticket {
             Ok(())
         } else if state.failed {
             Err(StorageError::Io("journal fsync failed"))
@@ -704,13 +780,13 @@ impl Storage {
     /// Group flush to the OS: the first writer to wait lets the rest of its event-loop turn
     /// run first (their batches join the journal buffer), then flushes them all with one
     /// `write(2)`; the others find their ticket already flushed.
-    async fn wait_in_os(&self, ticket: CommitTicket) -> Result<(), StorageError> {
-        let commit = &self.inner.commit;
-        if commit.in_os.load(Ordering::Acquire) >= ticket.0 {
+    async fn wait_in_os(&self, ticket: u64) -> Result<(), StorageError> {
+        let commit = &self.commit;
+        if commit.in_os.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
         tokio::task::yield_now().await;
-        if commit.in_os.load(Ordering::Acquire) >= ticket.0 {
+        if commit.in_os.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
         // (Also after `close`: its final fsync already covered what it could, this is cheap.)
@@ -720,41 +796,37 @@ impl Storage {
     }
 
     /// Number of rows written whole without reading what they replace (tests, metrics).
-    pub fn replaced_row_count(&self) -> u64 {
-        self.inner.replaced_rows.load(Ordering::Relaxed)
+    pub(crate) fn replaced_row_count(&self) -> u64 {
+        self.replaced_rows.load(Ordering::Relaxed)
     }
 
     /// Number of journal fsyncs done by the sync thread (for tests and metrics).
-    pub fn fsync_count(&self) -> u64 {
-        self.inner.commit.fsyncs.load(Ordering::Relaxed)
+    pub(crate) fn fsync_count(&self) -> u64 {
+        self.commit.fsyncs.load(Ordering::Relaxed)
     }
 
     /// Number of journal buffer flushes made for waiting writers in Periodic mode (tests, metrics).
-    pub fn buffer_flush_count(&self) -> u64 {
-        self.inner.commit.buffer_flushes.load(Ordering::Relaxed)
+    pub(crate) fn buffer_flush_count(&self) -> u64 {
+        self.commit.buffer_flushes.load(Ordering::Relaxed)
     }
 
     /// Test hook: the number of stored entries (headers and rows, live or not) of a table.
     #[cfg(test)]
     pub(crate) fn raw_entry_count(&self, table: TableId) -> usize {
-        self.inner.data.prefix(table).count()
+        self.data.prefix(table).count()
     }
 
     /// Test hook: holds the sync thread before its next fsync while the guard lives.
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.inner
-            .commit
-            .gate
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+        self.commit.gate.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after
     /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
     /// rows are not returned (`now_secs` = now as epoch seconds).
     #[allow(clippy::too_many_arguments)]
-    pub fn read_partition(
+    pub(crate) fn read_partition(
         &self,
         layout: &TableLayout,
         token: i64,
@@ -765,9 +837,9 @@ impl Storage {
         now_secs: u32,
     ) -> Result<PartitionRead, StorageError> {
         self.check_open()?;
-        let snapshot = self.inner.db.snapshot();
+        let snapshot = self.db.snapshot();
         let prefix = keycodec::partition_prefix(&layout.id, token, partition_key);
-        let header = read_header(&snapshot, &self.inner.data, &prefix)?;
+        let header = read_header(&snapshot, &self.data, &prefix)?;
         let static_row = header
             .static_row
             .as_ref()
@@ -843,7 +915,7 @@ impl Storage {
                 Some(k) => {
                     let mut key = row_prefix.clone();
                     key.extend_from_slice(k);
-                    let found = snapshot.get(&self.inner.data, &key).map_err(io)?;
+                    let found = snapshot.get(&self.data, &key).map_err(io)?;
                     Box::new(
                         found
                             .map(|v| Ok((fjall::UserKey::from(key), v)))
@@ -852,7 +924,7 @@ impl Storage {
                 }
                 None => {
                     let iter = snapshot
-                        .range(&self.inner.data, full_range(&row_prefix, range))
+                        .range(&self.data, full_range(&row_prefix, range))
                         .map(|g| g.into_inner().map_err(io));
                     if slice.reversed {
                         Box::new(iter.rev())
@@ -893,16 +965,22 @@ impl Storage {
     /// A resumed partition (`ScanStart::Resume`) is returned with its static row, for the
     /// caller to fill static columns, but only when it still has rows; its static row alone
     /// does not count again.
-    pub fn scan(
-        &self,
+    /// `stores` are all the stores of a table's data (each key lives in one of them, and
+    /// the scan merges their ranges in key order); `resume_in` is the index of the store
+    /// that owns a resumed partition.
+    pub(crate) fn scan(
+        stores: &[Store],
+        resume_in: usize,
         layout: &TableLayout,
         start: &ScanStart,
         end: Bound<i64>,
         row_limit: usize,
         now_secs: u32,
     ) -> Result<ScanPage, StorageError> {
-        self.check_open()?;
-        let snapshot = self.inner.db.snapshot();
+        for store in stores {
+            store.check_open()?;
+        }
+        let snapshots: Vec<fjall::Snapshot> = stores.iter().map(|s| s.db.snapshot()).collect();
         let table = keycodec::table_prefix(&layout.id);
         let token_key = |t: i64| {
             let mut k = table.to_vec();
@@ -933,7 +1011,11 @@ impl Storage {
                 after,
             } => {
                 let prefix = keycodec::partition_prefix(&layout.id, *token, partition_key);
-                let header = read_header(&snapshot, &self.inner.data, &prefix)?;
+                let (snapshot, store) = snapshots
+                    .get(resume_in)
+                    .zip(stores.get(resume_in))
+                    .ok_or(StorageError::Corrupt("resumed partition in no store"))?;
+                let header = read_header(snapshot, &store.data, &prefix)?;
                 let mut lo = prefix.clone();
                 lo.push(KIND_ROW);
                 if let Some(ck) = after {
@@ -964,8 +1046,16 @@ impl Storage {
         // Position after the last item returned: (token, partition key, last clustering key).
         let mut last_pos: Option<(i64, Bytes, Option<Vec<Bytes>>)> = None;
         let mut stopped = false;
-        for guard in snapshot.range(&self.inner.data, (Bound::Included(lo), upper)) {
-            let (key, value) = guard.into_inner().map_err(io)?;
+        let range = (Bound::Included(lo), upper);
+        let merged = MergedRange::new(
+            snapshots
+                .iter()
+                .zip(stores)
+                .map(|(snapshot, store)| snapshot.range(&store.data, range.clone()))
+                .collect(),
+        );
+        for entry in merged {
+            let (key, value) = entry?;
             // Escaped partition keys are prefix-free: a key that starts with the current
             // partition's prefix belongs to it, and needs no decoding.
             let same = current
@@ -1079,12 +1169,11 @@ impl Storage {
     }
 
     /// Deletes all data of a table (TRUNCATE / DROP TABLE).
-    pub fn truncate(&self, table: TableId) -> Result<(), StorageError> {
+    pub(crate) fn truncate(&self, table: TableId) -> Result<(), StorageError> {
         self.check_open()?;
         let prefix = keycodec::table_prefix(&table);
         loop {
             let keys: Vec<fjall::UserKey> = self
-                .inner
                 .data
                 .prefix(prefix)
                 .take(TRUNCATE_CHUNK)
@@ -1094,34 +1183,33 @@ impl Storage {
             if keys.is_empty() {
                 break;
             }
-            let mut batch = self.inner.db.batch();
+            let mut batch = self.db.batch();
             for k in keys {
-                batch.remove(&self.inner.data, k);
+                batch.remove(&self.data, k);
             }
             batch.commit().map_err(io)?;
         }
-        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+        self.db.persist(PersistMode::SyncAll).map_err(io)
     }
 
     /// Small durable metadata store for the schema catalog (synchronously fsynced).
-    pub fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+    pub(crate) fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
         self.check_open()?;
-        self.inner.meta.insert(key, value).map_err(io)?;
-        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+        self.meta.insert(key, value).map_err(io)?;
+        self.db.persist(PersistMode::SyncAll).map_err(io)
     }
 
     /// Deletes one metadata key (synchronously fsynced).
-    pub fn meta_delete(&self, key: &[u8]) -> Result<(), StorageError> {
+    pub(crate) fn meta_delete(&self, key: &[u8]) -> Result<(), StorageError> {
         self.check_open()?;
-        self.inner.meta.remove(key).map_err(io)?;
-        self.inner.db.persist(PersistMode::SyncAll).map_err(io)
+        self.meta.remove(key).map_err(io)?;
+        self.db.persist(PersistMode::SyncAll).map_err(io)
     }
 
     /// All metadata entries whose key starts with `prefix`, in key order.
-    pub fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+    pub(crate) fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
         self.check_open()?;
-        self.inner
-            .meta
+        self.meta
             .prefix(prefix)
             .map(|g| {
                 g.into_inner()
@@ -1131,18 +1219,31 @@ impl Storage {
             .collect()
     }
 
+    /// Removes a batchlog record, without waiting for it to reach the disk.
+    pub(crate) fn forget_batchlog(&self, key: &[u8]) -> Result<(), StorageError> {
+        self.check_open()?;
+        let mut batch = self.db.batch().durability(None);
+        batch.remove(&self.meta, key);
+        batch.commit().map_err(io)
+    }
+
+    /// Fsyncs everything written so far.
+    pub(crate) fn sync_all(&self) -> Result<(), StorageError> {
+        self.db.persist(PersistMode::SyncAll).map_err(io)
+    }
+
     /// Flushes and fsyncs everything (clean shutdown). Later calls fail with `Closed`.
-    pub fn close(&self) -> Result<(), StorageError> {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
+    pub(crate) fn close(&self) -> Result<(), StorageError> {
+        if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         // The sync thread makes everything applied so far durable before it exits.
-        self.inner.stop_sync_thread();
-        let upto = self.inner.commit.applied.load(Ordering::Acquire);
-        let result = self.inner.db.persist(PersistMode::SyncAll).map_err(io);
+        self.stop_sync_thread();
+        let upto = self.commit.applied.load(Ordering::Acquire);
+        let result = self.db.persist(PersistMode::SyncAll).map_err(io);
         // Release every waiter: what was applied before this final fsync is durable; a
         // write that raced with close gets `Closed`, never a hang.
-        self.inner.commit.durable.send_modify(|d| {
+        self.commit.durable.send_modify(|d| {
             if result.is_ok() {
                 d.upto = d.upto.max(upto);
             }
@@ -1264,5 +1365,58 @@ impl ScanCursor {
             partition_key: self.partition_key,
             read: self.read,
         })
+    }
+}
+
+/// Several stores' entries in one ascending key order. A key lives in one store only, so
+/// there are no ties to break; each store's iterator is read one entry ahead.
+struct MergedRange {
+    iters: Vec<fjall::Iter>,
+    heads: Vec<Option<fjall::KvPair>>,
+    started: bool,
+}
+
+impl MergedRange {
+    fn new(iters: Vec<fjall::Iter>) -> MergedRange {
+        let heads = iters.iter().map(|_| None).collect();
+        MergedRange {
+            iters,
+            heads,
+            started: false,
+        }
+    }
+
+    fn pull(iter: &mut fjall::Iter) -> Result<Option<fjall::KvPair>, StorageError> {
+        iter.next().map(|g| g.into_inner().map_err(io)).transpose()
+    }
+
+    fn advance(&mut self) -> Result<Option<fjall::KvPair>, StorageError> {
+        if !self.started {
+            self.started = true;
+            for (head, iter) in self.heads.iter_mut().zip(&mut self.iters) {
+                *head = Self::pull(iter)?;
+            }
+        }
+        let next = self
+            .heads
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|(k, _)| (i, k)))
+            .min_by(|a, b| a.1.cmp(b.1))
+            .map(|(i, _)| i);
+        let Some(i) = next else {
+            return Ok(None);
+        };
+        let item = self.heads[i].take();
+        self.heads[i] = Self::pull(&mut self.iters[i])?;
+        Ok(item)
+    }
+}
+
+impl Iterator for MergedRange {
+    type Item = Result<fjall::KvPair, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.advance().transpose()
     }
 }

@@ -9,11 +9,20 @@ use std::time::Duration;
 const T1: TableId = [1; 16];
 const T2: TableId = [2; 16];
 
+/// Stores per test storage: several, so that every test also covers partitions spread
+/// over stores (scans merge them, batches span them).
+const STORES: usize = 3;
+
 fn open_at(path: &std::path::Path, durability: Durability) -> Storage {
+    open_with_stores(path, durability, STORES)
+}
+
+fn open_with_stores(path: &std::path::Path, durability: Durability, stores: usize) -> Storage {
     Storage::open(StorageConfig {
         path: path.to_path_buf(),
         durability,
         cache_bytes: 8 << 20,
+        stores,
     })
     .unwrap()
 }
@@ -21,6 +30,13 @@ fn open_at(path: &std::path::Path, durability: Durability) -> Storage {
 fn open(durability: Durability) -> (tempfile::TempDir, Storage) {
     let dir = tempfile::tempdir().unwrap();
     let s = open_at(dir.path(), durability);
+    (dir, s)
+}
+
+/// A storage of one store: for tests of one journal and its sync thread.
+fn open_one_store(durability: Durability) -> (tempfile::TempDir, Storage) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_with_stores(dir.path(), durability, 1);
     (dir, s)
 }
 
@@ -612,10 +628,17 @@ fn malformed_mutations_are_rejected_without_writing() {
 
 /// Writes partitions "p0".."p{n}" (token = index * 10) into T1: partition i has i rows
 /// (so "p0" is empty unless it has a static row); even partitions get a static row.
+/// The token of partition `p{i}`: ascending with `i`, and spread over the stores (three
+/// consecutive ones land in three different stores of three), so that one batch spans
+/// stores and scans merge them.
+fn spread_token(i: i64) -> i64 {
+    i * (3 << 49)
+}
+
 fn fill_partitions(s: &Storage, l: &TableLayout, n: i64) {
     let mut batch = Vec::new();
     for i in 0..n {
-        let mut m = mutation(T1, i * 10, &format!("p{i}"));
+        let mut m = mutation(T1, spread_token(i), &format!("p{i}"));
         for r in 0..i as i32 {
             m.rows
                 .push(insert_row(ck(r, "x"), vec![cell(1, "v", 1)], 1));
@@ -710,12 +733,12 @@ fn scan_pages_across_partitions_and_resumes() {
         assert_eq!(statics, 1, "limit {limit}");
     }
 
-    // Token bounds: (10, 40] holds p2, p3, p4.
+    // Token bounds: (p1, p4] holds p2, p3, p4.
     let page = s
         .scan(
             &l,
-            &ScanStart::Token(Bound::Excluded(10)),
-            Bound::Included(40),
+            &ScanStart::Token(Bound::Excluded(spread_token(1))),
+            Bound::Included(spread_token(4)),
             100,
             0,
         )
@@ -731,11 +754,11 @@ fn scan_pages_across_partitions_and_resumes() {
         .scan(
             &l,
             &ScanStart::Resume {
-                token: 40,
+                token: spread_token(4),
                 partition_key: text("p4"),
                 after: Some(ck(1, "x")),
             },
-            Bound::Excluded(50),
+            Bound::Excluded(spread_token(5)),
             100,
             0,
         )
@@ -750,7 +773,7 @@ fn scan_skips_deleted_partitions_and_expired_rows() {
     let (_d, s) = open(periodic());
     let l = layout();
     fill_partitions(&s, &l, 4);
-    let mut m = mutation(T1, 20, "p2");
+    let mut m = mutation(T1, spread_token(2), "p2");
     m.partition_deletion = Some(5);
     s.apply(&[(&l, m)]).unwrap();
     let page = s
@@ -792,7 +815,7 @@ fn truncate_removes_only_that_table() {
         )
         .unwrap();
     assert!(page.partitions.is_empty());
-    assert!(read_all(&s, &l, 10, "p1", 0).rows.is_empty());
+    assert!(read_all(&s, &l, spread_token(1), "p1", 0).rows.is_empty());
     assert_eq!(read_all(&s, &l2, 15, "q", 0).rows.len(), 1);
 }
 
@@ -881,7 +904,7 @@ fn group_commit_shares_one_fsync_among_waiting_writers() {
     // Deterministic: the sync thread is held while 32 writers apply, so when it is
     // released one fsync must acknowledge all of them.
     const WRITERS: usize = 32;
-    let (_d, s) = open(Durability::Batch);
+    let (_d, s) = open_one_store(Durability::Batch);
     let l = layout_no_ck(T2);
     let hold = s.hold_sync();
     let before = s.fsync_count();
@@ -988,7 +1011,7 @@ fn journal_in_os_contains(dir: &std::path::Path, needle: &[u8]) -> bool {
 #[test]
 fn periodic_mode_acknowledges_only_what_is_in_the_os_and_flushes_a_turn_at_once() {
     // A long interval: no timed fsync (which also flushes) interferes.
-    let (dir, s) = open(Durability::Periodic {
+    let (dir, s) = open_one_store(Durability::Periodic {
         interval: Duration::from_secs(3600),
     });
     let l = layout_no_ck(T2);
@@ -1000,12 +1023,12 @@ fn periodic_mode_acknowledges_only_what_is_in_the_os_and_flushes_a_turn_at_once(
     m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
     let t = s.apply(&[(&l, m)]).unwrap();
     assert!(
-        !journal_in_os_contains(dir.path(), b"first-write-marker"),
+        !journal_in_os_contains(&dir.path().join("store-0"), b"first-write-marker"),
         "apply wrote to the OS"
     );
     rt.block_on(s.wait_durable(t)).unwrap();
     assert!(
-        journal_in_os_contains(dir.path(), b"first-write-marker"),
+        journal_in_os_contains(&dir.path().join("store-0"), b"first-write-marker"),
         "acknowledged but not in the OS"
     );
     // Sixty-four writers of one turn: one flush carries them all.
@@ -1033,7 +1056,7 @@ fn periodic_mode_acknowledges_only_what_is_in_the_os_and_flushes_a_turn_at_once(
     for w in 0..WRITERS {
         let marker = format!("turn-writer-{w:02}");
         assert!(
-            journal_in_os_contains(dir.path(), marker.as_bytes()),
+            journal_in_os_contains(&dir.path().join("store-0"), marker.as_bytes()),
             "{marker}"
         );
     }
@@ -1051,11 +1074,11 @@ fn close_makes_pending_tickets_durable_and_refuses_writes() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    rt.block_on(s.wait_durable(t)).unwrap();
+    rt.block_on(s.wait_durable(t.clone())).unwrap();
     assert_eq!(s.apply(&[(&l, m)]), Err(StorageError::Closed));
     // A ticket the closed storage never made durable fails instead of hanging.
     assert_eq!(
-        rt.block_on(s.wait_durable(CommitTicket(t.0 + 1))),
+        rt.block_on(s.wait_durable(t.successor())),
         Err(StorageError::Closed)
     );
 }
@@ -1152,12 +1175,12 @@ fn acked_writes_survive_sigkill() {
 fn group_commit_fsyncs_fjall_journal_directly() {
     // The side fsync relies on fjall's journal layout; if it changes, this fails (the
     // storage would still be correct, falling back to fjall's locked fsync).
-    let (d, s) = open(Durability::Batch);
+    let (d, s) = open_one_store(Durability::Batch);
     let l = layout_no_ck(T2);
     let mut m = mutation(T2, 1, "k");
     m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
     s.apply(&[(&l, m)]).unwrap();
-    let mut syncer = crate::journal_sync::JournalSyncer::new(d.path());
+    let mut syncer = crate::journal_sync::JournalSyncer::new(&d.path().join("store-0"));
     assert_eq!(syncer.sync(), Ok(()));
 }
 
@@ -1551,5 +1574,196 @@ mod model_check {
             }
             prop_assert_eq!(seen, want);
         }
+    }
+}
+
+mod stores {
+    //! The data spread over several stores: which store owns what, batches that span
+    //! stores and their batchlog, and how a data directory keeps its layout.
+
+    use super::*;
+
+    /// A one-row mutation of partition `p{i}` at `spread_token(i)`.
+    fn row_of(i: i64) -> Mutation {
+        let mut m = mutation(T2, spread_token(i), &format!("p{i}"));
+        m.rows
+            .push(insert_row(vec![], vec![cell(1, &format!("v{i}"), 1)], 1));
+        m
+    }
+
+    fn has_row(s: &Storage, i: i64) -> bool {
+        !read_all(s, &layout_no_ck(T2), spread_token(i), &format!("p{i}"), 0)
+            .rows
+            .is_empty()
+    }
+
+    #[test]
+    fn partitions_spread_over_the_stores_as_over_the_shards() {
+        let (_d, s) = open(periodic());
+        assert_eq!(s.store_count(), STORES);
+        let owners: Vec<usize> = (0..3).map(|i| s.store_of(spread_token(i))).collect();
+        assert_eq!(owners, [0, 1, 2]);
+        // The same function routes requests to shards.
+        for token in [i64::MIN, -7, 0, 7, spread_token(1), i64::MAX] {
+            assert_eq!(
+                s.store_of(token),
+                sluice_types::token::shard_of(token, STORES as u32, 12) as usize
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_across_stores_is_whole_and_leaves_no_batchlog_once_durable() {
+        for durability in [Durability::Batch, periodic()] {
+            let (_d, s) = open(durability);
+            let l = layout_no_ck(T2);
+            let batch: Vec<_> = (0..6).map(|i| (&l, row_of(i))).collect();
+            let ticket = s.apply(&batch).unwrap();
+            // Visible at once; the record waits in every store the batch touched.
+            assert!((0..6).all(|i| has_row(&s, i)));
+            assert_eq!(s.batchlog_records(), vec![1; STORES]);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(s.wait_durable(ticket)).unwrap();
+            assert_eq!(s.batchlog_records(), vec![0; STORES]);
+            // A batch within one store writes no record.
+            let one = [(&l, row_of(0)), (&l, row_of(3))];
+            let ticket = s.apply(&one).unwrap();
+            assert_eq!(s.batchlog_records(), vec![0; STORES]);
+            rt.block_on(s.wait_durable(ticket)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_batch_cut_short_by_a_crash_is_completed_when_storage_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = layout_no_ck(T2);
+        {
+            let s = open_at(dir.path(), Durability::Batch);
+            let batch: Vec<_> = (0..3).map(|i| (&l, row_of(i))).collect();
+            s.apply_first_part_only(&batch).unwrap();
+            // Only the first store's part is there.
+            assert_eq!(
+                (0..3).map(|i| has_row(&s, i)).collect::<Vec<_>>(),
+                [true, false, false]
+            );
+            assert_eq!(s.batchlog_records(), vec![1, 0, 0]);
+            // Partition p1, not yet written by the batch, gets a newer value meanwhile.
+            let mut newer = mutation(T2, spread_token(1), "p1");
+            newer
+                .rows
+                .push(insert_row(vec![], vec![cell(1, "newer", 5)], 5));
+            s.apply(&[(&l, newer)]).unwrap();
+            s.close().unwrap();
+        }
+        let p1 = |s: &Storage| {
+            let read = read_all(s, &l, spread_token(1), "p1", 0);
+            value(&read.rows[0], 1)
+        };
+        let s = open_at(dir.path(), Durability::Batch);
+        assert!((0..3).all(|i| has_row(&s, i)), "the batch is completed");
+        assert_eq!(
+            p1(&s),
+            Some(text("newer")),
+            "the replay merged by timestamp"
+        );
+        assert_eq!(s.batchlog_records(), vec![0; STORES]);
+        // Replayed once: opening again finds nothing to replay and changes nothing.
+        s.close().unwrap();
+        drop(s);
+        let s = open_at(dir.path(), Durability::Batch);
+        assert!((0..3).all(|i| has_row(&s, i)));
+        assert_eq!(p1(&s), Some(text("newer")));
+        assert_eq!(s.batchlog_records(), vec![0; STORES]);
+    }
+
+    #[test]
+    fn a_data_directory_keeps_its_number_of_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = layout_no_ck(T2);
+        {
+            let s = open_with_stores(dir.path(), Durability::Batch, 2);
+            let batch: Vec<_> = (0..4).map(|i| (&l, row_of(i))).collect();
+            s.apply(&batch).unwrap();
+            s.close().unwrap();
+        }
+        let s = open_with_stores(dir.path(), Durability::Batch, 5);
+        assert_eq!(s.store_count(), 2);
+        assert!((0..4).all(|i| has_row(&s, i)));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("STORES")).unwrap(),
+            "2\n"
+        );
+    }
+
+    #[test]
+    fn a_directory_from_before_stores_is_one_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = layout_no_ck(T2);
+        {
+            // What a data directory held before stores: one fjall database at its root.
+            let store = crate::store::Store::open(dir.path(), Durability::Batch, 8 << 20).unwrap();
+            let prepared = crate::store::Store::prepare(&[(&l, row_of(1))]).unwrap();
+            store.commit(prepared, None).unwrap();
+            store.close().unwrap();
+        }
+        let s = open_with_stores(dir.path(), Durability::Batch, 4);
+        assert_eq!(s.store_count(), 1);
+        assert!(has_row(&s, 1));
+        assert!(!dir.path().join("STORES").exists());
+    }
+
+    #[test]
+    fn a_bad_stores_file_is_an_error_not_a_new_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("STORES"), "lots\n").unwrap();
+        let opened = Storage::open(StorageConfig {
+            path: dir.path().to_path_buf(),
+            durability: Durability::Batch,
+            cache_bytes: 8 << 20,
+            stores: 2,
+        });
+        assert!(matches!(opened, Err(StorageError::Corrupt(_))));
+    }
+
+    #[test]
+    fn scans_merge_the_stores_in_token_order() {
+        let (_d, s) = open(periodic());
+        let l = layout_no_ck(T2);
+        // 60 partitions at Murmur3 tokens of their keys, written one by one.
+        let mut tokens: Vec<(i64, String)> = (0..60)
+            .map(|i| {
+                let pk = format!("k{i}");
+                (sluice_types::murmur3_token(pk.as_bytes()), pk)
+            })
+            .collect();
+        for (token, pk) in &tokens {
+            let mut m = mutation(T2, *token, pk);
+            m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
+            s.apply(&[(&l, m)]).unwrap();
+        }
+        let mut per_store = [0usize; STORES];
+        for (token, _) in &tokens {
+            per_store[s.store_of(*token)] += 1;
+        }
+        assert!(per_store.iter().all(|&n| n > 0), "{per_store:?}");
+        tokens.sort();
+        let mut seen = Vec::new();
+        let mut start = ScanStart::Token(Bound::Unbounded);
+        loop {
+            let page = s.scan(&l, &start, Bound::Unbounded, 7, 0).unwrap();
+            for p in &page.partitions {
+                seen.push((
+                    p.token,
+                    String::from_utf8(p.partition_key.to_vec()).unwrap(),
+                ));
+            }
+            match page.next {
+                Some(next) => start = next,
+                None => break,
+            }
+        }
+        assert_eq!(seen, tokens);
     }
 }

@@ -127,6 +127,10 @@ pub fn routing_key(components: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// ScyllaDB's `SCYLLA_SHARDING_IGNORE_MSB` as Sluice advertises it: shards, stores and
+/// shard-aware drivers agree on it.
+pub const SHARDING_IGNORE_MSB: u8 = 12;
+
 /// The ScyllaDB shard that owns `token` (biased-token-round-robin sharding):
 /// `((((token + 2^63) mod 2^64) << ignore_msb) mod 2^64) * nr_shards >> 64`.
 ///

@@ -254,6 +254,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
             interval: Duration::from_secs(3600),
         },
         cache_bytes: 16 << 20,
+        stores: 1,
     })
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());

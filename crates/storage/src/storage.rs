@@ -1,0 +1,476 @@
+//! `Storage`: the row store, one fjall database (`Store`) per slice of the token ring.
+//!
+//! Each store has its own journal, memtables, sync thread and partition stripes, and owns
+//! the partitions whose tokens fall in its slice — the same slices as the shards
+//! (`sluice_types::token::shard_of`), so that a shard writing its own partitions shares no
+//! lock with the other shards. A data directory keeps the number of stores it was created
+//! with (written in its `STORES` file before any store exists); a directory written before
+//! stores existed is one store.
+//!
+//! A batch whose partitions live in several stores is committed store by store. Each part
+//! carries the whole batch as a batchlog record in the same journal batch, so that if any
+//! part survives a crash, opening the storage replays every part (a replay merges by
+//! timestamp like any write, so replaying what is already there changes nothing). Once
+//! every part is durable the record is removed.
+
+use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
+use crate::store::{Prepared, Store};
+use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
+use bytes::Bytes;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Name of the file in a data directory that records its number of stores.
+const STORES_FILE: &str = "STORES";
+
+/// Meta key prefix of batchlog records.
+const BATCHLOG_PREFIX: &[u8] = b"batchlog/";
+
+/// Most stores a data directory may have (a sanity bound on the `STORES` file).
+const MAX_STORES: usize = 1024;
+
+/// The row store. Cheap to clone; all clones share the same stores.
+#[derive(Clone)]
+pub struct Storage {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    stores: Box<[Store]>,
+    /// Distinguishes this process's batchlog keys from those of earlier runs.
+    batch_epoch: u64,
+    batch_seq: AtomicU64,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("stores", &self.inner.stores.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Proof that a write was applied; wait on it with `Storage::wait_durable`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitTicket(Ticket);
+
+/// A batch that spans stores: its parts by store, its batchlog key and record.
+type SplitBatch = (Vec<(usize, Prepared)>, Vec<u8>, Vec<u8>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ticket {
+    /// Committed to one store.
+    One { store: usize, seq: u64 },
+    /// Committed to several stores, each part with the batchlog record `key`.
+    Many {
+        parts: Vec<(usize, u64)>,
+        key: Vec<u8>,
+    },
+}
+
+impl CommitTicket {
+    /// Test hook: the ticket of the next commit to the same stores (not made yet).
+    #[cfg(test)]
+    pub(crate) fn successor(&self) -> CommitTicket {
+        CommitTicket(match &self.0 {
+            Ticket::One { store, seq } => Ticket::One {
+                store: *store,
+                seq: seq + 1,
+            },
+            Ticket::Many { parts, key } => Ticket::Many {
+                parts: parts.iter().map(|&(store, seq)| (store, seq + 1)).collect(),
+                key: key.clone(),
+            },
+        })
+    }
+}
+
+impl Storage {
+    /// Opens (or creates) the storage in `config.path`, replays any batchlog records left
+    /// by a crash, and starts each store's sync thread.
+    pub fn open(config: StorageConfig) -> Result<Storage, StorageError> {
+        let dirs = store_dirs(&config.path, config.stores)?;
+        let cache_each = config.cache_bytes / dirs.len() as u64;
+        let stores = dirs
+            .iter()
+            .map(|dir| Store::open(dir, config.durability, cache_each))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_boxed_slice();
+        let batch_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let storage = Storage {
+            inner: Arc::new(Shared {
+                stores,
+                batch_epoch,
+                batch_seq: AtomicU64::new(0),
+            }),
+        };
+        storage.replay_batchlog()?;
+        Ok(storage)
+    }
+
+    /// Number of stores (fjall databases) the data is spread over.
+    pub fn store_count(&self) -> usize {
+        self.inner.stores.len()
+    }
+
+    /// The store that owns partitions with this token.
+    pub(crate) fn store_of(&self, token: i64) -> usize {
+        let n = self.inner.stores.len();
+        sluice_types::token::shard_of(token, n as u32, sluice_types::token::SHARDING_IGNORE_MSB)
+            as usize
+    }
+
+    fn store(&self, token: i64) -> &Store {
+        &self.inner.stores[self.store_of(token)]
+    }
+
+    /// Applies mutations: atomically (one engine batch) when their partitions share a
+    /// store, else store by store with a batchlog record (see the module doc). LWW merge
+    /// per cell happens here. Returns when the data is visible to reads; durability is
+    /// awaited with `wait_durable`.
+    pub fn apply(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<CommitTicket, StorageError> {
+        let stores = &self.inner.stores;
+        let first = mutations.first().map_or(0, |(_, m)| self.store_of(m.token));
+        if mutations
+            .iter()
+            .all(|(_, m)| self.store_of(m.token) == first)
+        {
+            // Everything expensive happens in `prepare`, before any lock.
+            let seq = stores[first].commit(Store::prepare(mutations)?, None)?;
+            return Ok(CommitTicket(Ticket::One { store: first, seq }));
+        }
+        let (parts, key, record) = self.split_batch(mutations)?;
+        let mut committed = Vec::with_capacity(parts.len());
+        for (store, prepared) in parts {
+            let seq = stores[store].commit(prepared, Some((&key, &record)))?;
+            committed.push((store, seq));
+        }
+        Ok(CommitTicket(Ticket::Many {
+            parts: committed,
+            key,
+        }))
+    }
+
+    /// Splits a batch that spans stores into its parts, a batchlog key and the record.
+    fn split_batch(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<SplitBatch, StorageError> {
+        let mut parts: Vec<(usize, Prepared)> = Vec::new();
+        for store in 0..self.inner.stores.len() {
+            let own = mutations
+                .iter()
+                .filter(|(_, m)| self.store_of(m.token) == store);
+            let prepared = Store::prepare(own)?;
+            if !prepared.is_empty() {
+                parts.push((store, prepared));
+            }
+        }
+        let record = encode_record(&parts)?;
+        let seq = self.inner.batch_seq.fetch_add(1, Ordering::Relaxed);
+        let mut key = BATCHLOG_PREFIX.to_vec();
+        key.extend_from_slice(&self.inner.batch_epoch.to_be_bytes());
+        key.extend_from_slice(&seq.to_be_bytes());
+        Ok((parts, key, record))
+    }
+
+    /// Test hook: commits only the first part of a batch that spans stores, with its
+    /// batchlog record, as if the process died before committing the others.
+    #[cfg(test)]
+    pub(crate) fn apply_first_part_only(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<(), StorageError> {
+        let (parts, key, record) = self.split_batch(mutations)?;
+        assert!(parts.len() > 1, "the batch must span stores");
+        let (store, prepared) = parts.into_iter().next().ok_or(StorageError::Closed)?;
+        self.inner.stores[store].commit(prepared, Some((&key, &record)))?;
+        Ok(())
+    }
+
+    /// Test hook: the number of batchlog records in each store.
+    #[cfg(test)]
+    pub(crate) fn batchlog_records(&self) -> Vec<usize> {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.meta_scan(BATCHLOG_PREFIX).map_or(0, |r| r.len()))
+            .collect()
+    }
+
+    /// Resolves once the ticket's write is durable: in Batch mode after the group fsync; in
+    /// Periodic mode once it is in the OS (the next timed fsync makes it durable).
+    pub async fn wait_durable(&self, ticket: CommitTicket) -> Result<(), StorageError> {
+        let stores = &self.inner.stores;
+        match ticket.0 {
+            Ticket::One { store, seq } => stores[store].wait_durable(seq).await,
+            Ticket::Many { parts, key } => {
+                for &(store, seq) in &parts {
+                    stores[store].wait_durable(seq).await?;
+                }
+                // Every part is durable: the record is no longer needed. Not fsynced: if
+                // the removal is lost, the next open replays the record, which is harmless.
+                for &(store, _) in &parts {
+                    stores[store].forget_batchlog(&key)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Replays the batchlog records found in any store, then removes them.
+    fn replay_batchlog(&self) -> Result<(), StorageError> {
+        let stores = &self.inner.stores;
+        let mut records = std::collections::BTreeMap::new();
+        for store in stores.iter() {
+            records.extend(store.meta_scan(BATCHLOG_PREFIX)?);
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            records = records.len(),
+            "replaying batches that spanned stores"
+        );
+        for record in records.values() {
+            for (store, prepared) in decode_record(record, stores.len())? {
+                match stores[store].commit(prepared, None) {
+                    Ok(_) => {}
+                    // The same deterministic error the original write met: skip that part.
+                    Err(e @ (StorageError::TooLarge(_) | StorageError::Corrupt(_))) => {
+                        tracing::warn!(error = %e, "a replayed batch part was not applied")
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for store in stores.iter() {
+            store.sync_all()?;
+        }
+        for key in records.keys() {
+            for store in stores.iter() {
+                store.meta_delete(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of rows written whole without reading what they replace (tests, metrics).
+    pub fn replaced_row_count(&self) -> u64 {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::replaced_row_count)
+            .sum()
+    }
+
+    /// Number of journal fsyncs done by the sync threads (for tests and metrics).
+    pub fn fsync_count(&self) -> u64 {
+        self.inner.stores.iter().map(Store::fsync_count).sum()
+    }
+
+    /// Number of journal buffer flushes made for waiting writers in Periodic mode (tests, metrics).
+    pub fn buffer_flush_count(&self) -> u64 {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::buffer_flush_count)
+            .sum()
+    }
+
+    /// Test hook: the number of stored entries (headers and rows, live or not) of a table.
+    #[cfg(test)]
+    pub(crate) fn raw_entry_count(&self, table: TableId) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.raw_entry_count(table))
+            .sum()
+    }
+
+    /// Test hook: holds every sync thread before its next fsync while the guards live.
+    #[cfg(test)]
+    pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
+        self.inner.stores.iter().map(Store::hold_sync).collect()
+    }
+
+    /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after
+    /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
+    /// rows are not returned (`now_secs` = now as epoch seconds).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_partition(
+        &self,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        slice: &ClusteringSlice,
+        after: Option<&[Bytes]>,
+        limit: usize,
+        now_secs: u32,
+    ) -> Result<PartitionRead, StorageError> {
+        self.store(token).read_partition(
+            layout,
+            token,
+            partition_key,
+            slice,
+            after,
+            limit,
+            now_secs,
+        )
+    }
+
+    /// Token-ordered scan of a table from `start` up to `end` (token bound), returning at most
+    /// `row_limit` rows in total (a partition with only a static row counts as 1) and where to resume.
+    ///
+    /// A resumed partition (`ScanStart::Resume`) is returned with its static row, for the
+    /// caller to fill static columns, but only when it still has rows; its static row alone
+    /// does not count again.
+    pub fn scan(
+        &self,
+        layout: &TableLayout,
+        start: &ScanStart,
+        end: Bound<i64>,
+        row_limit: usize,
+        now_secs: u32,
+    ) -> Result<ScanPage, StorageError> {
+        let resume_in = match start {
+            ScanStart::Resume { token, .. } => self.store_of(*token),
+            ScanStart::Token(_) => 0,
+        };
+        Store::scan(
+            &self.inner.stores,
+            resume_in,
+            layout,
+            start,
+            end,
+            row_limit,
+            now_secs,
+        )
+    }
+
+    /// Deletes all data of a table (TRUNCATE / DROP TABLE).
+    pub fn truncate(&self, table: TableId) -> Result<(), StorageError> {
+        self.inner.stores.iter().try_for_each(|s| s.truncate(table))
+    }
+
+    /// Small durable metadata store for the schema catalog (synchronously fsynced).
+    pub fn meta_put(&self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+        self.inner.stores[0].meta_put(key, value)
+    }
+
+    /// Deletes one metadata key (synchronously fsynced).
+    pub fn meta_delete(&self, key: &[u8]) -> Result<(), StorageError> {
+        self.inner.stores[0].meta_delete(key)
+    }
+
+    /// All metadata entries whose key starts with `prefix`, in key order.
+    pub fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        self.inner.stores[0].meta_scan(prefix)
+    }
+
+    /// Flushes and fsyncs everything (clean shutdown). Later calls fail with `Closed`.
+    pub fn close(&self) -> Result<(), StorageError> {
+        // Every store is closed, even when one of them fails.
+        let results: Vec<_> = self.inner.stores.iter().map(Store::close).collect();
+        results.into_iter().collect()
+    }
+}
+
+/// The store directories of a data directory: `store-0` .. `store-{n-1}` as its `STORES`
+/// file says, writing that file (with `wanted` stores) when the directory is new. A
+/// non-empty directory without it predates stores and is one store itself.
+fn store_dirs(path: &Path, wanted: usize) -> Result<Vec<std::path::PathBuf>, StorageError> {
+    const IO: StorageError = StorageError::Io("cannot set up the data directory");
+    let log = |e: std::io::Error| {
+        tracing::error!(error = %e, path = %path.display(), "data directory");
+        IO
+    };
+    let file = path.join(STORES_FILE);
+    let count = match std::fs::read_to_string(&file) {
+        Ok(text) => text
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_STORES).contains(n))
+            .ok_or(StorageError::Corrupt(
+                "bad STORES file in the data directory",
+            ))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let has_data = match std::fs::read_dir(path) {
+                Ok(mut entries) => entries.next().is_some(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => return Err(log(e)),
+            };
+            if has_data {
+                return Ok(vec![path.to_path_buf()]);
+            }
+            let count = wanted.clamp(1, MAX_STORES);
+            std::fs::create_dir_all(path).map_err(log)?;
+            write_durably(path, STORES_FILE, format!("{count}\n").as_bytes()).map_err(log)?;
+            count
+        }
+        Err(e) => return Err(log(e)),
+    };
+    if count != wanted {
+        tracing::info!(
+            stores = count,
+            wanted,
+            "the data directory keeps the number of stores it was created with"
+        );
+    }
+    Ok((0..count)
+        .map(|i| path.join(format!("store-{i}")))
+        .collect())
+}
+
+/// Writes `name` in `dir` through a temporary file, fsyncing the file and the directory.
+fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A batchlog record: the number of parts, then per part its store and its entries.
+fn encode_record(parts: &[(usize, Prepared)]) -> Result<Vec<u8>, StorageError> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(parts.len() as u32).to_be_bytes());
+    for (store, prepared) in parts {
+        out.extend_from_slice(&(*store as u32).to_be_bytes());
+        prepared.encode(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// Decodes `encode_record`, checking every store index against `stores`.
+fn decode_record(mut input: &[u8], stores: usize) -> Result<Vec<(usize, Prepared)>, StorageError> {
+    const BAD: StorageError = StorageError::Corrupt("bad batchlog record");
+    let take_u32 = |input: &mut &[u8]| -> Result<usize, StorageError> {
+        let (head, rest) = input.split_first_chunk::<4>().ok_or(BAD)?;
+        *input = rest;
+        Ok(u32::from_be_bytes(*head) as usize)
+    };
+    let count = take_u32(&mut input)?;
+    let mut parts = Vec::new();
+    for _ in 0..count {
+        let store = take_u32(&mut input)?;
+        if store >= stores {
+            return Err(BAD);
+        }
+        parts.push((store, Prepared::decode(&mut input)?));
+    }
+    if !input.is_empty() {
+        return Err(BAD);
+    }
+    Ok(parts)
+}
