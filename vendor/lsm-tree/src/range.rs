@@ -197,30 +197,24 @@ impl TreeIter {
 
             // Sealed memtables
             for memtable in lock.version.sealed_memtables.iter() {
-                let iter = memtable.range(range.clone());
+                // Sluice patch: one version per key from each memtable (`VisibleRange`).
+                let iter = memtable.range_visible(range.clone(), seqno);
 
-                iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
-                        .map(Ok),
-                ));
+                iters.push(Box::new(iter.map(Ok)));
             }
 
             // Active memtable
             {
-                let iter = lock.version.active_memtable.range(range.clone());
+                let iter = lock
+                    .version
+                    .active_memtable
+                    .range_visible(range.clone(), seqno);
 
-                iters.push(Box::new(
-                    iter.filter(move |item| seqno_filter(item.key.seqno, seqno))
-                        .map(Ok),
-                ));
+                iters.push(Box::new(iter.map(Ok)));
             }
 
             if let Some((mt, seqno)) = &lock.ephemeral {
-                let iter = Box::new(
-                    mt.range(range)
-                        .filter(move |item| seqno_filter(item.key.seqno, *seqno))
-                        .map(Ok),
-                );
+                let iter = Box::new(mt.range_visible(range, *seqno).map(Ok));
                 iters.push(iter);
             }
 

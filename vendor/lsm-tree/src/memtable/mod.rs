@@ -7,8 +7,10 @@ use crate::{
     value::{InternalValue, SeqNo, UserValue},
     ValueType,
 };
+use crate::UserKey;
+use crossbeam_skiplist::map::Entry;
 use crossbeam_skiplist::SkipMap;
-use std::ops::RangeBounds;
+use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 pub use crate::tree::inner::MemtableId;
@@ -84,6 +86,27 @@ impl Memtable {
             key: entry.key().clone(),
             value: entry.value().clone(),
         })
+    }
+
+    /// Sluice patch: a range that yields, going forward, only the newest version of each
+    /// key visible at `seqno` (see `VisibleRange`).
+    pub(crate) fn range_visible(
+        &self,
+        range: (Bound<InternalKey>, Bound<InternalKey>),
+        seqno: SeqNo,
+    ) -> VisibleRange<'_> {
+        VisibleRange {
+            items: &self.items,
+            seqno,
+            lo: range.0,
+            hi: range.1,
+            front: None,
+            front_started: false,
+            back: None,
+            back_started: false,
+            front_last: None,
+            back_last: None,
+        }
     }
 
     /// Returns the item by key if it exists.
@@ -175,6 +198,146 @@ impl Memtable {
                 self.highest_seqno
                     .load(std::sync::atomic::Ordering::Acquire),
             )
+        }
+    }
+}
+
+/// How many older versions of a key `VisibleRange` steps over one by one before it seeks
+/// past the rest (a seek costs a search from the top of the skiplist).
+const VERSION_STEPS_BEFORE_SEEK: usize = 4;
+
+/// Sluice patch: a range of a memtable that yields, going forward, only the newest version
+/// of each user key visible at `seqno` (item seqno below it), and skips the older versions
+/// with a seek once there are more than a few. A key overwritten many times (every write
+/// adds a version until the memtable is flushed) then costs a read a handful of steps
+/// instead of one per version. Going backward it yields every visible version, as
+/// `range` + a seqno filter did; the consumer (`MvccStream`) keeps the newest either way,
+/// since each source still yields the newest visible version of each key it holds.
+pub struct VisibleRange<'a> {
+    items: &'a SkipMap<InternalKey, UserValue>,
+    seqno: SeqNo,
+    lo: Bound<InternalKey>,
+    hi: Bound<InternalKey>,
+    /// The next entry to look at from the front (None: exhausted or not started).
+    front: Option<Entry<'a, InternalKey, UserValue>>,
+    front_started: bool,
+    back: Option<Entry<'a, InternalKey, UserValue>>,
+    back_started: bool,
+    /// The user key last yielded at each end: the ends stop where they meet.
+    front_last: Option<UserKey>,
+    back_last: Option<UserKey>,
+}
+
+impl<'a> VisibleRange<'a> {
+    fn above_lo(&self, key: &InternalKey) -> bool {
+        match &self.lo {
+            Bound::Included(lo) => key >= lo,
+            Bound::Excluded(lo) => key > lo,
+            Bound::Unbounded => true,
+        }
+    }
+
+    fn below_hi(&self, key: &InternalKey) -> bool {
+        match &self.hi {
+            Bound::Included(hi) => key <= hi,
+            Bound::Excluded(hi) => key < hi,
+            Bound::Unbounded => true,
+        }
+    }
+
+    /// The first entry after `entry` whose user key is not `user_key`.
+    fn past_versions(
+        &self,
+        entry: Entry<'a, InternalKey, UserValue>,
+        user_key: &UserKey,
+    ) -> Option<Entry<'a, InternalKey, UserValue>> {
+        let mut next = entry.next();
+        for _ in 0..VERSION_STEPS_BEFORE_SEEK {
+            let e = next?;
+            if e.key().user_key != *user_key {
+                return Some(e);
+            }
+            next = e.next();
+        }
+        let e = next?;
+        if e.key().user_key != *user_key {
+            return Some(e);
+        }
+        // Seqno 0 sorts last among a key's versions (whatever the value type).
+        let last_version = InternalKey::new(user_key.clone(), 0, ValueType::Tombstone);
+        self.items.lower_bound(Bound::Excluded(&last_version))
+    }
+}
+
+impl Iterator for VisibleRange<'_> {
+    type Item = InternalValue;
+
+    fn next(&mut self) -> Option<InternalValue> {
+        if !self.front_started {
+            self.front_started = true;
+            self.front = match &self.lo {
+                Bound::Included(k) => self.items.lower_bound(Bound::Included(k)),
+                Bound::Excluded(k) => self.items.lower_bound(Bound::Excluded(k)),
+                Bound::Unbounded => self.items.front(),
+            };
+        }
+        loop {
+            let entry = self.front.take()?;
+            let key = entry.key();
+            if !self.below_hi(key)
+                || self
+                    .back_last
+                    .as_ref()
+                    .is_some_and(|back| key.user_key >= *back)
+            {
+                return None;
+            }
+            if key.seqno >= self.seqno {
+                // Newer than the reader's snapshot.
+                self.front = entry.next();
+                continue;
+            }
+            let item = InternalValue {
+                key: key.clone(),
+                value: entry.value().clone(),
+            };
+            self.front = self.past_versions(entry, &item.key.user_key);
+            self.front_last = Some(item.key.user_key.clone());
+            return Some(item);
+        }
+    }
+}
+
+impl DoubleEndedIterator for VisibleRange<'_> {
+    fn next_back(&mut self) -> Option<InternalValue> {
+        if !self.back_started {
+            self.back_started = true;
+            self.back = match &self.hi {
+                Bound::Included(k) => self.items.upper_bound(Bound::Included(k)),
+                Bound::Excluded(k) => self.items.upper_bound(Bound::Excluded(k)),
+                Bound::Unbounded => self.items.back(),
+            };
+        }
+        loop {
+            let entry = self.back.take()?;
+            let key = entry.key();
+            if !self.above_lo(key)
+                || self
+                    .front_last
+                    .as_ref()
+                    .is_some_and(|front| key.user_key <= *front)
+            {
+                return None;
+            }
+            self.back = entry.prev();
+            if key.seqno >= self.seqno {
+                continue;
+            }
+            self.back_last = Some(key.user_key.clone());
+            return Some(InternalValue {
+                key: key.clone(),
+                value: entry.value().clone(),
+            });
         }
     }
 }
@@ -377,5 +540,103 @@ mod tests {
             )),
             memtable.get(b"abc", 50)
         );
+    }
+    /// Sluice patch: `range_visible` read through `MvccStream` gives what `range` with a
+    /// seqno filter gives, forward and backward, for many versions of few keys.
+    #[test]
+    fn range_visible_matches_the_filtered_range() {
+        use crate::mvcc_stream::MvccStream;
+        use std::ops::Bound;
+
+        let memtable = Memtable::new(0);
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rand = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        // 40 keys, most with many versions, a few tombstones.
+        for seqno in 0..3_000u64 {
+            let key = format!("k{:02}", rand(40));
+            let value_type = if rand(10) == 0 {
+                ValueType::Tombstone
+            } else {
+                ValueType::Value
+            };
+            memtable.insert(InternalValue::from_components(
+                key.as_bytes(),
+                seqno.to_be_bytes(),
+                seqno,
+                value_type,
+            ));
+        }
+        let key = |i: u64| format!("k{i:02}").into_bytes();
+        // Bounds as `create_range` makes them.
+        let los = |i: u64| {
+            [
+                Bound::Unbounded,
+                Bound::Included(InternalKey::new(key(i), SeqNo::MAX, ValueType::Tombstone)),
+                Bound::Excluded(InternalKey::new(key(i), 0, ValueType::Tombstone)),
+            ]
+        };
+        let his = |i: u64| {
+            [
+                Bound::Unbounded,
+                Bound::Included(InternalKey::new(key(i), 0, ValueType::Value)),
+                Bound::Excluded(InternalKey::new(key(i), SeqNo::MAX, ValueType::Value)),
+            ]
+        };
+        let flat = |items: Vec<crate::Result<InternalValue>>| -> Vec<(Vec<u8>, SeqNo)> {
+            items
+                .into_iter()
+                .map(|v| {
+                    let v = v.expect("no I/O in a memtable");
+                    (v.key.user_key.to_vec(), v.key.seqno)
+                })
+                .collect()
+        };
+        let mut checked = 0;
+        for _ in 0..200 {
+            let (a, b) = (rand(42), rand(42));
+            let seqno = [1, 2, rand(3_000), rand(3_000), 3_000, SeqNo::MAX][rand(6) as usize];
+            for lo in los(a.min(b)) {
+                for hi in his(a.max(b)) {
+                    let range = (lo.clone(), hi.clone());
+                    let expected = |reverse: bool| {
+                        let iter = memtable
+                            .range(range.clone())
+                            .filter(|v| crate::range::seqno_filter(v.key.seqno, seqno))
+                            .map(Ok);
+                        let stream = MvccStream::new(iter);
+                        flat(if reverse {
+                            stream.rev().collect()
+                        } else {
+                            stream.collect()
+                        })
+                    };
+                    let actual = |reverse: bool| {
+                        let iter = memtable.range_visible(range.clone(), seqno).map(Ok);
+                        let stream = MvccStream::new(iter);
+                        flat(if reverse {
+                            stream.rev().collect()
+                        } else {
+                            stream.collect()
+                        })
+                    };
+                    assert_eq!(actual(false), expected(false), "{range:?} at {seqno}");
+                    assert_eq!(actual(true), expected(true), "{range:?} at {seqno}, reversed");
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 200 * 9);
+        // The forward stream steps over versions: fewer items than the plain range.
+        let plain = memtable.range::<(Bound<InternalKey>, Bound<InternalKey>)>((Bound::Unbounded, Bound::Unbounded)).count();
+        let visible = memtable
+            .range_visible((Bound::Unbounded, Bound::Unbounded), SeqNo::MAX)
+            .count();
+        assert_eq!(plain, 3_000);
+        assert_eq!(visible, 40);
     }
 }
