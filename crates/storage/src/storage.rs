@@ -14,7 +14,7 @@
 //! every part is durable the record is removed.
 
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
-use crate::store::{Prepared, Store};
+use crate::store::{take_batchlog_len, Prepared, Store};
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
 use bytes::Bytes;
 use std::ops::Bound;
@@ -257,9 +257,10 @@ impl Storage {
         for store in stores.iter() {
             store.sync_all()?;
         }
+        // The replayed parts are durable; the records need no fsync to go (see `wait_durable`).
         for key in records.keys() {
             for store in stores.iter() {
-                store.meta_delete(key)?;
+                store.forget_batchlog(key)?;
             }
         }
         Ok(())
@@ -458,15 +459,10 @@ fn encode_record(parts: &[(usize, Prepared)]) -> Result<Vec<u8>, StorageError> {
 /// Decodes `encode_record`, checking every store index against `stores`.
 fn decode_record(mut input: &[u8], stores: usize) -> Result<Vec<(usize, Prepared)>, StorageError> {
     const BAD: StorageError = StorageError::Corrupt("bad batchlog record");
-    let take_u32 = |input: &mut &[u8]| -> Result<usize, StorageError> {
-        let (head, rest) = input.split_first_chunk::<4>().ok_or(BAD)?;
-        *input = rest;
-        Ok(u32::from_be_bytes(*head) as usize)
-    };
-    let count = take_u32(&mut input)?;
+    let count = take_batchlog_len(&mut input)?;
     let mut parts = Vec::new();
     for _ in 0..count {
-        let store = take_u32(&mut input)?;
+        let store = take_batchlog_len(&mut input)?;
         if store >= stores {
             return Err(BAD);
         }

@@ -287,24 +287,16 @@ impl Prepared {
             *input = rest;
             Ok(head)
         }
-        fn take_len(input: &mut &[u8]) -> Result<usize, StorageError> {
-            let b: [u8; 4] = take(input, 4)?.try_into().map_err(|_| BAD)?;
-            Ok(u32::from_be_bytes(b) as usize)
-        }
-        let count = take_len(input)?;
+        let count = take_batchlog_len(input)?;
         let mut entries = BTreeMap::new();
         let mut stripes = Vec::new();
         for _ in 0..count {
             let kind = take(input, 1)?[0];
-            let key_len = take_len(input)?;
+            let key_len = take_batchlog_len(input)?;
             let key = take(input, key_len)?.to_vec();
-            let value_len = take_len(input)?;
+            let value_len = take_batchlog_len(input)?;
             let value = take(input, value_len)?;
-            let table: TableId = key.get(..16).and_then(|t| t.try_into().ok()).ok_or(BAD)?;
-            let token = keycodec::token_from_bytes(
-                key.get(16..24).and_then(|t| t.try_into().ok()).ok_or(BAD)?,
-            );
-            let stripe = Store::stripe_of(&table, token);
+            let stripe = Store::stripe_of_key(&key)?;
             stripes.push(stripe);
             let pending = match kind {
                 LOGGED_HEADER => Pending::Header(PartitionHeader::decode_value(value)?),
@@ -321,6 +313,15 @@ impl Prepared {
         stripes.dedup();
         Ok(Prepared { entries, stripes })
     }
+}
+
+/// Reads a batchlog length (u32, big-endian) from the front of `input`, advancing it.
+pub(crate) fn take_batchlog_len(input: &mut &[u8]) -> Result<usize, StorageError> {
+    let (head, rest) = input
+        .split_first_chunk::<4>()
+        .ok_or(StorageError::Corrupt("bad batchlog record"))?;
+    *input = rest;
+    Ok(u32::from_be_bytes(*head) as usize)
 }
 
 /// What one partition lock stripe guards besides the partitions themselves.
@@ -453,6 +454,18 @@ impl Store {
         // Tokens are already Murmur3 hashes; mix in the table so that tables spread too.
         let h = (token as u64 ^ u64::from_le_bytes(t)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (h >> 54) as usize % STRIPES
+    }
+
+    /// The stripe of the partition a data key (or a partition's key prefix) belongs to.
+    fn stripe_of_key(key: &[u8]) -> Result<usize, StorageError> {
+        const SHORT: StorageError = StorageError::Corrupt("short data key");
+        let table: TableId = key.get(..16).and_then(|t| t.try_into().ok()).ok_or(SHORT)?;
+        let token = keycodec::token_from_bytes(
+            key.get(16..24)
+                .and_then(|t| t.try_into().ok())
+                .ok_or(SHORT)?,
+        );
+        Ok(Self::stripe_of(&table, token))
     }
 
     /// Converts mutations to storage form, merging entries for the same key. No lock held.
@@ -710,17 +723,7 @@ impl Store {
         header: &PartitionHeader,
         range: &ByteRange,
     ) -> Result<(), StorageError> {
-        let table: TableId = prefix
-            .get(..16)
-            .and_then(|t| t.try_into().ok())
-            .ok_or(StorageError::Corrupt("short data key"))?;
-        let token = keycodec::token_from_bytes(
-            prefix
-                .get(16..24)
-                .and_then(|t| t.try_into().ok())
-                .ok_or(StorageError::Corrupt("short data key"))?,
-        );
-        let stripe = Self::stripe_of(&table, token);
+        let stripe = Self::stripe_of_key(prefix)?;
         let mut row_prefix = prefix.to_vec();
         row_prefix.push(KIND_ROW);
         let (mut from, end) = full_range(&row_prefix, range);
