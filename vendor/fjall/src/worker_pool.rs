@@ -157,6 +157,9 @@ impl Drop for ActiveThreadGuard {
     }
 }
 
+/// Journal size past which a flush seals the journal and starts a new one.
+const JOURNAL_ROTATION_BYTES: u64 = 64_000_000;
+
 struct WorkerState {
     pool_size: usize,
     worker_id: usize,
@@ -188,13 +191,27 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             };
 
             // Sluice patch: the journal fsync that precedes a flush runs after the journal
-            // lock is released (every writer needs that lock for each batch).
-            let mut journal_to_sync = None;
-            {
-                log::trace!("acquiring journal lock to maybe rotate journal");
+            // lock is released (every writer needs that lock for each batch). When the
+            // journal is also due for rotation, the bulk of the data is fsynced first,
+            // outside the lock, so that the rotation's own fsync under the lock only
+            // covers what was written meanwhile.
+            let (journal_to_sync, rotation_due) = {
+                log::trace!("acquiring journal lock to persist the journal buffer");
+                let mut journal_writer = ctx.supervisor.journal.get_writer()?;
+                journal_writer.persist(crate::PersistMode::Buffer)?;
+                (
+                    journal_writer.file_handle()?,
+                    journal_writer.pos()? > JOURNAL_ROTATION_BYTES,
+                )
+            };
+            journal_to_sync.sync_all()?;
+
+            if rotation_due {
+                log::trace!("acquiring journal lock to rotate journal");
                 let mut journal_writer = ctx.supervisor.journal.get_writer()?;
 
-                if journal_writer.pos()? > 64_000_000 {
+                // Another worker may have rotated it meanwhile.
+                if journal_writer.pos()? > JOURNAL_ROTATION_BYTES {
                     #[expect(clippy::expect_used)]
                     let mut journal_manager = ctx
                         .supervisor
@@ -225,14 +242,7 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                             keyspace.request_rotation();
                         }
                     }
-                } else {
-                    // https://github.com/fjall-rs/fjall/issues/329
-                    journal_writer.persist(crate::PersistMode::Buffer)?;
-                    journal_to_sync = Some(journal_writer.file_handle()?);
                 }
-            }
-            if let Some(file) = journal_to_sync {
-                file.sync_all()?;
             }
 
             run_flush(
