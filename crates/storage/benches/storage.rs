@@ -103,6 +103,21 @@ fn bench(c: &mut Criterion) {
             black_box(read.rows.len())
         })
     });
+    // The whole partition, as `SELECT ... WHERE pk = ?` reads it.
+    let whole = ClusteringSlice {
+        ranges: vec![(Bound::Unbounded, Bound::Unbounded)],
+        reversed: false,
+    };
+    c.bench_function("read_partition_whole", |b| {
+        b.iter(|| {
+            token = (token + 7919) % 10_000;
+            let pk = token.to_be_bytes();
+            let read = storage
+                .read_partition(&layout, token, &pk, &whole, None, 100, 0)
+                .expect("read");
+            black_box(read.rows.len())
+        })
+    });
     storage.close().expect("close");
 }
 

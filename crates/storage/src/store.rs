@@ -842,11 +842,6 @@ impl Store {
         self.check_open()?;
         let snapshot = self.db.snapshot();
         let prefix = keycodec::partition_prefix(&layout.id, token, partition_key);
-        let header = read_header(&snapshot, &self.data, &prefix)?;
-        let static_row = header
-            .static_row
-            .as_ref()
-            .and_then(|s| s.live_view(header.deletion, now_secs));
 
         let mut ranges = Vec::with_capacity(slice.ranges.len());
         let resume = match after {
@@ -903,15 +898,27 @@ impl Store {
             ranges.reverse();
         }
 
+        // The header key sorts just before the partition's first row: a forward read that
+        // starts there takes the header from its own range instead of a second lookup
+        // (which would search every memtable and consult every table's filter again).
+        let header_in_range =
+            !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
+        let mut header = if header_in_range {
+            PartitionHeader::default()
+        } else {
+            read_header(&snapshot, &self.data, &prefix)?
+        };
+        let header_len = prefix.len() + 1;
         let mut row_prefix = prefix;
         row_prefix.push(KIND_ROW);
         let mut out = PartitionRead {
-            static_row,
+            static_row: None,
             rows: Vec::new(),
             more: false,
         };
         let mut dead = 0usize;
-        'ranges: for (range, point) in &ranges {
+        'ranges: for (i, (range, point)) in ranges.iter().enumerate() {
+            let with_header = header_in_range && i == 0;
             let iter: Box<
                 dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
             > = match point {
@@ -926,8 +933,14 @@ impl Store {
                     )
                 }
                 None => {
+                    let (mut lo, hi) = full_range(&row_prefix, range);
+                    if with_header {
+                        let mut header_key = row_prefix[..header_len - 1].to_vec();
+                        header_key.push(KIND_HEADER);
+                        lo = Bound::Included(header_key);
+                    }
                     let iter = snapshot
-                        .range(&self.data, full_range(&row_prefix, range))
+                        .range(&self.data, (lo, hi))
                         .map(|g| g.into_inner().map_err(io));
                     if slice.reversed {
                         Box::new(iter.rev())
@@ -938,6 +951,11 @@ impl Store {
             };
             for entry in iter {
                 let (key, value) = entry?;
+                if with_header && key.len() == header_len {
+                    // Only the header key is this short within the range.
+                    header = PartitionHeader::decode_value(&value)?;
+                    continue;
+                }
                 let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
                 let row = StoredRow::decode_value(&value)?;
                 match row.live_view(header.deletion_for(clustering), now_secs) {
@@ -959,6 +977,10 @@ impl Store {
                 }
             }
         }
+        out.static_row = header
+            .static_row
+            .as_ref()
+            .and_then(|s| s.live_view(header.deletion, now_secs));
         Ok(out)
     }
 

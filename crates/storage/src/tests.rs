@@ -554,6 +554,66 @@ fn collection_elements_and_collection_deletion() {
     assert_eq!(paths, vec![text("c")]);
 }
 
+/// The partition header (static row, range tombstones) applies the same whether a read
+/// takes it from the range that starts at the partition's first row or looks it up apart
+/// (reversed reads, slices that start later, resumed pages).
+#[test]
+fn every_read_shape_sees_the_partition_header() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill(&s, &l, 4, &["a", "b"]);
+    let mut m = mutation(T1, 7, "p");
+    m.static_row = Some(RowMutation {
+        cells: vec![cell(9, "s", 5)],
+        ..Default::default()
+    });
+    // Hides c1 = 1 (written at 1).
+    m.range_deletions.push(RangeDeletion {
+        start: Bound::Included(vec![int(1)]),
+        end: Bound::Included(vec![int(1)]),
+        timestamp: 2,
+    });
+    s.apply(&[(&l, m)]).unwrap();
+    let read = |slice: &ClusteringSlice, after: Option<&[Bytes]>, limit: usize| {
+        s.read_partition(&l, 7, b"p", slice, after, limit, 0)
+            .unwrap()
+    };
+    let expected = vec![
+        ck(0, "b"),
+        ck(0, "a"),
+        ck(2, "b"),
+        ck(2, "a"),
+        ck(3, "b"),
+        ck(3, "a"),
+    ];
+    let whole = read(&ClusteringSlice::all(), None, usize::MAX);
+    assert_eq!(keys(&whole), expected);
+    let reversed = ClusteringSlice {
+        reversed: true,
+        ..ClusteringSlice::all()
+    };
+    let back = read(&reversed, None, usize::MAX);
+    assert_eq!(
+        keys(&back),
+        expected.iter().rev().cloned().collect::<Vec<_>>()
+    );
+    let later = ClusteringSlice {
+        ranges: vec![(Bound::Included(vec![int(1)]), Bound::Unbounded)],
+        reversed: false,
+    };
+    assert_eq!(
+        keys(&read(&later, None, usize::MAX)),
+        expected[2..].to_vec()
+    );
+    let first_page = read(&ClusteringSlice::all(), None, 2);
+    assert!(first_page.more);
+    let resumed = read(&ClusteringSlice::all(), Some(&expected[1]), usize::MAX);
+    assert_eq!(keys(&resumed), expected[2..].to_vec());
+    for r in [&whole, &back, &first_page, &resumed, &read(&later, None, 1)] {
+        assert_eq!(value(r.static_row.as_ref().unwrap(), 9), Some(text("s")));
+    }
+}
+
 #[test]
 fn static_row_read_and_deleted() {
     let (_d, s) = open(periodic());
