@@ -61,6 +61,14 @@ const TRUNCATE_CHUNK: usize = 1024;
 /// Journal size on disk before fjall flushes memtables so that old journals can go.
 const MAX_JOURNAL_BYTES: u64 = 512 << 20;
 
+/// Size at which the data keyspace's active memtable is sealed and flushed (fjall's default
+/// is 64 MiB). Every write inserts into a skiplist whose searches miss the cache more the
+/// larger it grows, and every version of an overwritten row stays in it until the flush.
+/// On one core at 70,000 requests/s, 16 MiB cost 7.7 us of CPU per write against 8.7 us
+/// at 64 MiB, and reads after a write phase 8.7 us against 14.3 us (flushes included).
+/// fjall stores it with the keyspace: a directory created before keeps its own.
+const DATA_MEMTABLE_BYTES: u64 = 16 << 20;
+
 const DATA_KEYSPACE: &str = "data";
 const META_KEYSPACE: &str = "meta";
 
@@ -364,7 +372,9 @@ impl Store {
             .open()
             .map_err(io)?;
         let data = db
-            .keyspace(DATA_KEYSPACE, KeyspaceCreateOptions::default)
+            .keyspace(DATA_KEYSPACE, || {
+                KeyspaceCreateOptions::default().max_memtable_size(DATA_MEMTABLE_BYTES)
+            })
             .map_err(io)?;
         let meta = db
             .keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)
