@@ -86,38 +86,32 @@ fn bench(c: &mut Criterion) {
             .apply(&[(&layout, single_row(token, 0, 1))])
             .expect("apply");
     }
-    // A full primary key, as `SELECT ... WHERE pk = ? AND ck = ?` reads it.
     let ck = vec![Bytes::copy_from_slice(&0i64.to_be_bytes())];
-    let slice = ClusteringSlice {
-        ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck))],
-        reversed: false,
-    };
+    let reads = [
+        // A full primary key, as `SELECT ... WHERE pk = ? AND ck = ?` reads it.
+        (
+            "read_partition_point",
+            ClusteringSlice {
+                ranges: vec![(Bound::Included(ck.clone()), Bound::Included(ck))],
+                reversed: false,
+            },
+        ),
+        // The whole partition, as `SELECT ... WHERE pk = ?` reads it.
+        ("read_partition_whole", ClusteringSlice::all()),
+    ];
     let mut token = 0i64;
-    c.bench_function("read_partition_point", |b| {
-        b.iter(|| {
-            token = (token + 7919) % 10_000;
-            let pk = token.to_be_bytes();
-            let read = storage
-                .read_partition(&layout, token, &pk, &slice, None, 1, 0)
-                .expect("read");
-            black_box(read.rows.len())
-        })
-    });
-    // The whole partition, as `SELECT ... WHERE pk = ?` reads it.
-    let whole = ClusteringSlice {
-        ranges: vec![(Bound::Unbounded, Bound::Unbounded)],
-        reversed: false,
-    };
-    c.bench_function("read_partition_whole", |b| {
-        b.iter(|| {
-            token = (token + 7919) % 10_000;
-            let pk = token.to_be_bytes();
-            let read = storage
-                .read_partition(&layout, token, &pk, &whole, None, 100, 0)
-                .expect("read");
-            black_box(read.rows.len())
-        })
-    });
+    for (name, slice) in &reads {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                token = (token + 7919) % 10_000;
+                let pk = token.to_be_bytes();
+                let read = storage
+                    .read_partition(&layout, token, &pk, slice, None, 100, 0)
+                    .expect("read");
+                black_box(read.rows.len())
+            })
+        });
+    }
     storage.close().expect("close");
 }
 
