@@ -32,6 +32,7 @@ use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayou
 use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
 use crate::{Durability, ScanPage, ScanStart, ScannedPartition, StorageError};
 use bytes::Bytes;
+use fjall::config::RestartIntervalPolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -68,6 +69,14 @@ const MAX_JOURNAL_BYTES: u64 = 512 << 20;
 /// at 64 MiB, and reads after a write phase 8.7 us against 14.3 us (flushes included).
 /// fjall stores it with the keyspace: a directory created before keeps its own.
 const DATA_MEMTABLE_BYTES: u64 = 16 << 20;
+
+/// Keys between restart points in the data keyspace's blocks (fjall: 10 in L0, 16 below).
+/// A range read seeks in every table it visits: a binary search over the restart points,
+/// then a linear decode of the prefix-compressed keys up to the target. On one core at
+/// 40,000 reads/s after a write phase: 10.1, 10.1, 9.8 us of CPU per read with fjall's
+/// intervals; 8.8-9.0 with 4; 8.3-8.5 with 2; 8.8 with 1 (writes unchanged, 7.4-8.1 us).
+/// Stored with the keyspace like the memtable size.
+const DATA_BLOCK_RESTART_INTERVAL: u8 = 2;
 
 const DATA_KEYSPACE: &str = "data";
 const META_KEYSPACE: &str = "meta";
@@ -373,7 +382,11 @@ impl Store {
             .map_err(io)?;
         let data = db
             .keyspace(DATA_KEYSPACE, || {
-                KeyspaceCreateOptions::default().max_memtable_size(DATA_MEMTABLE_BYTES)
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(DATA_MEMTABLE_BYTES)
+                    .data_block_restart_interval_policy(RestartIntervalPolicy::all(
+                        DATA_BLOCK_RESTART_INTERVAL,
+                    ))
             })
             .map_err(io)?;
         let meta = db
