@@ -974,8 +974,8 @@ impl Store {
             };
             for entry in iter {
                 let (key, value) = entry?;
-                if with_header && key.len() == header_len {
-                    // Only the header key is this short within the range.
+                if with_header && key.get(header_len - 1) == Some(&KIND_HEADER) {
+                    // Rows carry KIND_ROW at that position: this is the header key.
                     header = PartitionHeader::decode_value(&value)?;
                     continue;
                 }
