@@ -99,6 +99,15 @@ pub fn partition_prefix(table: &TableId, token: i64, partition_key: &[u8]) -> Ve
     key
 }
 
+/// The key of a partition's header (deletion, range tombstones, static row): its prefix
+/// then [`KIND_HEADER`], so that it sorts just before the partition's rows.
+pub fn header_key(partition_prefix: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(partition_prefix.len() + 1);
+    key.extend_from_slice(partition_prefix);
+    key.push(KIND_HEADER);
+    key
+}
+
 /// Splits a data key into (token, partition key, kind, clustering bytes).
 pub fn split_data_key(key: &[u8]) -> Result<(i64, Vec<u8>, u8, &[u8]), StorageError> {
     let token_raw: [u8; 8] = key

@@ -530,8 +530,7 @@ impl Store {
                 header.static_row = Some(row);
             }
             if !header.is_empty() {
-                let mut key = prefix.clone();
-                key.push(KIND_HEADER);
+                let key = keycodec::header_key(&prefix);
                 match entries.get_mut(&key) {
                     Some(Pending::Header(h)) => h.merge(header),
                     _ => {
@@ -926,12 +925,12 @@ impl Store {
         // (which would search every memtable and consult every table's filter again).
         let header_in_range =
             !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
+        let header_key = keycodec::header_key(&prefix);
         let mut header = if header_in_range {
             PartitionHeader::default()
         } else {
-            read_header(&snapshot, &self.data, &prefix)?
+            read_header(&snapshot, &self.data, &header_key)?
         };
-        let header_len = prefix.len() + 1;
         let mut row_prefix = prefix;
         row_prefix.push(KIND_ROW);
         let mut out = PartitionRead {
@@ -958,9 +957,7 @@ impl Store {
                 None => {
                     let (mut lo, hi) = full_range(&row_prefix, range);
                     if with_header {
-                        let mut header_key = row_prefix[..header_len - 1].to_vec();
-                        header_key.push(KIND_HEADER);
-                        lo = Bound::Included(header_key);
+                        lo = Bound::Included(header_key.clone());
                     }
                     let iter = snapshot
                         .range(&self.data, (lo, hi))
@@ -974,8 +971,7 @@ impl Store {
             };
             for entry in iter {
                 let (key, value) = entry?;
-                if with_header && key.get(header_len - 1) == Some(&KIND_HEADER) {
-                    // Rows carry KIND_ROW at that position: this is the header key.
+                if with_header && *key == header_key[..] {
                     header = PartitionHeader::decode_value(&value)?;
                     continue;
                 }
@@ -1063,7 +1059,7 @@ impl Store {
                     .get(resume_in)
                     .zip(stores.get(resume_in))
                     .ok_or(StorageError::Corrupt("resumed partition in no store"))?;
-                let header = read_header(snapshot, &store.data, &prefix)?;
+                let header = read_header(snapshot, &store.data, &keycodec::header_key(&prefix))?;
                 let mut lo = prefix.clone();
                 lo.push(KIND_ROW);
                 if let Some(ck) = after {
@@ -1329,16 +1325,14 @@ fn load_timestamp_ceiling(data: &Keyspace, meta: &Keyspace) -> Result<i64, Stora
     Ok(newest)
 }
 
-/// Reads and decodes a partition header (absent = empty).
+/// Reads and decodes a partition header (absent = empty) by its key
+/// ([`keycodec::header_key`]).
 fn read_header(
     snapshot: &fjall::Snapshot,
     data: &Keyspace,
-    prefix: &[u8],
+    header_key: &[u8],
 ) -> Result<PartitionHeader, StorageError> {
-    let mut key = Vec::with_capacity(prefix.len() + 1);
-    key.extend_from_slice(prefix);
-    key.push(KIND_HEADER);
-    match snapshot.get(data, &key).map_err(io)? {
+    match snapshot.get(data, header_key).map_err(io)? {
         Some(v) => PartitionHeader::decode_value(&v),
         None => Ok(PartitionHeader::default()),
     }
