@@ -11,6 +11,8 @@ mod row;
 mod storage;
 mod store;
 #[cfg(test)]
+mod superseded_tests;
+#[cfg(test)]
 mod tests;
 
 pub use model::*;

@@ -5,7 +5,10 @@
 use crate::{snapshot_nonce::SnapshotNonce, SeqNo};
 use dashmap::DashMap;
 use lsm_tree::SequenceNumberCounter;
-use std::sync::{atomic::AtomicU64, Arc, RwLock};
+use std::sync::{
+    atomic::{fence, AtomicU64, AtomicUsize, Ordering::SeqCst},
+    Arc, RwLock,
+};
 
 /// Keeps track of open snapshots
 pub struct SnapshotTrackerInner {
@@ -17,6 +20,9 @@ pub struct SnapshotTrackerInner {
     data: DashMap<SeqNo, usize, xxhash_rust::xxh3::Xxh3Builder>,
 
     freed_count: AtomicU64,
+
+    /// Sluice patch: snapshots open right now (see `drop_below`).
+    open_count: AtomicUsize,
 
     pub(crate) lowest_freed_instant: AtomicU64,
 }
@@ -37,6 +43,7 @@ impl SnapshotTracker {
         Self(Arc::new(SnapshotTrackerInner {
             data: DashMap::default(),
             freed_count: AtomicU64::default(),
+            open_count: AtomicUsize::default(),
             lowest_freed_instant: AtomicU64::default(),
             seqno,
             gc_lock: RwLock::default(),
@@ -73,6 +80,9 @@ impl SnapshotTracker {
         #[expect(clippy::expect_used)]
         let _lock = self.gc_lock.read().expect("lock is poisoned");
 
+        // Sluice patch: counted before the instant is read (see `drop_below`).
+        self.open_count.fetch_add(1, SeqCst);
+        fence(SeqCst);
         let seqno = self.seqno.get();
 
         self.data
@@ -89,6 +99,7 @@ impl SnapshotTracker {
         #[expect(clippy::expect_used)]
         let _lock = self.gc_lock.read().expect("lock is poisoned");
 
+        self.open_count.fetch_add(1, SeqCst);
         self.data
             .entry(nonce.instant)
             .and_modify(|x| {
@@ -108,6 +119,7 @@ impl SnapshotTracker {
         let lock = self.gc_lock.read().expect("lock is poisoned");
 
         self.data.alter(&instant, |_, v| v.saturating_sub(1));
+        self.open_count.fetch_sub(1, SeqCst);
 
         let freed = self
             .freed_count
@@ -118,6 +130,22 @@ impl SnapshotTracker {
 
         if freed.is_multiple_of(10_000) {
             self.gc();
+        }
+    }
+
+    /// Sluice patch: the `drop_below` for `Memtable::insert_superseding` of a write batch
+    /// whose earlier batches are all published: the visible seqno if no snapshot is open,
+    /// else 0 (drop nothing). A snapshot opened after the count was read here was counted
+    /// after this read of the visible seqno (both followed by `SeqCst` fences, the count
+    /// incremented before the instant is read in `open`), so its instant is at least that
+    /// seqno and it sees every version written before: it needs none of the older ones.
+    pub fn drop_below(&self) -> SeqNo {
+        let visible = self.seqno.get_seq_cst();
+        fence(SeqCst);
+        if self.open_count.load(SeqCst) == 0 {
+            visible
+        } else {
+            0
         }
     }
 

@@ -549,6 +549,31 @@ pub trait AbstractTree {
         seqno: SeqNo,
     ) -> (u64, u64);
 
+    /// Sluice patch: adds an item of any value type like `insert`, `remove` or `remove_weak`,
+    /// then drops the key's versions in the active memtable that the version before it
+    /// supersedes, if that version's seqno is below `drop_below` (0: drop nothing); see
+    /// `Memtable::insert_superseding` for when that is safe. Returns the added item's size
+    /// and the bytes dropped. Trees without the support (key-value separated ones) only add.
+    #[doc(hidden)]
+    fn append_superseding(
+        &self,
+        key: UserKey,
+        value: UserValue,
+        value_type: crate::ValueType,
+        seqno: SeqNo,
+        drop_below: SeqNo,
+    ) -> (u64, u64) {
+        let _ = drop_below;
+        let (size, _) = match value_type {
+            crate::ValueType::Value | crate::ValueType::Indirection => {
+                self.insert(key, value, seqno)
+            }
+            crate::ValueType::Tombstone => self.remove(key, seqno),
+            crate::ValueType::WeakTombstone => self.remove_weak(key, seqno),
+        };
+        (size, 0)
+    }
+
     /// Removes an item from the tree.
     ///
     /// Returns the added item's size and new size of the memtable.

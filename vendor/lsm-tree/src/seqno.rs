@@ -74,6 +74,14 @@ impl SequenceNumberCounter {
         seqno
     }
 
+    /// Sluice patch: reads the counter with a sequentially consistent read-modify-write
+    /// (adding 0), so that a later `SeqCst` fence orders this read before what other
+    /// threads do after their own fences (see fjall's `SnapshotTracker::drop_below`).
+    #[must_use]
+    pub fn get_seq_cst(&self) -> SeqNo {
+        self.0.fetch_add(0, std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Sets the sequence number.
     pub fn set(&self, seqno: SeqNo) {
         self.0.store(seqno, Release);

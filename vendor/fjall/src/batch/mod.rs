@@ -143,19 +143,28 @@ impl WriteBatch {
             .expect("lock is poisoned");
 
         let mut batch_size = 0u64;
+        let mut dropped_size = 0u64;
 
         log::trace!("Applying batch (size={}) to memtable(s)", self.data.len());
 
+        // Sluice patch: every earlier batch is published (under the journal lock), so the
+        // versions this batch supersedes can go when no snapshot is open.
+        let drop_below = self.db.supervisor.snapshot_tracker.drop_below();
+
         for item in std::mem::take(&mut self.data) {
-            // TODO: need a better, generic write op
-            let (item_size, _) = match item.value_type {
-                ValueType::Value => item.keyspace.tree.insert(item.key, item.value, batch_seqno),
-                ValueType::Tombstone => item.keyspace.tree.remove(item.key, batch_seqno),
-                ValueType::WeakTombstone => item.keyspace.tree.remove_weak(item.key, batch_seqno),
-                ValueType::Indirection => unreachable!(),
-            };
+            if item.value_type == ValueType::Indirection {
+                unreachable!();
+            }
+            let (item_size, dropped) = item.keyspace.tree.append_superseding(
+                item.key,
+                item.value,
+                item.value_type,
+                batch_seqno,
+                drop_below,
+            );
 
             batch_size += item_size;
+            dropped_size += dropped;
 
             // IMPORTANT: Clone the handle, because we don't want to keep the keyspaces lock open
             keyspaces_with_possible_stall.insert(item.keyspace.clone());
@@ -172,6 +181,8 @@ impl WriteBatch {
         // IMPORTANT: Add batch size to current write buffer size
         // Otherwise write buffer growth is unbounded when using batches
         self.db.supervisor.write_buffer_size.allocate(batch_size);
+        // Sluice patch: what the memtables dropped is no longer counted by them either.
+        self.db.supervisor.write_buffer_size.free(dropped_size);
 
         // Check each affected keyspace for write stall/halt
         for keyspace in &keyspaces_with_possible_stall {

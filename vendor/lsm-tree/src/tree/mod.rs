@@ -675,6 +675,24 @@ impl AbstractTree for Tree {
         let value = InternalValue::new_weak_tombstone(key, seqno);
         self.append_entry(value)
     }
+
+    fn append_superseding(
+        &self,
+        key: UserKey,
+        value: UserValue,
+        value_type: ValueType,
+        seqno: SeqNo,
+        drop_below: SeqNo,
+    ) -> (u64, u64) {
+        let item = InternalValue::from_components(key, value, seqno, value_type);
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        self.version_history
+            .read()
+            .expect("lock is poisoned")
+            .latest_version()
+            .active_memtable
+            .insert_superseding(item, drop_below)
+    }
 }
 
 impl Tree {
