@@ -80,7 +80,43 @@ impl JournalSyncer {
         result
     }
 
+    /// Starts writing the active journal's dirty pages back without waiting for them
+    /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the next `sync` finds little left.
+    ///
+    /// In periodic mode an fsync otherwise writes back up to a whole period of appends at
+    /// once, and while ext4 allocates blocks for them it holds the inode's `i_data_sem`, which
+    /// the shard's next journal `write(2)` also needs: measured at 150,000 writes/s on one
+    /// pinned core with a 10 s period, 4 seconds in 30 with a p99 above 10 ms (up to 73 ms,
+    /// the shard asleep in `rwsem_down_write_slowpath` under `ext4_da_get_block_prep`).
+    /// RocksDB's `wal_bytes_per_sync` does the same. Durability is unchanged: only `sync`
+    /// makes writes durable. Best effort: errors are left to the next `sync`.
+    pub fn start_writeback(&mut self) {
+        if self.disabled || self.open_active().is_err() {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        if let Some((_, file)) = &self.current {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid descriptor we own; offset 0 and length 0 mean the whole file.
+            unsafe {
+                libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+            }
+        }
+    }
+
     fn sync_active(&mut self) -> Result<(), SideSyncError> {
+        self.open_active()?;
+        match &self.current {
+            Some((_, file)) => file.sync_data().map_err(|e| {
+                tracing::error!(error = %e, "journal fdatasync failed");
+                SideSyncError::Io
+            }),
+            None => Err(SideSyncError::NotFound),
+        }
+    }
+
+    /// Opens the active journal if it is not the one held (following rotations).
+    fn open_active(&mut self) -> Result<(), SideSyncError> {
         let mut id = match &self.current {
             Some((id, _)) => *id,
             None => self.scan_active().ok_or(SideSyncError::NotFound)?,
@@ -104,13 +140,7 @@ impl JournalSyncer {
                 })?;
             self.current = Some((id, file));
         }
-        match &self.current {
-            Some((_, file)) => file.sync_data().map_err(|e| {
-                tracing::error!(error = %e, "journal fdatasync failed");
-                SideSyncError::Io
-            }),
-            None => Err(SideSyncError::NotFound),
-        }
+        Ok(())
     }
 }
 
@@ -135,6 +165,9 @@ mod tests {
         assert_eq!(s.current.as_ref().map(|c| c.0), Some(12));
         std::fs::write(dir.path().join("13.jnl"), b"d").unwrap();
         std::fs::write(dir.path().join("14.jnl"), b"e").unwrap();
+        // Starting the writeback follows rotations the same way.
+        s.start_writeback();
+        assert_eq!(s.current.as_ref().map(|c| c.0), Some(14));
         s.sync().unwrap();
         assert_eq!(s.current.as_ref().map(|c| c.0), Some(14));
     }

@@ -39,11 +39,14 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Number of partition lock stripes (fixed: bounded memory, low collision odds).
 const STRIPES: usize = 1024;
+/// In periodic mode, how often the sync thread starts the writeback of new journal pages
+/// between two fsyncs.
+const WRITEBACK_EVERY: Duration = Duration::from_millis(100);
 
 /// Most dead entries (tombstoned or expired rows) one read may step over before it fails,
 /// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
@@ -183,19 +186,30 @@ impl CommitShared {
         }
     }
 
-    /// Periodic mode: fsync every `interval` when something was written.
+    /// Periodic mode: fsync every `interval` when something was written, and in between
+    /// start the writeback of new journal pages every [`WRITEBACK_EVERY`] (see
+    /// [`JournalSyncer::start_writeback`]).
     fn run_periodic(&self, interval: Duration) {
         let mut syncer = JournalSyncer::new(&self.path);
+        let mut last_sync = Instant::now();
         loop {
+            let wait = interval
+                .saturating_sub(last_sync.elapsed())
+                .min(WRITEBACK_EVERY);
             let shutdown = {
                 let req = self.lock_request();
                 let (req, _) = self
                     .wake
-                    .wait_timeout_while(req, interval, |r| !r.shutdown)
+                    .wait_timeout_while(req, wait, |r| !r.shutdown)
                     .unwrap_or_else(|e| e.into_inner());
                 req.shutdown
             };
-            self.sync_pending(&mut syncer);
+            if shutdown || last_sync.elapsed() >= interval {
+                self.sync_pending(&mut syncer);
+                last_sync = Instant::now();
+            } else if self.applied.load(Ordering::Acquire) > self.durable.borrow().upto {
+                syncer.start_writeback();
+            }
             if shutdown {
                 return;
             }
