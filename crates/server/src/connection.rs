@@ -239,7 +239,10 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     break 'read;
                 }
             } else {
-                tokio::task::spawn_local(crate::request::handle(in_flight, frame, arrival, ticket));
+                // Boxed: the request's state machine is ~3 KB, and a task holding it inline
+                // copies all of it when it is spawned and again when it completes.
+                let request = crate::request::handle(in_flight, frame, arrival, ticket);
+                tokio::task::spawn_local(Box::pin(request));
             }
         }
         // Do not read more while the answers pile up unread by the client.
