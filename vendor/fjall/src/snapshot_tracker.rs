@@ -119,6 +119,8 @@ impl SnapshotTracker {
         let lock = self.gc_lock.read().expect("lock is poisoned");
 
         self.data.alter(&instant, |_, v| v.saturating_sub(1));
+        // A close without an open wraps the count (no more drops) rather than saturating:
+        // the count must never be lower than the snapshots really open.
         self.open_count.fetch_sub(1, SeqCst);
 
         let freed = self
