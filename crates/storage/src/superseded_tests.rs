@@ -20,6 +20,12 @@ fn value(v: Option<fjall::UserValue>) -> Option<u32> {
     v.map(|v| u32::from_be_bytes(v[..].try_into().unwrap()))
 }
 
+/// The values an iterator yields, in order.
+fn values(iter: fjall::Iter) -> Vec<u32> {
+    iter.map(|kv| value(Some(kv.value().unwrap())).unwrap())
+        .collect()
+}
+
 #[test]
 fn overwrites_keep_the_memtable_at_two_versions_of_a_key() {
     let (_dir, db, ks) = open();
@@ -50,11 +56,8 @@ fn an_open_snapshot_keeps_the_versions_it_sees() {
         put(&db, &ks, "k", i);
     }
     assert_eq!(value(snapshot.get(&ks, "k").unwrap()), Some(2));
-    let seen: Vec<u32> = iter
-        .map(|kv| u32::from_be_bytes(kv.value().unwrap()[..].try_into().unwrap()))
-        .collect();
     assert_eq!(
-        seen,
+        values(iter),
         vec![2],
         "the snapshot's iterator reads at its instant"
     );
@@ -65,10 +68,7 @@ fn an_open_snapshot_keeps_the_versions_it_sees() {
     // A keyspace iterator reads the newest version, which is always kept.
     let latest = ks.range::<&str, _>(..);
     put(&db, &ks, "k", 100);
-    let seen: Vec<u32> = latest
-        .map(|kv| u32::from_be_bytes(kv.value().unwrap()[..].try_into().unwrap()))
-        .collect();
-    assert_eq!(seen, vec![100]);
+    assert_eq!(values(latest), vec![100]);
     drop(snapshot);
     put(&db, &ks, "k", 101);
     assert_eq!(ks.approximate_len(), 2);

@@ -167,26 +167,25 @@ impl Memtable {
     /// Inserts an item into the memtable
     #[doc(hidden)]
     pub fn insert(&self, item: InternalValue) -> (u64, u64) {
-        #[expect(
-            clippy::expect_used,
-            reason = "keys are limited to 16-bit length + values are limited to 32-bit length"
-        )]
-        let item_size =
-            (item.key.user_key.len() + item.value.len() + std::mem::size_of::<InternalValue>())
-                .try_into()
-                .expect("should fit into u64");
+        let (item_size, size_after, _) = self.insert_entry(item);
+        (item_size, size_after)
+    }
+
+    /// Sluice patch: `insert`, also returning the new entry (for `insert_superseding`).
+    fn insert_entry(&self, item: InternalValue) -> (u64, u64, Entry<'_, InternalKey, UserValue>) {
+        let item_size = entry_size(&item.key.user_key, &item.value);
 
         let size_before = self
             .approximate_size
             .fetch_add(item_size, std::sync::atomic::Ordering::AcqRel);
 
         let key = InternalKey::new(item.key.user_key, item.key.seqno, item.key.value_type);
-        self.items.insert(key, item.value);
+        let entry = self.items.insert(key, item.value);
 
         self.highest_seqno
             .fetch_max(item.key.seqno, std::sync::atomic::Ordering::AcqRel);
 
-        (item_size, size_before + item_size)
+        (item_size, size_before + item_size, entry)
     }
 
     /// Sluice patch: inserts like `insert`, then removes the versions of the item's key that
@@ -205,14 +204,7 @@ impl Memtable {
     /// only, so nothing is removed when the new item or the previous version is one.
     pub fn insert_superseding(&self, item: InternalValue, drop_below: SeqNo) -> (u64, u64) {
         let weak = item.key.value_type == ValueType::WeakTombstone;
-        let item_size = entry_size(&item.key.user_key, &item.value);
-        self.approximate_size
-            .fetch_add(item_size, std::sync::atomic::Ordering::AcqRel);
-        let seqno = item.key.seqno;
-        let key = InternalKey::new(item.key.user_key, seqno, item.key.value_type);
-        let entry = self.items.insert(key, item.value);
-        self.highest_seqno
-            .fetch_max(seqno, std::sync::atomic::Ordering::AcqRel);
+        let (item_size, _, entry) = self.insert_entry(item);
         let removed = if weak || drop_below == 0 {
             0
         } else {
@@ -270,9 +262,15 @@ impl Memtable {
     }
 }
 
-/// The size a memtable counts for an item (as `Memtable::insert` does).
+/// The size a memtable counts for an item (Sluice patch: shared by insert and removal).
 fn entry_size(key: &UserKey, value: &UserValue) -> u64 {
-    (key.len() + value.len() + std::mem::size_of::<InternalValue>()) as u64
+    #[expect(
+        clippy::expect_used,
+        reason = "keys are limited to 16-bit length + values are limited to 32-bit length"
+    )]
+    (key.len() + value.len() + std::mem::size_of::<InternalValue>())
+        .try_into()
+        .expect("should fit into u64")
 }
 
 /// How many older versions of a key `VisibleRange` steps over one by one before it seeks

@@ -685,13 +685,7 @@ impl AbstractTree for Tree {
         drop_below: SeqNo,
     ) -> (u64, u64) {
         let item = InternalValue::from_components(key, value, seqno, value_type);
-        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        self.version_history
-            .read()
-            .expect("lock is poisoned")
-            .latest_version()
-            .active_memtable
-            .insert_superseding(item, drop_below)
+        self.with_active_memtable(|memtable| memtable.insert_superseding(item, drop_below))
     }
 }
 
@@ -935,13 +929,19 @@ impl Tree {
     #[doc(hidden)]
     #[must_use]
     pub fn append_entry(&self, value: InternalValue) -> (u64, u64) {
+        self.with_active_memtable(|memtable| memtable.insert(value))
+    }
+
+    /// Sluice patch: runs `f` on the active memtable under the version read lock (no `Arc`
+    /// clone), for `append_entry` and `append_superseding`.
+    fn with_active_memtable<R>(&self, f: impl FnOnce(&Memtable) -> R) -> R {
         #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        self.version_history
+        f(&self
+            .version_history
             .read()
             .expect("lock is poisoned")
             .latest_version()
-            .active_memtable
-            .insert(value)
+            .active_memtable)
     }
 
     /// Recovers previous state, by loading the level manifest, tables and blob files.
