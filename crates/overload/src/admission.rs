@@ -325,6 +325,11 @@ impl ConcurrencyLimit {
     }
 }
 
+/// Dispatches a rate window holds before it may close early (see `count_dispatch`).
+const RATE_WINDOW_SAMPLES: u64 = 64;
+/// The shortest rate window, in nanoseconds (5 ms).
+const RATE_WINDOW_MIN_NANOS: u64 = 5_000_000;
+
 /// All admission constants of a shard.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct AdmissionConfig {
@@ -719,12 +724,20 @@ impl<T> AdmissionController<T> {
         before - self.queue.len()
     }
 
-    /// Measures the dispatch rate over windows of one CoDel interval.
+    /// Measures the dispatch rate over windows of [`RATE_WINDOW_SAMPLES`] dispatches and at
+    /// least [`RATE_WINDOW_MIN_NANOS`], or one CoDel interval if that comes first. A busy shard
+    /// measures every few milliseconds, so that when load jumps after a quiet spell the floor
+    /// follows within a few windows: measured once per interval, the shard would spend that
+    /// interval at the adaptive limit's minimum, where a turn costs the most per request,
+    /// build a standing queue and shed load it has the capacity for. A slow shard still
+    /// counts enough dispatches for a steady rate.
     #[inline]
     fn count_dispatch(&mut self, now: Nanos) {
         self.rate_count += 1;
         let elapsed = now.0.saturating_sub(self.rate_since.0);
-        if elapsed >= self.interval {
+        let window_full =
+            self.rate_count >= RATE_WINDOW_SAMPLES && elapsed >= RATE_WINDOW_MIN_NANOS;
+        if window_full || elapsed >= self.interval {
             self.dispatch_rate = self.rate_count as f64 * 1e9 / elapsed as f64;
             let floor = self.dispatch_rate * self.floor_window as f64 / 1e9;
             self.floor = (floor as u32).min(self.limit.max());
@@ -1350,6 +1363,29 @@ mod tests {
         assert!((49..=51).contains(&fast), "{fast}");
         // 1,000/s: half a request in 500 us, the adaptive limit's minimum rules.
         assert_eq!(run(Duration::from_millis(1)), min);
+    }
+
+    #[test]
+    fn the_floor_follows_a_jump_in_load_within_milliseconds() {
+        let mut a = AdmissionController::<u32>::new(AdmissionConfig::default());
+        let mut now = Nanos::ZERO;
+        // Serves one request every `step` until `until`.
+        let mut serve = |a: &mut AdmissionController<u32>, step: Duration, until: Nanos| {
+            while now < until {
+                a.enqueue(0, now, Deadline::NEVER).unwrap();
+                assert!(a.dispatch(now, |_, _| {}).is_some());
+                a.on_complete(Duration::from_micros(2), now);
+                now = now.saturating_add(step);
+            }
+        };
+        // 100,000/s, then a quiet second, then 200,000/s.
+        serve(&mut a, Duration::from_micros(10), Nanos::from_millis(300));
+        assert_eq!(a.concurrency_limit(), 50);
+        serve(&mut a, Duration::from_secs(1), Nanos::from_millis(1_300));
+        serve(&mut a, Duration::from_micros(5), Nanos::from_millis(1_315));
+        // 200,000/s dispatch 100 in 500 us: within 15 ms of the jump the limit says so, where
+        // a rate measured once per CoDel interval (100 ms) would still be at the minimum.
+        assert_eq!(a.concurrency_limit(), 100);
     }
 
     #[test]
