@@ -8,6 +8,7 @@ use crate::report::{
 use crate::runner::RunConfig;
 use crate::scenario::{self, HotPlan, Plan, Workload};
 use crate::schedule::Arrival;
+use crate::settle::Settle;
 use crate::target::{populate, Target};
 use crate::versus::{self, VersusPlan, VersusReport};
 use anyhow::{bail, Context};
@@ -137,6 +138,13 @@ pub struct BenchArgs {
     /// Idle time between steps so that queues drain.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub cooldown: Duration,
+    /// Before each step, wait up to this long for the machine to go quiet (under 0.2 busy
+    /// CPUs over two 200 ms windows, from /proc/stat), so that the work a server does after a
+    /// step (flushes, compactions, garbage collection, JIT) does not run into the next probe,
+    /// its own or the other endpoint's on a shared core; 0s starts each step at once
+    /// [default: 15s with versus, 0s otherwise].
+    #[arg(long, value_parser = parse_duration)]
+    pub settle: Option<Duration>,
     /// p99 latency objective of the capacity search.
     #[arg(long, value_parser = parse_duration, default_value = "10ms")]
     pub slo: Duration,
@@ -278,6 +286,12 @@ impl BenchArgs {
             start_rate: self.start_rate,
             partitions: self.partitions.max(1),
             max_lag: self.max_lag,
+            settle: match self.settle {
+                Some(d) if d.is_zero() => None,
+                Some(d) => Some(Settle::up_to(d)),
+                None if s == Scenario::Versus => Some(Settle::up_to(Duration::from_secs(15))),
+                None => None,
+            },
         }
     }
 
@@ -402,6 +416,8 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         _ => run_against_cql(&args, s, &plan).await?,
     };
+    let mut report = report;
+    scenario::note_settle(&plan, &mut report);
     print_summary(&report);
     write_outputs(&args, &report)
 }
@@ -572,7 +588,7 @@ fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
         "{}, {} connection(s)/{}, consistency ONE, retry policy {}; \
          table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions \
          (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s \
-         (p99 <= {} ms, errors < 0.1%), cooldown {} s; common-rate step {} s at {}; \
+         (p99 <= {} ms, errors < 0.1%), cooldown {} s, {}; common-rate step {} s at {}; \
          deadline {} ms, client timeout {} ms, lag tolerance {} ms",
         match args.client {
             ClientKind::Driver => "scylla driver",
@@ -595,6 +611,14 @@ fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
         plan.start_rate,
         plan.slo.as_secs_f64() * 1e3,
         plan.cooldown.as_secs_f64(),
+        match &plan.settle {
+            Some(st) => format!(
+                "then up to {} s for a quiet machine (< {} busy CPUs)",
+                st.max_wait.as_secs_f64(),
+                st.busy_cpus_below
+            ),
+            None => "no wait for a quiet machine".to_string(),
+        },
         plan.step.as_secs_f64(),
         match args.common_rate {
             Some(r) => format!("{r:.0}/s"),
@@ -818,6 +842,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         // Capacity probes are shorter than the ramp steps to keep the demo near a minute.
         probe_step: Some((args.step / 3).max(Duration::from_secs(1))),
         cooldown: Duration::from_millis(500),
+        settle: None,
         slo: Duration::from_millis(50),
         start_rate: 500.0,
         multiples: None,

@@ -11,6 +11,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod schedule;
+pub mod settle;
 pub mod stats;
 pub mod target;
 pub mod versus;

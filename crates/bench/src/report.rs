@@ -106,6 +106,9 @@ pub struct RunReport {
     /// written as `.hgrm` files, not part of the JSON.
     #[serde(skip)]
     pub histograms: Vec<(String, String, Histogram<u64>)>,
+    /// The waits for a quiet machine before its steps (see [`crate::settle`]).
+    #[serde(skip)]
+    pub settle: crate::settle::SettleTally,
 }
 
 impl RunReport {

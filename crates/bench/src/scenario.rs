@@ -5,6 +5,7 @@
 use crate::fake::Immediate;
 use crate::report::RunReport;
 use crate::runner::{run_step, RunConfig, StreamSpec};
+use crate::settle::{settle, Settle};
 use crate::target::{KeyDist, Target};
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,31 @@ pub struct Plan {
     pub partitions: u64,
     /// Share of late or unsent requests above which a capacity probe is generator-limited.
     pub max_lag: f64,
+    /// Wait for a quiet machine before each step (`None`: start at once).
+    pub settle: Option<Settle>,
+}
+
+/// Waits for a quiet machine before a step, if the plan asks for it, and counts the wait.
+pub(crate) async fn settle_before_step(plan: &Plan, report: &mut RunReport) {
+    if let Some(s) = &plan.settle {
+        let w = settle(s).await;
+        if plan.run.progress && !w.quiet {
+            eprintln!(
+                "-- {}: machine still busy after {:.1} s; starting the step anyway",
+                report.label,
+                w.waited.as_secs_f64()
+            );
+        }
+        report.settle.add(w);
+    }
+}
+
+/// Adds the tally of the waits to the report's notes.
+pub fn note_settle(plan: &Plan, report: &mut RunReport) {
+    if let Some(s) = &plan.settle {
+        let note = report.settle.note(s);
+        report.notes.push(note);
+    }
 }
 
 /// Partition key that single-partition scenarios use (outside the uniform key space).
@@ -97,6 +123,7 @@ async fn probe<T: Target>(
         rate,
         ..stream.clone()
     };
+    settle_before_step(plan, report).await;
     let t = report.next_second();
     let run = run_step(target, &[spec], plan.probe_step, &plan.run, t).await;
     report.push_step(
@@ -286,6 +313,7 @@ async fn steps<T: Target>(
             rate: c * m,
             ..stream.clone()
         };
+        settle_before_step(plan, report).await;
         let t = report.next_second();
         let run = run_step(target, &[spec], plan.step, &plan.run, t).await;
         report.push_step(
@@ -387,6 +415,7 @@ pub async fn hot_partition<T: Target>(
         ("baseline", vec![uniform.clone(), idle]),
         ("attack", vec![uniform.clone(), attacker.clone()]),
     ] {
+        settle_before_step(plan, report).await;
         let t = report.next_second();
         let run = run_step(target, &streams, plan.step, &plan.run, t).await;
         report.push_step(label, None, plan.step.as_secs_f64(), run);
@@ -397,6 +426,7 @@ pub async fn hot_partition<T: Target>(
             "per_partition_rate_limit unsupported by the server ({e}); the 'limited' phase runs without it"
         )),
     }
+    settle_before_step(plan, report).await;
     let t = report.next_second();
     let run = run_step(target, &[uniform, attacker], plan.step, &plan.run, t).await;
     report.push_step("limited", None, plan.step.as_secs_f64(), run);
@@ -459,6 +489,7 @@ mod tests {
             start_rate: 200.0,
             partitions: 100,
             max_lag: 0.01,
+            settle: None,
         }
     }
 

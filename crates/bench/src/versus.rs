@@ -13,7 +13,9 @@ use crate::report::{
     aligned, esc, html_compare_body, html_page, html_table, RunReport, StepSummary,
 };
 use crate::runner::{run_step, StreamSpec};
-use crate::scenario::{capacity_probe, uniform_stream, CapacitySearch, Plan, Workload};
+use crate::scenario::{
+    capacity_probe, settle_before_step, uniform_stream, CapacitySearch, Plan, Workload,
+};
 use crate::stats::Percentiles;
 use crate::target::Target;
 use serde::{Deserialize, Serialize};
@@ -190,6 +192,7 @@ pub async fn run<T: Target>(
                         rate,
                         ..stream.clone()
                     };
+                    settle_before_step(plan, &mut reports[side]).await;
                     let t = reports[side].next_second();
                     let run = run_step(targets[side], &[spec], plan.step, &plan.run, t).await;
                     let step = reports[side].push_step(&label, None, plan.step.as_secs_f64(), run);
@@ -249,6 +252,9 @@ pub async fn run<T: Target>(
                 _ => None,
             },
         });
+    }
+    for r in reports.iter_mut() {
+        crate::scenario::note_settle(plan, r);
     }
     out
 }
@@ -470,6 +476,7 @@ mod tests {
             start_rate: 200.0,
             partitions: 100,
             max_lag: 0.01,
+            settle: None,
         }
     }
 
