@@ -133,7 +133,7 @@ pub struct SettleTally {
     pub steps: u32,
     /// Of those, steps that started with the machine still busy.
     pub still_busy: u32,
-    /// Sum and longest of the waits.
+    /// The waits added up.
     pub total: Duration,
     /// The longest wait.
     pub longest: Duration,
@@ -151,8 +151,9 @@ impl SettleTally {
     /// One line for the report's notes.
     pub fn note(&self, s: &Settle) -> String {
         format!(
-            "settle: before each of {} steps the generator waited for under {} busy CPUs over two {} ms windows \
-             (up to {} s): {:.1} s in all, longest {:.1} s; {} step(s) started with the machine still busy",
+            "settle: before each of {} steps the generator waited for under {} busy CPUs \
+             over two {} ms windows (up to {} s): {:.1} s in all, longest {:.1} s; \
+             {} step(s) started with the machine still busy",
             self.steps,
             s.busy_cpus_below,
             s.window.as_millis(),

@@ -140,8 +140,8 @@ pub struct ServeArgs {
     pub admission_queue: Option<usize>,
 
     /// Lower bound of the adaptive limit on requests in execution per shard; the limit also
-    /// never falls below what the shard dispatches in 500 us at its rate (measured every 5 ms when busy)
-    /// [default: 4].
+    /// never falls below what the shard dispatches in 500 us at its rate (measured every 5 ms
+    /// when busy) [default: 4].
     #[arg(long, env = "SLUICE_ADMISSION_MIN_CONCURRENCY", value_name = "N")]
     pub admission_min_concurrency: Option<u32>,
 
