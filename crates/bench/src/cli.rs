@@ -10,7 +10,7 @@ use crate::scenario::{self, HotPlan, Plan, Workload};
 use crate::schedule::Arrival;
 use crate::settle::Settle;
 use crate::target::{populate, Target};
-use crate::versus::{self, VersusPlan, VersusReport};
+use crate::versus::{self, VersusPlan, VersusReport, WarmUp};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -214,6 +214,14 @@ pub struct BenchArgs {
     /// versus: a fixed rate for the latency step instead, requests/s.
     #[arg(long)]
     pub common_rate: Option<f64>,
+    /// versus: before each workload's capacity searches, each endpoint runs this long at
+    /// --warm-up-rate (recorded as a step, not part of the search), so that a JVM's JIT has
+    /// compiled its hot paths before it is measured; 0s skips it.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub warm_up: Duration,
+    /// versus: offered rate of the warm-up, requests/s.
+    #[arg(long, default_value_t = 10_000.0)]
+    pub warm_up_rate: f64,
     /// versus: the durability settings of both endpoints, printed verbatim in the header.
     #[arg(long)]
     pub durability_note: Option<String>,
@@ -578,6 +586,10 @@ fn check_versus(args: &BenchArgs) -> anyhow::Result<()> {
     {
         bail!("--common-rate must be a positive rate");
     }
+    let rate_ok = args.warm_up_rate.is_finite() && args.warm_up_rate > 0.0;
+    if !args.warm_up.is_zero() && !rate_ok {
+        bail!("--warm-up-rate must be a positive rate");
+    }
     Ok(())
 }
 
@@ -587,7 +599,7 @@ fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
     format!(
         "{}, {} connection(s)/{}, consistency ONE, retry policy {}; \
          table {KEYSPACE}.{VERSUS_TABLE} (pk bigint, ck int, v blob), {}-byte values, {} partitions \
-         (preloaded before reads); {} arrivals; workloads {}; capacity probes {} s from {:.0}/s \
+         (preloaded before reads); {} arrivals; workloads {}; {}; capacity probes {} s from {:.0}/s \
          (p99 <= {} ms, errors < 0.1%), cooldown {} s, {}; common-rate step {} s at {}; \
          deadline {} ms, client timeout {} ms, lag tolerance {} ms",
         match args.client {
@@ -607,6 +619,15 @@ fn shared_settings(args: &BenchArgs, plan: &Plan) -> String {
         plan.partitions,
         format!("{:?}", plan.run.arrival).to_lowercase(),
         workloads.join(","),
+        if args.warm_up.is_zero() {
+            "no warm-up".to_string()
+        } else {
+            format!(
+                "warm-up {} s at {:.0}/s per endpoint before each workload",
+                args.warm_up.as_secs_f64(),
+                args.warm_up_rate
+            )
+        },
         plan.probe_step.as_secs_f64(),
         plan.start_rate,
         plan.slo.as_secs_f64() * 1e3,
@@ -725,6 +746,10 @@ async fn run_versus_with<T: Target>(
         workloads: args.workloads.clone(),
         common_fraction: args.common_fraction,
         common_rate: args.common_rate,
+        warm_up: (!args.warm_up.is_zero()).then_some(WarmUp {
+            duration: args.warm_up,
+            rate: args.warm_up_rate,
+        }),
     };
     let outcome = versus::run([a, b], &mut reports, plan, &vp).await;
     let v = VersusReport {
@@ -866,6 +891,8 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         workloads: vec![Workload::Write, Workload::Read],
         common_fraction: 0.8,
         common_rate: None,
+        warm_up: Duration::ZERO,
+        warm_up_rate: 10_000.0,
         durability_note: None,
         compare: None,
         quiet: false,
@@ -984,6 +1011,8 @@ mod tests {
         assert!(check_versus(&t.a).is_ok());
         let shared = shared_settings(&t.a, &t.a.plan(Scenario::Versus));
         assert!(shared.contains("p99 <= 20 ms") && shared.contains("0.8x the lower capacity"));
+        assert!(shared.contains("warm-up 30 s at 10000/s per endpoint before each workload"));
+        assert!(shared.contains("then up to 15 s for a quiet machine"));
 
         let t = T::try_parse_from(["x", "versus", "--workloads", "read,mix"]).expect("parse");
         assert_eq!(t.a.workloads, vec![Workload::Read, Workload::Mix]);
@@ -995,5 +1024,23 @@ mod tests {
         let t = T::try_parse_from(["x", "versus", "--against", "h:1", "--common-fraction", "0"])
             .expect("parse");
         assert!(check_versus(&t.a).is_err());
+        let t = T::try_parse_from(["x", "versus", "--against", "h:1", "--warm-up-rate", "0"])
+            .expect("parse");
+        assert!(check_versus(&t.a).is_err());
+        let t = T::try_parse_from([
+            "x",
+            "versus",
+            "--against",
+            "h:1",
+            "--warm-up",
+            "0s",
+            "--settle",
+            "0s",
+        ])
+        .expect("parse");
+        assert!(check_versus(&t.a).is_ok());
+        assert_eq!(t.a.plan(Scenario::Versus).settle, None);
+        let shared = shared_settings(&t.a, &t.a.plan(Scenario::Versus));
+        assert!(shared.contains("no warm-up") && shared.contains("no wait for a quiet machine"));
     }
 }

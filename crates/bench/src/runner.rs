@@ -223,12 +223,16 @@ pub async fn run_step<T: Target>(
             loop {
                 sleep_until(next).await;
                 next += Duration::from_secs(1);
-                let mut r = lock(&sink.rec);
-                r.roll(Instant::now());
-                for row in r.rows().iter().skip(printed.load(Ordering::Relaxed)) {
-                    eprintln!("{}", progress_line(row));
-                }
-                printed.store(r.rows().len(), Ordering::Relaxed);
+                // Formatted under the lock, queued after it: never a write(2) here.
+                let lines: Vec<String> = {
+                    let mut r = lock(&sink.rec);
+                    r.roll(Instant::now());
+                    let lines = r.rows().iter().skip(printed.load(Ordering::Relaxed));
+                    let lines = lines.map(progress_line).collect();
+                    printed.store(r.rows().len(), Ordering::Relaxed);
+                    lines
+                };
+                lines.into_iter().for_each(crate::progress::line);
             }
         })
     });
@@ -305,8 +309,10 @@ pub async fn run_step<T: Target>(
     let (seconds, totals) = sink.finish(Instant::now());
     if cfg.progress {
         for row in seconds.iter().skip(printed.load(Ordering::Relaxed)) {
-            eprintln!("{}", progress_line(row));
+            crate::progress::line(progress_line(row));
         }
+        // The step is over: what follows on stderr comes after its lines.
+        crate::progress::flush();
     }
     StepRun {
         seconds,

@@ -31,6 +31,19 @@ pub struct VersusPlan {
     pub common_fraction: f64,
     /// A fixed rate for that step instead, requests/s.
     pub common_rate: Option<f64>,
+    /// Load each endpoint gets before each workload's capacity search, not part of it.
+    pub warm_up: Option<WarmUp>,
+}
+
+/// A fixed-rate step that warms an endpoint up before it is measured: a JVM's JIT
+/// compiles its hot paths after many calls, so a fresh Cassandra misses the SLO even at
+/// 2,000 requests/s in its first search and finds 60,000 or more after one or two.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WarmUp {
+    /// How long each endpoint runs it.
+    pub duration: std::time::Duration,
+    /// Offered rate, requests/s.
+    pub rate: f64,
 }
 
 /// One step of the run, in execution order.
@@ -145,6 +158,25 @@ pub async fn run<T: Target>(
         let first = k % 2;
         let turns = [first, 1 - first];
         let stream = uniform_stream(w, plan.partitions);
+        if let Some(warm) = vp.warm_up {
+            let label = format!("{} warm-up {:.0}/s", w.name(), warm.rate);
+            for side in turns {
+                announce(plan, &reports[side].label, &label);
+                settle_before_step(plan, &mut reports[side]).await;
+                let spec = StreamSpec {
+                    rate: warm.rate,
+                    ..stream.clone()
+                };
+                let t = reports[side].next_second();
+                let run = run_step(targets[side], &[spec], warm.duration, &plan.run, t).await;
+                reports[side].push_step(&label, None, warm.duration.as_secs_f64(), run);
+                out.order.push(StepRef {
+                    side,
+                    label: label.clone(),
+                });
+                tokio::time::sleep(plan.cooldown).await;
+            }
+        }
         let prefix = format!("{} capacity ", w.name());
         let mut searches = [
             CapacitySearch::new(plan.start_rate),
@@ -532,6 +564,7 @@ mod tests {
             workloads: vec![Workload::Write],
             common_fraction: 0.8,
             common_rate: None,
+            warm_up: None,
         };
         let out = run([&a, &b], &mut runs, &p, &vp).await;
         assert_eq!(out.rows.len(), 2);
@@ -582,6 +615,53 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_warm_up_runs_on_both_sides_before_each_search_and_is_not_a_probe() {
+        let (a, b) = (fake(1), fake(2));
+        let mut runs = reports();
+        let vp = VersusPlan {
+            workloads: vec![Workload::Write, Workload::Read],
+            common_fraction: 0.8,
+            common_rate: None,
+            warm_up: Some(WarmUp {
+                duration: Duration::from_secs(1),
+                rate: 100.0,
+            }),
+        };
+        let out = run([&a, &b], &mut runs, &plan(), &vp).await;
+        for (w, first) in [("write", 0), ("read", 1)] {
+            let steps: Vec<&StepRef> = out
+                .order
+                .iter()
+                .filter(|s| s.label.starts_with(&format!("{w} ")))
+                .collect();
+            let label = format!("{w} warm-up 100/s");
+            // Both sides warm up, in the workload's turn order, before any probe.
+            assert_eq!(
+                steps[0],
+                &StepRef {
+                    side: first,
+                    label: label.clone()
+                }
+            );
+            assert_eq!(
+                steps[1],
+                &StepRef {
+                    side: 1 - first,
+                    label: label.clone()
+                }
+            );
+            assert!(steps[2..].iter().all(|s| s.label != label));
+            for r in &runs {
+                let step = r.steps.iter().find(|s| s.label == label).expect("recorded");
+                assert_eq!(step.classes[0].counts.offered, 100, "1 s at 100/s");
+            }
+        }
+        // The searches are unchanged by it: C of a is still about 1000/s.
+        let ca = out.rows[0].capacity.expect("C of a");
+        assert!((850.0..=1000.0).contains(&ca), "C a = {ca}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn probes_alternate_and_the_common_steps_run_in_abba_order() {
         let (a, b) = (fake(1), fake(4));
         let mut runs = reports();
@@ -589,6 +669,7 @@ mod tests {
             workloads: vec![Workload::Write, Workload::Read],
             common_fraction: 0.8,
             common_rate: None,
+            warm_up: None,
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         let per_workload: Vec<Vec<&StepRef>> = ["write", "read"]
@@ -648,6 +729,7 @@ mod tests {
             workloads: vec![Workload::Write],
             common_fraction: 0.5,
             common_rate: None,
+            warm_up: None,
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         assert!(out.rows[1].capacity.is_none());
@@ -674,6 +756,7 @@ mod tests {
             common_fraction: 0.8,
             // A 4 ms gap: whole milliseconds, so latencies are exactly the service times.
             common_rate: Some(250.0),
+            warm_up: None,
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         let note = "both periodic, fsync every 10 s";
