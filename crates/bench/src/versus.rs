@@ -523,6 +523,16 @@ mod tests {
         [r("sluice"), r("cassandra")]
     }
 
+    /// Write then read, the common step at 0.8 x the lower C, no warm-up.
+    fn write_then_read() -> VersusPlan {
+        VersusPlan {
+            workloads: vec![Workload::Write, Workload::Read],
+            common_fraction: 0.8,
+            common_rate: None,
+            warm_up: None,
+        }
+    }
+
     fn fake(service_ms: u64) -> Arc<FakeServer> {
         Arc::new(FakeServer::new(FakeConfig {
             service: Duration::from_millis(service_ms),
@@ -619,13 +629,11 @@ mod tests {
         let (a, b) = (fake(1), fake(2));
         let mut runs = reports();
         let vp = VersusPlan {
-            workloads: vec![Workload::Write, Workload::Read],
-            common_fraction: 0.8,
-            common_rate: None,
             warm_up: Some(WarmUp {
                 duration: Duration::from_secs(1),
                 rate: 100.0,
             }),
+            ..write_then_read()
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         for (w, first) in [("write", 0), ("read", 1)] {
@@ -665,12 +673,7 @@ mod tests {
     async fn probes_alternate_and_the_common_steps_run_in_abba_order() {
         let (a, b) = (fake(1), fake(4));
         let mut runs = reports();
-        let vp = VersusPlan {
-            workloads: vec![Workload::Write, Workload::Read],
-            common_fraction: 0.8,
-            common_rate: None,
-            warm_up: None,
-        };
+        let vp = write_then_read();
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         let per_workload: Vec<Vec<&StepRef>> = ["write", "read"]
             .iter()
