@@ -159,6 +159,8 @@ pub struct CapacitySearch {
     phase: SearchPhase,
     last_pass: Option<f64>,
     generator_limited: bool,
+    /// The probe at the next rate is a repeat after generator lag.
+    repeating: bool,
 }
 
 impl CapacitySearch {
@@ -171,6 +173,7 @@ impl CapacitySearch {
             },
             last_pass: None,
             generator_limited: false,
+            repeating: false,
         }
     }
 
@@ -185,7 +188,23 @@ impl CapacitySearch {
 
     /// Records the outcome of the probe at [`next_rate`](Self::next_rate); notes for the report
     /// (why the search stopped early) are appended to `notes`.
+    ///
+    /// A probe in which the generator lagged is repeated once at the same rate before the
+    /// search stops on it: on a shared machine (a VM whose host deschedules it, a file system
+    /// that stalls a write) the generator and the server can stall together for tens of
+    /// milliseconds at any rate, which says nothing of either one's limit, while a generator
+    /// at its limit lags again.
     pub fn record(&mut self, ok: bool, generator_limited: bool, notes: &mut Vec<String>) {
+        if generator_limited && !self.repeating && !self.is_done() {
+            if let Some(rate) = self.next_rate() {
+                notes.push(format!(
+                    "capacity probe at {rate:.0}/s: the generator lagged; probed again"
+                ));
+            }
+            self.repeating = true;
+            return;
+        }
+        self.repeating = false;
         self.phase = match self.phase {
             SearchPhase::Grow { rate, probes } => {
                 let probes = probes + 1;
@@ -554,12 +573,14 @@ mod tests {
         assert_eq!(rates, vec![1000.0]);
         assert_eq!(s.result(), None);
         assert!(notes[0].contains("even 1000/s missed the SLO"));
-        // The generator lags above 2000/s: the search stops at 2250 with C = 1500, a lower bound.
+        // The generator lags above 2000/s: 2250 is probed twice, then the search stops with
+        // C = 1500, a lower bound.
         let (rates, s, notes) = drive(1e9, 1000.0, Some(2000.0));
-        assert_eq!(rates, vec![1000.0, 1500.0, 2250.0]);
+        assert_eq!(rates, vec![1000.0, 1500.0, 2250.0, 2250.0]);
         assert_eq!(s.result(), Some(1500.0));
         assert!(s.generator_limited());
-        assert!(notes[0].contains("generator could not keep up"));
+        assert!(notes[0].contains("2250/s: the generator lagged; probed again"));
+        assert!(notes[1].contains("generator could not keep up"));
         assert!(s.is_done() && s.next_rate().is_none());
         // The server misses the SLO at 2250/s, then the generator lags at the first bisection
         // probe: C stays the last pass and is marked as a bound.
@@ -572,8 +593,31 @@ mod tests {
         let mid = s.next_rate().expect("bisecting");
         assert!((mid - (1500.0f64 * 2250.0).sqrt()).abs() < 1e-9);
         s.record(false, true, &mut notes);
+        assert_eq!(s.next_rate(), Some(mid), "repeated once");
+        s.record(false, true, &mut notes);
         assert_eq!(s.result(), Some(1500.0));
-        assert!(s.generator_limited() && notes.len() == 1);
+        assert!(s.generator_limited() && notes.len() == 2);
+    }
+
+    #[test]
+    fn a_probe_that_lagged_once_is_repeated_and_the_search_goes_on() {
+        // A stall at 1500/s only: the repeat passes and the search ends as if it never was.
+        let mut s = CapacitySearch::new(1000.0);
+        let mut notes = Vec::new();
+        let mut rates = Vec::new();
+        let mut stalled = false;
+        while let Some(r) = s.next_rate() {
+            rates.push(r);
+            let lagged = r == 1500.0 && !stalled;
+            stalled |= lagged;
+            s.record(r <= 2000.0 && !lagged, lagged, &mut notes);
+            assert!(rates.len() < 50, "search does not end");
+        }
+        assert_eq!(&rates[..4], &[1000.0, 1500.0, 1500.0, 2250.0]);
+        let c = s.result().expect("capacity");
+        assert!((1900.0..=2000.0).contains(&c), "C = {c}");
+        assert!(!s.generator_limited());
+        assert_eq!(notes.len(), 1, "{notes:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -246,9 +246,10 @@ pub async fn run<T: Target>(
             }
         }
         for side in 0..2 {
-            // The probe at C is the one whose rate is exactly the value the search returned.
+            // The probe at C is the one whose rate is exactly the value the search returned
+            // (the last one: a probe repeated after generator lag comes first).
             let at_capacity = caps[side]
-                .and_then(|c| probes[side].iter().find(|(r, _)| *r == c))
+                .and_then(|c| probes[side].iter().rev().find(|(r, _)| *r == c))
                 .and_then(|&(_, idx)| reports[side].steps.get(idx))
                 .and_then(StepFigures::of);
             out.rows.push(SideRow {
