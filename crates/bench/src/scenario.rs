@@ -65,7 +65,7 @@ pub struct Plan {
 }
 
 /// Waits for a quiet machine before a step, if the plan asks for it, and counts the wait.
-pub(crate) async fn settle_before_step(plan: &Plan, report: &mut RunReport) {
+async fn settle_before_step(plan: &Plan, report: &mut RunReport) {
     if let Some(s) = &plan.settle {
         let w = settle(s).await;
         if plan.run.progress && !w.quiet {
@@ -110,6 +110,25 @@ fn passes(report: &RunReport, plan: &Plan) -> (bool, bool) {
     (ok && !generator_limited, generator_limited)
 }
 
+/// Runs `spec` for `duration` as one step recorded as `label`: after the wait for a quiet
+/// machine (if the plan asks for it), followed by the cooldown. Returns the step's index.
+pub(crate) async fn recorded_step<T: Target>(
+    target: &Arc<T>,
+    report: &mut RunReport,
+    plan: &Plan,
+    spec: StreamSpec,
+    duration: Duration,
+    label: &str,
+    multiple: Option<f64>,
+) -> usize {
+    settle_before_step(plan, report).await;
+    let t = report.next_second();
+    let run = run_step(target, &[spec], duration, &plan.run, t).await;
+    report.push_step(label, multiple, duration.as_secs_f64(), run);
+    tokio::time::sleep(plan.cooldown).await;
+    report.steps.len() - 1
+}
+
 /// Runs one capacity probe step at `rate`.
 async fn probe<T: Target>(
     target: &Arc<T>,
@@ -123,16 +142,8 @@ async fn probe<T: Target>(
         rate,
         ..stream.clone()
     };
-    settle_before_step(plan, report).await;
-    let t = report.next_second();
-    let run = run_step(target, &[spec], plan.probe_step, &plan.run, t).await;
-    report.push_step(
-        &format!("{prefix}{rate:.0}/s"),
-        None,
-        plan.probe_step.as_secs_f64(),
-        run,
-    );
-    tokio::time::sleep(plan.cooldown).await;
+    let label = format!("{prefix}{rate:.0}/s");
+    recorded_step(target, report, plan, spec, plan.probe_step, &label, None).await;
 }
 
 /// Where a [`CapacitySearch`] stands.
@@ -195,12 +206,10 @@ impl CapacitySearch {
     /// milliseconds at any rate, which says nothing of either one's limit, while a generator
     /// at its limit lags again.
     pub fn record(&mut self, ok: bool, generator_limited: bool, notes: &mut Vec<String>) {
-        if generator_limited && !self.repeating && !self.is_done() {
-            if let Some(rate) = self.next_rate() {
-                notes.push(format!(
-                    "capacity probe at {rate:.0}/s: the generator lagged; probed again"
-                ));
-            }
+        if let (true, false, Some(rate)) = (generator_limited, self.repeating, self.next_rate()) {
+            notes.push(format!(
+                "capacity probe at {rate:.0}/s: the generator lagged; probed again"
+            ));
             self.repeating = true;
             return;
         }
@@ -332,16 +341,8 @@ async fn steps<T: Target>(
             rate: c * m,
             ..stream.clone()
         };
-        settle_before_step(plan, report).await;
-        let t = report.next_second();
-        let run = run_step(target, &[spec], plan.step, &plan.run, t).await;
-        report.push_step(
-            &format!("{name} {}", label_multiple(m)),
-            Some(m),
-            plan.step.as_secs_f64(),
-            run,
-        );
-        tokio::time::sleep(plan.cooldown).await;
+        let label = format!("{name} {}", label_multiple(m));
+        recorded_step(target, report, plan, spec, plan.step, &label, Some(m)).await;
     }
 }
 

@@ -12,9 +12,9 @@
 use crate::report::{
     aligned, esc, html_compare_body, html_page, html_table, RunReport, StepSummary,
 };
-use crate::runner::{run_step, StreamSpec};
+use crate::runner::StreamSpec;
 use crate::scenario::{
-    capacity_probe, settle_before_step, uniform_stream, CapacitySearch, Plan, Workload,
+    capacity_probe, recorded_step, uniform_stream, CapacitySearch, Plan, Workload,
 };
 use crate::stats::Percentiles;
 use crate::target::Target;
@@ -162,19 +162,25 @@ pub async fn run<T: Target>(
             let label = format!("{} warm-up {:.0}/s", w.name(), warm.rate);
             for side in turns {
                 announce(plan, &reports[side].label, &label);
-                settle_before_step(plan, &mut reports[side]).await;
                 let spec = StreamSpec {
                     rate: warm.rate,
                     ..stream.clone()
                 };
-                let t = reports[side].next_second();
-                let run = run_step(targets[side], &[spec], warm.duration, &plan.run, t).await;
-                reports[side].push_step(&label, None, warm.duration.as_secs_f64(), run);
+                let report = &mut reports[side];
+                recorded_step(
+                    targets[side],
+                    report,
+                    plan,
+                    spec,
+                    warm.duration,
+                    &label,
+                    None,
+                )
+                .await;
                 out.order.push(StepRef {
                     side,
                     label: label.clone(),
                 });
-                tokio::time::sleep(plan.cooldown).await;
             }
         }
         let prefix = format!("{} capacity ", w.name());
@@ -224,16 +230,15 @@ pub async fn run<T: Target>(
                         rate,
                         ..stream.clone()
                     };
-                    settle_before_step(plan, &mut reports[side]).await;
-                    let t = reports[side].next_second();
-                    let run = run_step(targets[side], &[spec], plan.step, &plan.run, t).await;
-                    let step = reports[side].push_step(&label, None, plan.step.as_secs_f64(), run);
-                    commons[side] = StepFigures::of(step);
+                    let report = &mut reports[side];
+                    let idx =
+                        recorded_step(targets[side], report, plan, spec, plan.step, &label, None)
+                            .await;
+                    commons[side] = StepFigures::of(&report.steps[idx]);
                     out.order.push(StepRef {
                         side,
                         label: label.clone(),
                     });
-                    tokio::time::sleep(plan.cooldown).await;
                 }
             }
             None => {

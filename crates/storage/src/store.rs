@@ -134,15 +134,20 @@ impl CommitShared {
         Ok(())
     }
 
+    /// The newest ticket applied but not yet durable, if any (and the journal has not failed).
+    fn pending_upto(&self) -> Option<u64> {
+        let upto = self.applied.load(Ordering::Acquire);
+        let current = *self.durable.borrow();
+        (!current.failed && upto > current.upto).then_some(upto)
+    }
+
     /// Fsyncs the journal if tickets are pending and publishes the new durable point.
     fn sync_pending(&self, syncer: &mut JournalSyncer) {
         #[cfg(test)]
         let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-        let upto = self.applied.load(Ordering::Acquire);
-        let current = *self.durable.borrow();
-        if current.failed || upto <= current.upto {
+        let Some(upto) = self.pending_upto() else {
             return;
-        }
+        };
         // The side fsync covers only what is in the OS: flush the buffer first (`upto` was
         // read before it, so everything up to `upto` is in it).
         let result = match self.flush_buffer().map(|()| syncer.sync()) {
@@ -207,7 +212,7 @@ impl CommitShared {
             if shutdown || last_sync.elapsed() >= interval {
                 self.sync_pending(&mut syncer);
                 last_sync = Instant::now();
-            } else if self.applied.load(Ordering::Acquire) > self.durable.borrow().upto {
+            } else if self.pending_upto().is_some() {
                 syncer.start_writeback();
             }
             if shutdown {
