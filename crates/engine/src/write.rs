@@ -438,7 +438,7 @@ fn build_mutations(
             partition_deletion: None,
             range_deletions: Vec::new(),
             static_row: None,
-            rows: Vec::new(),
+            rows: Vec::with_capacity(points.len()),
         };
         if w.kind == WriteKind::Delete && w.ops.is_empty() {
             if !w.where_.restricts_clustering() {
@@ -507,6 +507,8 @@ fn build_mutations(
                         timestamp: st.ts,
                         expiry: st.expiry,
                     }),
+                    // One cell per operation, except for collection elements.
+                    cells: Vec::with_capacity(w.ops.len()),
                     ..RowMutation::default()
                 };
                 for op in w

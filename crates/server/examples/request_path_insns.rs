@@ -12,7 +12,7 @@ mod support;
 
 /// The allocator the `sluice` binary runs with, so that the counts are the binary's.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: sluice_alloc::Allocator = sluice_alloc::Allocator;
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -13,9 +13,10 @@ use tracing::{error, info, warn};
 use config::{DurabilityArg, ResolvedConfig, ServeArgs};
 
 /// mimalloc (its v2 line) rather than glibc's malloc: a served write costs 17% fewer instructions
-/// (`scripts/insns.sh`), and a flushed 64 MiB memtable is freed in less CPU time.
+/// (`scripts/insns.sh`), and a flushed 64 MiB memtable is freed in less CPU time. Called
+/// without its aligned path for ordinary layouts (`sluice_alloc`).
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: sluice_alloc::Allocator = sluice_alloc::Allocator;
 
 /// Sluice: a CQL (Cassandra/ScyllaDB protocol v4) database that keeps its goodput under
 /// overload.

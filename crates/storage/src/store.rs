@@ -59,6 +59,9 @@ const PURGE_ROWS_PER_APPLY: usize = 16_384;
 /// Rows examined per stripe-lock hold while purging (bounds the lock hold time).
 const PURGE_CHUNK: usize = 256;
 
+/// Initial size of the buffer a commit encodes its rows into (it grows for larger rows).
+const ENCODE_BUFFER_BYTES: usize = 1024;
+
 /// Rows deleted per fjall batch by `truncate` (bounded batch memory).
 const TRUNCATE_CHUNK: usize = 1024;
 
@@ -514,8 +517,9 @@ impl Store {
     pub(crate) fn prepare<'a, 'l: 'a>(
         mutations: impl IntoIterator<Item = &'a (&'l TableLayout, Mutation)>,
     ) -> Result<Prepared, StorageError> {
+        let mutations = mutations.into_iter();
         let mut entries: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
-        let mut stripes = Vec::new();
+        let mut stripes = Vec::with_capacity(mutations.size_hint().0);
         for (layout, m) in mutations {
             if layout.id != m.table {
                 return Err(StorageError::Corrupt(
@@ -618,8 +622,12 @@ impl Store {
             return Ok(self.commit.applied.load(Ordering::Acquire));
         }
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
-        let mut batch = self.db.batch().durability(None);
-        let mut buf = Vec::new();
+        // Room for every entry, the batchlog record and a timestamp-ceiling move.
+        let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)
+            .durability(None);
+        // One buffer for every entry, sized for a typical row so that encoding does not
+        // grow it step by step (each step is a reallocation and a copy).
+        let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
         // Partitions that got a new deletion, to purge the rows it shadows afterwards.
         let mut purges: Vec<(Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
         let mut replaced = 0u64;

@@ -7,7 +7,6 @@ pub mod item;
 use crate::{Database, Keyspace, PersistMode};
 use item::Item;
 use lsm_tree::{AbstractTree, UserKey, UserValue, ValueType};
-use std::collections::HashSet;
 
 /// An atomic write batch
 ///
@@ -130,9 +129,10 @@ impl WriteBatch {
             })?;
         }
 
-        // TODO: maybe we can use a stack alloc hashset/vec here, such as smallset
-        #[expect(clippy::mutable_key_type)]
-        let mut keyspaces_with_possible_stall = HashSet::new();
+        // Sluice patch: the keyspaces the batch touched, deduplicated in a small vector (a
+        // batch touches one or two): a `HashSet` cost a hash, an allocation and a rehash per
+        // commit.
+        let mut keyspaces_with_possible_stall: Vec<Keyspace> = Vec::with_capacity(2);
 
         #[expect(clippy::expect_used)]
         let keyspaces = self
@@ -167,7 +167,9 @@ impl WriteBatch {
             dropped_size += dropped;
 
             // IMPORTANT: Clone the handle, because we don't want to keep the keyspaces lock open
-            keyspaces_with_possible_stall.insert(item.keyspace.clone());
+            if !keyspaces_with_possible_stall.contains(&item.keyspace) {
+                keyspaces_with_possible_stall.push(item.keyspace.clone());
+            }
         }
 
         self.db.supervisor.snapshot_tracker.publish(batch_seqno);
