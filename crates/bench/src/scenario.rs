@@ -94,20 +94,43 @@ fn label_multiple(m: f64) -> String {
     format!("{}xC", crate::report_num(m))
 }
 
-/// Outcome of one capacity probe.
-fn passes(report: &RunReport, plan: &Plan) -> (bool, bool) {
+/// What one capacity probe showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The SLO was met, with the generator on time.
+    Passed,
+    /// The SLO was missed (or errors reached 0.1%) with the generator on time.
+    Failed,
+    /// The SLO was missed while the generator sent some requests late (fewer than
+    /// `--max-lag`): latency counts from the intended send time, so the generator's own
+    /// stall is in the figure.
+    FailedWithLag,
+    /// The generator sent more than `--max-lag` of the requests late or not at all.
+    GeneratorLimited,
+}
+
+/// Outcome of the last step of `report`, as a capacity probe.
+fn probe_outcome(report: &RunReport, plan: &Plan) -> ProbeOutcome {
     let Some(step) = report.steps.last() else {
-        return (false, false);
+        return ProbeOutcome::Failed;
     };
     let Some(c) = step.classes.first() else {
-        return (false, false);
+        return ProbeOutcome::Failed;
     };
     let completed = c.counts.completed().max(1);
     let errors = c.counts.failed() as f64 / completed as f64;
-    let generator_limited = step.lag_fraction() > plan.max_lag;
+    let lag = step.lag_fraction();
     let slo_us = plan.slo.as_micros() as u64;
     let ok = c.counts.ok > 0 && c.latency.p99_us <= slo_us && errors < 0.001;
-    (ok && !generator_limited, generator_limited)
+    if lag > plan.max_lag {
+        ProbeOutcome::GeneratorLimited
+    } else if ok {
+        ProbeOutcome::Passed
+    } else if lag > 0.0 {
+        ProbeOutcome::FailedWithLag
+    } else {
+        ProbeOutcome::Failed
+    }
 }
 
 /// Runs `spec` for `duration` as one step recorded as `label`: after the wait for a quiet
@@ -201,19 +224,27 @@ impl CapacitySearch {
     /// (why the search stopped early) are appended to `notes`.
     ///
     /// A probe in which the generator lagged is repeated once at the same rate before the
-    /// search stops on it: on a shared machine (a VM whose host deschedules it, a file system
-    /// that stalls a write) the generator and the server can stall together for tens of
-    /// milliseconds at any rate, which says nothing of either one's limit, while a generator
-    /// at its limit lags again.
-    pub fn record(&mut self, ok: bool, generator_limited: bool, notes: &mut Vec<String>) {
-        if let (true, false, Some(rate)) = (generator_limited, self.repeating, self.next_rate()) {
+    /// search acts on it: past `--max-lag`, or below it when the probe missed the SLO. On a
+    /// shared machine (a VM whose host deschedules it, a file system that stalls a write) the
+    /// generator and the server can stall together for tens of milliseconds at any rate,
+    /// which says nothing of either one's limit, while a generator at its limit lags again
+    /// and a server past its own misses the SLO again.
+    pub fn record(&mut self, outcome: ProbeOutcome, notes: &mut Vec<String>) {
+        let why = match outcome {
+            ProbeOutcome::GeneratorLimited => Some("the generator lagged"),
+            ProbeOutcome::FailedWithLag => Some("missed the SLO while the generator lagged"),
+            ProbeOutcome::Passed | ProbeOutcome::Failed => None,
+        };
+        if let (Some(why), false, Some(rate)) = (why, self.repeating, self.next_rate()) {
             notes.push(format!(
-                "capacity probe at {rate:.0}/s: the generator lagged; probed again"
+                "capacity probe at {rate:.0}/s: {why}; probed again"
             ));
             self.repeating = true;
             return;
         }
         self.repeating = false;
+        let ok = outcome == ProbeOutcome::Passed;
+        let generator_limited = outcome == ProbeOutcome::GeneratorLimited;
         self.phase = match self.phase {
             SearchPhase::Grow { rate, probes } => {
                 let probes = probes + 1;
@@ -302,8 +333,8 @@ pub async fn capacity_probe<T: Target>(
 ) -> Option<(f64, usize)> {
     let rate = search.next_rate()?;
     probe(target, report, plan, stream, rate, prefix).await;
-    let (ok, generator_limited) = passes(report, plan);
-    search.record(ok, generator_limited, &mut report.notes);
+    let outcome = probe_outcome(report, plan);
+    search.record(outcome, &mut report.notes);
     Some((rate, report.steps.len() - 1))
 }
 
@@ -547,8 +578,14 @@ mod tests {
         let (mut rates, mut notes) = (Vec::new(), Vec::new());
         while let Some(r) = s.next_rate() {
             rates.push(r);
-            let lagged = lag_above.is_some_and(|l| r > l);
-            s.record(r <= c && !lagged, lagged, &mut notes);
+            let outcome = if lag_above.is_some_and(|l| r > l) {
+                ProbeOutcome::GeneratorLimited
+            } else if r <= c {
+                ProbeOutcome::Passed
+            } else {
+                ProbeOutcome::Failed
+            };
+            s.record(outcome, &mut notes);
             assert!(rates.len() < 50, "search does not end");
         }
         (rates, s, notes)
@@ -587,15 +624,19 @@ mod tests {
         // probe: C stays the last pass and is marked as a bound.
         let mut s = CapacitySearch::new(1000.0);
         let mut notes = Vec::new();
-        for (ok, lagged) in [(true, false), (true, false), (false, false)] {
-            s.record(ok, lagged, &mut notes);
+        for outcome in [
+            ProbeOutcome::Passed,
+            ProbeOutcome::Passed,
+            ProbeOutcome::Failed,
+        ] {
+            s.record(outcome, &mut notes);
         }
         assert!(notes.is_empty() && !s.generator_limited());
         let mid = s.next_rate().expect("bisecting");
         assert!((mid - (1500.0f64 * 2250.0).sqrt()).abs() < 1e-9);
-        s.record(false, true, &mut notes);
+        s.record(ProbeOutcome::GeneratorLimited, &mut notes);
         assert_eq!(s.next_rate(), Some(mid), "repeated once");
-        s.record(false, true, &mut notes);
+        s.record(ProbeOutcome::GeneratorLimited, &mut notes);
         assert_eq!(s.result(), Some(1500.0));
         assert!(s.generator_limited() && notes.len() == 2);
     }
@@ -611,7 +652,14 @@ mod tests {
             rates.push(r);
             let lagged = r == 1500.0 && !stalled;
             stalled |= lagged;
-            s.record(r <= 2000.0 && !lagged, lagged, &mut notes);
+            let outcome = if lagged {
+                ProbeOutcome::GeneratorLimited
+            } else if r <= 2000.0 {
+                ProbeOutcome::Passed
+            } else {
+                ProbeOutcome::Failed
+            };
+            s.record(outcome, &mut notes);
             assert!(rates.len() < 50, "search does not end");
         }
         assert_eq!(&rates[..4], &[1000.0, 1500.0, 1500.0, 2250.0]);
@@ -619,6 +667,36 @@ mod tests {
         assert!((1900.0..=2000.0).contains(&c), "C = {c}");
         assert!(!s.generator_limited());
         assert_eq!(notes.len(), 1, "{notes:?}");
+    }
+
+    #[test]
+    fn a_probe_that_missed_the_slo_while_the_generator_lagged_is_repeated_once() {
+        // Below C, a stall of the whole machine at 1500/s: late sends and a missed SLO. The
+        // repeat passes and the search goes on as if the stall never was.
+        let mut s = CapacitySearch::new(1000.0);
+        let mut notes = Vec::new();
+        s.record(ProbeOutcome::Passed, &mut notes);
+        s.record(ProbeOutcome::FailedWithLag, &mut notes);
+        assert_eq!(s.next_rate(), Some(1500.0), "repeated at the same rate");
+        assert!(notes[0].contains("1500/s: missed the SLO while the generator lagged"));
+        s.record(ProbeOutcome::Passed, &mut notes);
+        assert_eq!(s.next_rate(), Some(2250.0));
+        // Past C the server misses the SLO again on the repeat: an ordinary failure, so the
+        // search bisects and C is not marked as a bound.
+        s.record(ProbeOutcome::FailedWithLag, &mut notes);
+        assert_eq!(s.next_rate(), Some(2250.0));
+        s.record(ProbeOutcome::FailedWithLag, &mut notes);
+        let mid = s.next_rate().expect("bisecting");
+        assert!((mid - (1500.0f64 * 2250.0).sqrt()).abs() < 1e-9, "{mid}");
+        assert!(!s.generator_limited());
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        // A probe without lag that misses the SLO is not repeated.
+        s.record(ProbeOutcome::Failed, &mut notes);
+        assert!(
+            s.next_rate().is_some_and(|r| r < mid),
+            "bisected down at once"
+        );
+        assert_eq!(notes.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
