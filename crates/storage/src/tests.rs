@@ -1774,6 +1774,53 @@ mod stores {
         assert!(!dir.path().join("STORES").exists());
     }
 
+    /// Overwrites of a few keys keep the memtable small (the versions they supersede are
+    /// dropped), so it never fills; the sync thread still seals it after a bound of journal
+    /// bytes, so that fjall flushes it and the journal can rotate instead of growing forever.
+    #[test]
+    fn overwrites_that_never_fill_the_memtable_still_seal_it_for_the_journal() {
+        for durability in [Durability::Batch, periodic()] {
+            let dir = tempfile::tempdir().unwrap();
+            let l = layout_no_ck(T2);
+            let store = crate::store::Store::open_with_journal_bound(
+                dir.path(),
+                durability,
+                8 << 20,
+                256 << 10,
+            )
+            .unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            let big = "x".repeat(1000);
+            // 2,000 writes of about 1 KiB to 10 keys: about 2 MiB of journal, 8 bounds' worth.
+            for i in 0..2000u32 {
+                let mut m = mutation(T2, i64::from(i % 10), &format!("k{}", i % 10));
+                let ts = i64::from(i) + 1;
+                m.rows.push(insert_row(vec![], vec![cell(1, &big, ts)], ts));
+                let prepared = crate::store::Store::prepare(&[(&l, m)]).unwrap();
+                let ticket = store.commit(prepared, None).unwrap();
+                if i % 200 == 199 {
+                    // The sync thread checks after each fsync (batch) or 100 ms (periodic).
+                    rt.block_on(store.wait_durable(ticket)).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(120));
+                }
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while store.data_table_count() == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let sealed = store.memtables_sealed_for_journal();
+            assert!(sealed >= 4, "{durability:?}: sealed {sealed} memtables");
+            assert!(
+                store.data_table_count() >= 1,
+                "{durability:?}: nothing flushed"
+            );
+            store.close().unwrap();
+        }
+    }
+
     #[test]
     fn a_bad_stores_file_is_an_error_not_a_new_layout() {
         let dir = tempfile::tempdir().unwrap();
