@@ -35,32 +35,41 @@ fn plain_call_aligns(size: usize, align: usize) -> bool {
     align <= NATURAL_ALIGN_MAX && size & (align - 1) == 0
 }
 
+/// Allocates `layout` with mimalloc's `plain` call when that aligns it enough, else with its
+/// `aligned` one (the same allocation, zeroed or not).
+///
+/// # Safety
+/// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+#[inline]
+unsafe fn alloc_with(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: plain FFI calls; mimalloc accepts any size and power-of-two alignment.
+    unsafe {
+        if plain_call_aligns(layout.size(), layout.align()) {
+            plain(layout.size()).cast()
+        } else {
+            aligned(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: every call forwards to mimalloc, which returns blocks of at least the requested
 // size, aligned as the layout asks (see the module documentation for the plain calls), and
 // frees any block it returned with `mi_free`.
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: plain FFI calls; mimalloc accepts any size and power-of-two alignment.
-        unsafe {
-            if plain_call_aligns(layout.size(), layout.align()) {
-                ffi::mi_malloc(layout.size()).cast()
-            } else {
-                ffi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: the caller's contract is `alloc_with`'s.
+        unsafe { alloc_with(layout, ffi::mi_malloc, ffi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        unsafe {
-            if plain_call_aligns(layout.size(), layout.align()) {
-                ffi::mi_zalloc(layout.size()).cast()
-            } else {
-                ffi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { alloc_with(layout, ffi::mi_zalloc, ffi::mi_zalloc_aligned) }
     }
 
     #[inline]
