@@ -568,6 +568,18 @@ mod tests {
         assert_eq!(r.steps[1].start_s, r.steps[0].start_s + 2);
     }
 
+    /// A probe's outcome from whether the generator lagged past `--max-lag` and whether the
+    /// server met the SLO.
+    fn outcome(lagged: bool, met_slo: bool) -> ProbeOutcome {
+        if lagged {
+            ProbeOutcome::GeneratorLimited
+        } else if met_slo {
+            ProbeOutcome::Passed
+        } else {
+            ProbeOutcome::Failed
+        }
+    }
+
     /// Drives a search against a server whose true capacity is `c`: a probe passes below it.
     fn drive(
         c: f64,
@@ -578,14 +590,10 @@ mod tests {
         let (mut rates, mut notes) = (Vec::new(), Vec::new());
         while let Some(r) = s.next_rate() {
             rates.push(r);
-            let outcome = if lag_above.is_some_and(|l| r > l) {
-                ProbeOutcome::GeneratorLimited
-            } else if r <= c {
-                ProbeOutcome::Passed
-            } else {
-                ProbeOutcome::Failed
-            };
-            s.record(outcome, &mut notes);
+            s.record(
+                outcome(lag_above.is_some_and(|l| r > l), r <= c),
+                &mut notes,
+            );
             assert!(rates.len() < 50, "search does not end");
         }
         (rates, s, notes)
@@ -652,14 +660,7 @@ mod tests {
             rates.push(r);
             let lagged = r == 1500.0 && !stalled;
             stalled |= lagged;
-            let outcome = if lagged {
-                ProbeOutcome::GeneratorLimited
-            } else if r <= 2000.0 {
-                ProbeOutcome::Passed
-            } else {
-                ProbeOutcome::Failed
-            };
-            s.record(outcome, &mut notes);
+            s.record(outcome(lagged, r <= 2000.0), &mut notes);
             assert!(rates.len() < 50, "search does not end");
         }
         assert_eq!(&rates[..4], &[1000.0, 1500.0, 1500.0, 2250.0]);
