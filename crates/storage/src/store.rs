@@ -97,6 +97,12 @@ const DATA_BLOCK_RESTART_INTERVAL: u8 = 2;
 const DATA_KEYSPACE: &str = "data";
 const META_KEYSPACE: &str = "meta";
 
+/// Longest a clean shutdown waits for its memtables to reach disk tables. Everything is
+/// already durable in the journal before the wait starts; the flush only spares the next
+/// start a journal replay, so a flush that takes longer (a slow or full disk) is left to
+/// that replay instead of holding the shutdown.
+const FLUSH_ON_CLOSE_LIMIT: Duration = Duration::from_secs(60);
+
 /// How far the journal is known durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DurableState {
@@ -937,6 +943,12 @@ impl Store {
         self.data.table_count()
     }
 
+    /// Test hook: journal files on disk, the active one included.
+    #[cfg(test)]
+    pub(crate) fn journal_count(&self) -> usize {
+        self.db.journal_count()
+    }
+
     /// Test hook: holds the sync thread before its next fsync while the guard lives.
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
@@ -1389,7 +1401,33 @@ impl Store {
             }
             d.closed = true;
         });
-        result
+        result?;
+        self.flush_memtables(FLUSH_ON_CLOSE_LIMIT);
+        Ok(())
+    }
+
+    /// Seals both keyspaces' memtables and waits, at most `limit`, until fjall has written
+    /// them to disk tables and let their journals go, so that a restart after a clean
+    /// shutdown replays no journal.
+    fn flush_memtables(&self, limit: Duration) {
+        let started = Instant::now();
+        for keyspace in [&self.data, &self.meta] {
+            if let Err(e) = keyspace.rotate_memtable() {
+                tracing::warn!(error = ?e, "cannot seal a memtable at shutdown; the journal keeps it");
+                return;
+            }
+        }
+        while self.data.sealed_memtable_count() + self.meta.sealed_memtable_count() > 0 {
+            if started.elapsed() >= limit {
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    "memtables not flushed at shutdown; the next start replays their journal"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tracing::debug!(took = ?started.elapsed(), "memtables flushed at shutdown");
     }
 }
 

@@ -1821,6 +1821,50 @@ mod stores {
         }
     }
 
+    /// A clean close leaves the data in disk tables and no journal to replay: the next start
+    /// reads them from disk instead of rebuilding memtables from the journal.
+    #[test]
+    fn a_clean_close_flushes_the_memtables_to_disk_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = layout_no_ck(T2);
+        let store = crate::store::Store::open(dir.path(), periodic(), 8 << 20).unwrap();
+        for i in 0..500i64 {
+            let mut m = mutation(T2, i, &format!("k{i}"));
+            m.rows
+                .push(insert_row(vec![], vec![cell(1, "v", i + 1)], i + 1));
+            let prepared = crate::store::Store::prepare(&[(&l, m)]).unwrap();
+            store.commit(prepared, None).unwrap();
+        }
+        assert_eq!(store.data_table_count(), 0, "flushed before the close");
+        let journals_before = store.journal_count();
+        store.close().unwrap();
+        assert!(store.data_table_count() >= 1, "nothing flushed at close");
+        assert!(
+            store.journal_count() <= journals_before,
+            "journals: {} before the close, {} after",
+            journals_before,
+            store.journal_count()
+        );
+        drop(store);
+
+        let store = crate::store::Store::open(dir.path(), periodic(), 8 << 20).unwrap();
+        for i in [0i64, 250, 499] {
+            let read = store
+                .read_partition(
+                    &l,
+                    i,
+                    format!("k{i}").as_bytes(),
+                    &ClusteringSlice::all(),
+                    None,
+                    usize::MAX,
+                    0,
+                )
+                .unwrap();
+            assert_eq!(read.rows.len(), 1, "row k{i} after the reopen");
+        }
+        store.close().unwrap();
+    }
+
     #[test]
     fn a_bad_stores_file_is_an_error_not_a_new_layout() {
         let dir = tempfile::tempdir().unwrap();
