@@ -32,6 +32,35 @@ fn le_u64(chunk: &[u8]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Up to 8 tail bytes as one word, each byte sign-extended before it is shifted into place
+/// (the Cassandra quirk: `(long) byte` in Java). The bytes themselves make the little-endian
+/// word; a byte with its top bit set also flips every bit above it, which for all such
+/// bytes together is the prefix XOR of their top bits moved up by one.
+#[inline]
+fn tail_word(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    let raw = if n >= 4 {
+        // Two 4-byte loads that overlap when n < 8: the shared bytes are equal, so OR
+        // assembles the word without a variable-length copy.
+        let lo = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let hi = u32::from_le_bytes([bytes[n - 4], bytes[n - 3], bytes[n - 2], bytes[n - 1]]);
+        u64::from(lo) | (u64::from(hi) << ((n - 4) * 8))
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .fold(0, |w, (i, &b)| w | (u64::from(b) << (i * 8)))
+    };
+    let mut flips = (raw & 0x8080_8080_8080_8080) << 1;
+    flips ^= flips << 1;
+    flips ^= flips << 2;
+    flips ^= flips << 4;
+    flips ^= flips << 8;
+    flips ^= flips << 16;
+    flips ^= flips << 32;
+    raw ^ flips
+}
+
 /// The Murmur3Partitioner token of a routing key.
 ///
 /// This is MurmurHash3_x64_128 with seed 0, keeping the low half (`h1`), with Cassandra's
@@ -63,21 +92,11 @@ pub fn murmur3_token(key: &[u8]) -> i64 {
     }
 
     let tail = blocks.remainder();
-    // Sign extension is the Cassandra quirk: `(long) byte` in Java.
-    let sx = |b: u8| b as i8 as i64 as u64;
-    let mut k1: u64 = 0;
-    let mut k2: u64 = 0;
-    for (i, &b) in tail.iter().enumerate().skip(8).rev() {
-        k2 ^= sx(b) << ((i - 8) * 8);
-    }
     if tail.len() > 8 {
-        h2 ^= mix_k2(k2);
-    }
-    for (i, &b) in tail.iter().enumerate().take(8).rev() {
-        k1 ^= sx(b) << (i * 8);
+        h2 ^= mix_k2(tail_word(&tail[8..]));
     }
     if !tail.is_empty() {
-        h1 ^= mix_k1(k1);
+        h1 ^= mix_k1(tail_word(&tail[..tail.len().min(8)]));
     }
 
     let len = key.len() as u64;
@@ -186,6 +205,29 @@ mod tests {
             let t = murmur3_token(&key[..len]);
             assert_eq!(t, murmur3_token(&key[..len]));
             assert!(seen.insert(t), "collision at len {len}");
+        }
+    }
+
+    /// The tail word against the byte-by-byte sign extension it replaces.
+    #[test]
+    fn tail_words_sign_extend_every_byte() {
+        fn by_bytes(bytes: &[u8]) -> u64 {
+            let mut k = 0u64;
+            for (i, &b) in bytes.iter().enumerate() {
+                k ^= (b as i8 as i64 as u64) << (i * 8);
+            }
+            k
+        }
+        proptest::proptest!(|(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..=8))| {
+            proptest::prop_assert_eq!(tail_word(&bytes), by_bytes(&bytes));
+        });
+        for bytes in [
+            &[0x80u8][..],
+            &[0xff; 8],
+            &[0x7f, 0x80, 0x01, 0xff],
+            &[0, 0, 0, 0, 0, 0, 0, 0x80],
+        ] {
+            assert_eq!(tail_word(bytes), by_bytes(bytes), "{bytes:?}");
         }
     }
 
