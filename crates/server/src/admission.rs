@@ -124,6 +124,11 @@ pub struct ShardAdmission {
     slots: Vec<Slot>,
     free: Vec<u32>,
     origin: Instant,
+    /// `origin` on the raw monotonic clock ([`monotonic_raw`]), read at the same moment.
+    origin_raw: u64,
+    /// The last arrival converted and its shard-local time: every frame of one socket read
+    /// has the same arrival, so all but the first take it from here.
+    last_arrival: (Instant, Nanos),
     queue_capacity: usize,
     /// The queue's deadline bound: the exact deadline needs the body (`USING TIMEOUT`), so
     /// the queue uses the largest per-kind default; the exact one is checked after decode.
@@ -164,11 +169,14 @@ impl ShardAdmission {
             })
             .collect();
         let t = &config.timeouts;
+        let origin = Instant::now();
         ShardAdmission {
             ctl,
             slots,
             free: (0..nslots as u32).rev().collect(),
-            origin: Instant::now(),
+            origin,
+            origin_raw: monotonic_raw(),
+            last_arrival: (origin, Nanos::ZERO),
             queue_capacity,
             queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
             frames: PreencodedErrors::new(),
@@ -182,10 +190,26 @@ impl ShardAdmission {
         }
     }
 
-    /// Shard-local monotonic time.
+    /// Shard-local monotonic time of `at`.
     #[inline]
     fn nanos(&self, at: Instant) -> Nanos {
         Nanos(duration_nanos(at.saturating_duration_since(self.origin)))
+    }
+
+    /// Shard-local monotonic time of an arrival (cached for the frames of one read).
+    #[inline]
+    fn arrival_nanos(&mut self, at: Instant) -> Nanos {
+        if self.last_arrival.0 != at {
+            self.last_arrival = (at, self.nanos(at));
+        }
+        self.last_arrival.1
+    }
+
+    /// Shard-local monotonic time now, from the raw clock: what `nanos(Instant::now())`
+    /// gives (the origins were read together) without `Instant`'s conversions.
+    #[inline]
+    fn now(&self) -> Nanos {
+        Nanos(monotonic_raw().saturating_sub(self.origin_raw))
     }
 
     /// Decides from the header and the arrival instant (the socket read that completed the
@@ -222,8 +246,8 @@ impl ShardAdmission {
         };
         // `arrival` is the socket read that completed the frame; the reader may reach it
         // later, after other frames of that read: that wait counts as queueing too.
-        let read = self.nanos(arrival);
-        let now = self.nanos(Instant::now());
+        let read = self.arrival_nanos(arrival);
+        let now = self.now();
         let deadline = Deadline(read.saturating_add(self.queue_timeout));
         // Nothing waits and there is room: straight to running, as the queue would have.
         if let Some(waited) = self
@@ -388,6 +412,18 @@ impl ShardAdmission {
         }
     }
 
+    /// True when the request of `ticket` may run now: it bypassed the queue or was
+    /// dispatched at admission (not waiting in the queue, not shed or expired there).
+    pub fn is_dispatched(&self, ticket: Ticket) -> bool {
+        match ticket.0 {
+            None => true,
+            Some(idx) => matches!(
+                self.slots.get(idx as usize).map(|s| s.state),
+                Some(SlotState::Running(_))
+            ),
+        }
+    }
+
     /// Releases a ticket outside a shard (benchmarks, tests); in the server [`Admitted`]
     /// does this when the request's task ends.
     pub fn complete(&mut self, ticket: Ticket, metrics: &ShardMetrics) {
@@ -413,11 +449,7 @@ impl ShardAdmission {
         slot.waker = None;
         // The clock is needed for a latency sample and to dispatch what waits.
         let timed = sample || self.ctl.as_ref().is_some_and(|c| c.queued() > 0);
-        let now = if timed {
-            self.nanos(Instant::now())
-        } else {
-            self.last_now
-        };
+        let now = if timed { self.now() } else { self.last_now };
         if let Some(ctl) = self.ctl.as_mut() {
             match state {
                 SlotState::Running(_) if !sample => ctl.on_turned_away_after_dispatch(),
@@ -470,6 +502,29 @@ impl ShardAdmission {
     pub fn stats(&self) -> AdmissionStats {
         self.ctl.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
+}
+
+/// Nanoseconds on the monotonic clock that `Instant` reads (`CLOCK_MONOTONIC` on Linux).
+#[cfg(target_os = "linux")]
+#[inline]
+fn monotonic_raw() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always available.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Nanoseconds on a monotonic clock (elsewhere: from `Instant`, with its conversions).
+#[cfg(not(target_os = "linux"))]
+fn monotonic_raw() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    duration_nanos(START.get_or_init(Instant::now).elapsed())
 }
 
 /// Requests that change connection state are handled inline and never queued.

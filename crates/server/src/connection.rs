@@ -23,7 +23,6 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
@@ -34,10 +33,12 @@ use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tracing::debug;
 
 use crate::admission::Admit;
+use crate::budget::{Budget, Held};
+use crate::request::Early;
 use crate::shard::ShardCtx;
 use crate::supported::StartupOptIns;
 
@@ -112,9 +113,9 @@ pub struct ConnState {
     /// writes it back, so requests never hold a borrow across an await.
     pub session: RefCell<Session>,
     /// Per-connection in-flight cap.
-    pub inflight: Arc<Semaphore>,
-    /// Per-connection cap on request bytes in flight (one permit per byte).
-    pub inflight_bytes: Arc<Semaphore>,
+    pub inflight: Rc<Budget>,
+    /// Per-connection cap on request bytes in flight.
+    pub inflight_bytes: Rc<Budget>,
     /// Task pushing schema events, once REGISTERed.
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -137,10 +138,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         ready: Cell::new(false),
         opt_ins: Cell::new(StartupOptIns::default()),
         session: RefCell::new(Session::default()),
-        inflight: Arc::new(Semaphore::new(shard.config.max_inflight_per_connection)),
-        inflight_bytes: Arc::new(Semaphore::new(byte_cap(
-            shard.config.max_inflight_bytes_per_connection,
-        ))),
+        inflight: Budget::new(shard.config.max_inflight_per_connection),
+        inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
         events: RefCell::new(None),
     });
     let writer = tokio::task::spawn_local(write_loop(wr, conn.outbox.clone()));
@@ -148,7 +147,6 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
-    let per_conn_cap = shard.config.max_inflight_per_connection;
     let conn_id = Rc::as_ptr(&conn) as usize;
     // The instant of the last socket read: the arrival of every frame it completed.
     let mut read_at = Instant::now();
@@ -177,11 +175,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             let opcode = header.opcode;
             // Bytes caps: a frame larger than a cap takes the whole cap (frames are bounded
             // by max_frame_bytes), so it waits for the scope to drain instead of stalling.
-            let len = header.length as usize;
-            let bytes = (
-                len.min(byte_cap(shard.config.max_inflight_bytes_per_connection)) as u32,
-                len.min(byte_cap(shard.config.max_inflight_bytes_per_shard)) as u32,
-            );
+            let bytes = header.length as usize;
             let permits = match try_permits(&shard, &conn, bytes) {
                 Some(p) => p,
                 None => {
@@ -200,9 +194,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                         continue;
                     }
                     shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
-                    let Some(p) = wait_permits(&shard, &conn, bytes).await else {
-                        break 'read;
-                    };
+                    let p = wait_permits(&shard, &conn, bytes).await;
                     // Backpressure by design: the frames still buffered waited in the client's
                     // queue, as if unread, not in the shard's; they count from now.
                     read_at = Instant::now();
@@ -234,16 +226,35 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             if bypasses_caps(opcode) {
                 // Connection-state requests are handled in order, inline.
-                crate::request::handle(in_flight, frame, arrival, ticket).await;
+                crate::request::handle(in_flight, frame, arrival, ticket, None).await;
                 if conn.outbox.closed.get() {
                     break 'read;
                 }
-            } else {
-                // Boxed: the request's state machine is ~3 KB, and a task holding it inline
-                // copies all of it when it is spawned and again when it completes.
-                let request = crate::request::handle(in_flight, frame, arrival, ticket);
-                tokio::task::spawn_local(Box::pin(request));
+                continue;
             }
+            // [C] and [B] for an EXECUTE that may run now, here: one turned away there is
+            // answered without a task.
+            let (in_flight, early) = if opcode == Opcode::Execute
+                && conn.ready.get()
+                && shard.admission.borrow().is_dispatched(ticket)
+            {
+                match crate::request::precheck_in_reader(in_flight, &frame, arrival) {
+                    Early::Answered => {
+                        shard
+                            .admission
+                            .borrow_mut()
+                            .complete_turned_away(ticket, &shard.metrics);
+                        continue;
+                    }
+                    Early::Spawn(in_flight, early) => (in_flight, early),
+                }
+            } else {
+                (in_flight, None)
+            };
+            // Boxed: the request's state machine is ~3 KB, and a task holding it inline
+            // copies all of it when it is spawned and again when it completes.
+            let request = crate::request::handle(in_flight, frame, arrival, ticket, early);
+            tokio::task::spawn_local(Box::pin(request));
         }
         // Do not read more while the answers pile up unread by the client.
         while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
@@ -288,20 +299,14 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         events.abort();
     }
     // Answer what is in flight (bounded by the drain timeout), then flush and close.
-    let all = per_conn_cap as u32;
-    let _ = tokio::time::timeout(shard.config.drain_timeout, conn.inflight.acquire_many(all)).await;
+    let _ = tokio::time::timeout(shard.config.drain_timeout, conn.inflight.drained()).await;
     conn.outbox.close();
     let _ = writer.await;
     buf.advance(buf.len());
 }
 
-/// A request's in-flight slots: its connection's and shard's request and byte permits.
-type Permits = (
-    OwnedSemaphorePermit,
-    OwnedSemaphorePermit,
-    OwnedSemaphorePermit,
-    OwnedSemaphorePermit,
-);
+/// A request's in-flight slots: its connection's and shard's requests and bytes.
+type Permits = (Held, Held, Held, Held);
 
 /// Connection-state requests (driver heartbeats, handshake) are handled inline, never queued
 /// and never turned away over a cap: rejecting a heartbeat makes a driver drop the connection.
@@ -316,40 +321,21 @@ fn bypasses_caps(op: Opcode) -> bool {
 /// Takes a request's slots if all four are free now, without awaiting (so without spending
 /// the task's cooperative budget); `None` if a cap is reached (nothing is kept then).
 #[inline]
-fn try_permits(shard: &ShardCtx, conn: &ConnState, (cb, sb): (u32, u32)) -> Option<Permits> {
-    let c = conn.inflight.clone().try_acquire_owned().ok()?;
-    let s = shard.inflight.clone().try_acquire_owned().ok()?;
-    let cbytes = conn
-        .inflight_bytes
-        .clone()
-        .try_acquire_many_owned(cb)
-        .ok()?;
-    let sbytes = shard
-        .inflight_bytes
-        .clone()
-        .try_acquire_many_owned(sb)
-        .ok()?;
+fn try_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Option<Permits> {
+    let c = conn.inflight.try_take(1)?;
+    let s = shard.inflight.try_take(1)?;
+    let cbytes = conn.inflight_bytes.try_take(bytes)?;
+    let sbytes = shard.inflight_bytes.try_take(bytes)?;
     Some((c, s, cbytes, sbytes))
 }
 
-/// Waits for a request's slots, the socket unread meanwhile (backpressure). `None` if a
-/// semaphore was closed.
-async fn wait_permits(shard: &ShardCtx, conn: &ConnState, (cb, sb): (u32, u32)) -> Option<Permits> {
-    let c = conn.inflight.clone().acquire_owned().await.ok()?;
-    let s = shard.inflight.clone().acquire_owned().await.ok()?;
-    let cbytes = conn
-        .inflight_bytes
-        .clone()
-        .acquire_many_owned(cb)
-        .await
-        .ok()?;
-    let sbytes = shard
-        .inflight_bytes
-        .clone()
-        .acquire_many_owned(sb)
-        .await
-        .ok()?;
-    Some((c, s, cbytes, sbytes))
+/// Waits for a request's slots, the socket unread meanwhile (backpressure).
+async fn wait_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Permits {
+    let c = conn.inflight.take(1).await;
+    let s = shard.inflight.take(1).await;
+    let cbytes = conn.inflight_bytes.take(bytes).await;
+    let sbytes = shard.inflight_bytes.take(bytes).await;
+    (c, s, cbytes, sbytes)
 }
 
 /// Decrements the shard's connection gauge when the connection task ends (even by panic).
@@ -377,11 +363,6 @@ fn protocol_close(shard: &ShardCtx, conn: &ConnState, e: FrameError) {
     shard.metrics.protocol_closes.fetch_add(1, Relaxed);
     conn.outbox.push(|b| e.encode_reply(b));
     conn.outbox.close();
-}
-
-/// A bytes cap as semaphore permits (tokio bounds a semaphore's permits).
-pub(crate) fn byte_cap(cap: usize) -> usize {
-    cap.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize))
 }
 
 /// Answers `stream` with the pre-encoded `Overloaded` frame (a copy and a stream-id patch:

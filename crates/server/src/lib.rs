@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! listener.rs  accept, hand the socket to a shard (round-robin, or source port % N)
-//! connection.rs  read, FrameDecoder, [A] admission.rs (in-flight caps, from the header)
+//! connection.rs  read, FrameDecoder, in-flight caps (budget.rs), [A] admission.rs (from
+//!             the header); an EXECUTE that may run now passes [C] and [B] right there
+//!             (request::precheck_in_reader), so one turned away never becomes a task
 //! request.rs  decode body, statement cache, deadline [C], route, [B] limiter.rs hook,
 //!             forward to the owning shard (shard.rs) if needed, engine execute, answer
 //! ```
@@ -14,6 +16,7 @@
 //! per-shard state lives in `Rc`/`RefCell` without locks; shards talk through bounded channels.
 
 pub mod admission;
+pub mod budget;
 pub mod connection;
 pub mod events;
 pub mod limiter;

@@ -50,8 +50,15 @@ pub const WRITE_EXPIRED: ErrorResponse = sluice_protocol::preencoded::WRITE_DEAD
 pub const READ_EXPIRED: ErrorResponse = sluice_protocol::preencoded::READ_DEADLINE;
 
 /// Handles one admitted frame and answers it through `inf`. `ticket` is its place in the
-/// shard's admission queue [A]: the body is decoded only once it is dispatched.
-pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticket) {
+/// shard's admission queue [A]: the body is decoded only once it is dispatched. `early`:
+/// an EXECUTE the reader already checked ([`precheck_in_reader`]).
+pub async fn handle(
+    inf: InFlight,
+    frame: Frame,
+    arrival: Instant,
+    ticket: Ticket,
+    early: Option<EarlyChecked>,
+) {
     let shard = inf.shard.clone();
     let conn = inf.conn.clone();
     let admitted = Admitted::new(shard.clone(), ticket);
@@ -87,8 +94,8 @@ pub async fn handle(inf: InFlight, frame: Frame, arrival: Instant, ticket: Ticke
     // EXECUTE: the statement, its deadline [C] and its partition [B] come from the id and the
     // leading values, so that a request turned away there is never decoded further.
     let mut inf = inf;
-    let mut checked = None;
-    if header.opcode == Opcode::Execute && conn.ready.get() {
+    let mut checked = early.map(|e| (e.prepared, e.checked));
+    if checked.is_none() && header.opcode == Opcode::Execute && conn.ready.get() {
         let mut head = sluice_protocol::ExecuteHead::default();
         if head.read(&header, &body).is_ok() && head.complete() {
             let Some(p) = shard.engine.prepared(&head.id) else {
@@ -275,13 +282,45 @@ async fn precheck(
     values: &[sluice_protocol::Value],
     arrival: Instant,
 ) -> Option<(InFlight, Checked)> {
+    match precheck_now(inf, prepared, values, arrival) {
+        Precheck::Answered => None,
+        Precheck::Pass(inf, checked) => Some((inf, checked)),
+        Precheck::AskPartitions(inf, checked, parts) => {
+            let d = crate::limiter::check_partitions(&inf.shard, &parts).await;
+            if let LimitDecision::Reject(op) = d {
+                answer_rate_limited(inf, op);
+                return None;
+            }
+            Some((inf, checked))
+        }
+    }
+}
+
+/// What the synchronous part of [`precheck`] decided.
+enum Precheck {
+    /// Answered (turned away, or a bad value) or abandoned: it does not run.
+    Answered,
+    /// Passed: it runs.
+    Pass(InFlight, Checked),
+    /// A statement of a limited table over several partitions, or a text batch: each
+    /// partition's limiter is asked on the shard that owns it, which takes an await.
+    AskPartitions(InFlight, Checked, Vec<sluice_engine::LimitedPartition>),
+}
+
+/// [`precheck`] up to the limiters of other shards, without awaiting.
+fn precheck_now(
+    inf: InFlight,
+    prepared: &Prepared,
+    values: &[sluice_protocol::Value],
+    arrival: Instant,
+) -> Precheck {
     let shard = inf.shard.clone();
     let conn = inf.conn.clone();
     let compression = conn.compression.get();
     // Nobody is waiting for this answer any more: do not work on it.
     if conn.outbox.is_closed() {
         inf.abandon();
-        return None;
+        return Precheck::Answered;
     }
     // [C] deadline: USING TIMEOUT, else the per-kind default, from the frame's arrival;
     // checked before any routing work so that an expired request costs the least.
@@ -289,7 +328,7 @@ async fn precheck(
         Ok(t) => t,
         Err(e) => {
             answer_detailed(inf, &e, compression);
-            return None;
+            return Precheck::Answered;
         }
     };
     let timeouts = &shard.config.timeouts;
@@ -308,26 +347,22 @@ async fn precheck(
             &READ_EXPIRED
         };
         inf.answer_error(expired);
-        return None;
+        return Precheck::Answered;
     }
     let route = shard.engine.route_with_timeout(prepared, values, timeout);
-    if let Some(delay) = shard.config.test_only_service_delay {
-        // TEST ONLY: real service time in end-to-end overload tests.
-        tokio::time::sleep(delay).await;
-    }
     let owner = route.token.map(|t| shard.owner_of(t));
+    let mut checked = Checked {
+        owner,
+        deadline,
+        remote_check: None,
+    };
     // [B] per-partition limiter, always on the shard that owns the partition: a single
     // partition here or on the owner with the forwarded execution; each partition of a
     // multi-partition operation on its owner. Tables without a limit skip all of it.
-    let mut remote_check = None;
     if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
         let parts = shard.engine.limited_partitions(prepared, values);
         if !parts.is_empty() {
-            let d = crate::limiter::check_partitions(&shard, &parts).await;
-            if let LimitDecision::Reject(op) = d {
-                answer_rate_limited(inf, op);
-                return None;
-            }
+            return Precheck::AskPartitions(inf, checked, parts);
         }
     } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
         route.token,
@@ -345,24 +380,56 @@ async fn precheck(
                 random: limiter.draw(),
             };
             if owner.is_some_and(|o| o != shard.id) {
-                remote_check = Some(check);
+                checked.remote_check = Some(check);
             } else if let LimitDecision::Reject(op) =
                 limiter.check(&check, &shard.engine, &shard.metrics)
             {
                 drop(limiter);
                 answer_rate_limited(inf, op);
-                return None;
+                return Precheck::Answered;
             }
         }
     }
-    Some((
-        inf,
-        Checked {
-            owner,
-            deadline,
-            remote_check,
-        },
-    ))
+    Precheck::Pass(inf, checked)
+}
+
+/// What the reader decided for an EXECUTE before it spawned the request's task
+/// ([`precheck_in_reader`]).
+pub enum Early {
+    /// Answered in the reader (turned away by [C] or [B], or a bad value): no task.
+    Answered,
+    /// Spawn the task; with the statement and what its checks decided when they passed.
+    Spawn(InFlight, Option<EarlyChecked>),
+}
+
+/// An EXECUTE that passed [C] and [B] in the reader: its statement and routing.
+pub struct EarlyChecked {
+    prepared: Arc<Prepared>,
+    checked: Checked,
+}
+
+/// [C] and [B] for a dispatched, uncompressed EXECUTE in the connection's reader, before a
+/// task is spawned for it: a request turned away costs no task, no boxed future and no
+/// poll. The checks are those the task would make ([`precheck_now`]); whatever they cannot
+/// settle here (the statement is unknown, its values are named or many, or it asks other
+/// shards' limiters) is left to the task, which makes all of them itself.
+pub fn precheck_in_reader(inf: InFlight, frame: &Frame, arrival: Instant) -> Early {
+    if frame.header.is_compressed() {
+        return Early::Spawn(inf, None);
+    }
+    let mut head = sluice_protocol::ExecuteHead::default();
+    if head.read(&frame.header, &frame.body).is_err() || !head.complete() {
+        return Early::Spawn(inf, None);
+    }
+    let Some(prepared) = inf.shard.engine.prepared(&head.id) else {
+        return Early::Spawn(inf, None);
+    };
+    match precheck_now(inf, &prepared, head.values(), arrival) {
+        Precheck::Answered => Early::Answered,
+        Precheck::Pass(inf, checked) => Early::Spawn(inf, Some(EarlyChecked { prepared, checked })),
+        // The task asks them again, with everything else: rare (IN on a limited table).
+        Precheck::AskPartitions(inf, _, _) => Early::Spawn(inf, None),
+    }
 }
 
 /// Runs a statement that passed [`precheck`], on the shard that owns its partition.
@@ -375,6 +442,10 @@ async fn run(inf: InFlight, prepared: Arc<Prepared>, params: QueryParameters, ch
         deadline,
         remote_check,
     } = checked;
+    if let Some(delay) = shard.config.test_only_service_delay {
+        // TEST ONLY: real service time in end-to-end overload tests.
+        tokio::time::sleep(delay).await;
+    }
     let ctx = RequestContext {
         deadline: Some(deadline),
         now_micros: now_micros(),

@@ -13,10 +13,11 @@ use std::thread::JoinHandle;
 use bytes::BytesMut;
 use sluice_engine::{Engine, Prepared, RequestContext, Session};
 use sluice_protocol::{DetailedError, QueryParameters, ResultMessage};
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
 use crate::admission::ShardAdmission;
+use crate::budget::Budget;
 use crate::limiter::ShardLimiter;
 use crate::metrics::ShardMetrics;
 use crate::{listener, ServerConfig, SharedMetrics, IGNORE_MSB};
@@ -69,10 +70,10 @@ pub struct ShardCtx {
     pub peers: Arc<Vec<ShardHandle>>,
     /// The SUPPORTED frame for this shard, pre-encoded with stream 0 (patched per request).
     pub supported: BytesMut,
-    /// Per-shard in-flight cap (backpressure, issue 4 step 1).
-    pub inflight: Arc<Semaphore>,
-    /// Per-shard cap on request bytes in flight (one permit per byte).
-    pub inflight_bytes: Arc<Semaphore>,
+    /// Per-shard in-flight cap (backpressure).
+    pub inflight: Rc<Budget>,
+    /// Per-shard cap on request bytes in flight.
+    pub inflight_bytes: Rc<Budget>,
     /// [A] per-shard admission state.
     pub admission: RefCell<ShardAdmission>,
     /// [B] per-shard limiter state.
@@ -163,10 +164,8 @@ impl Server {
                         id,
                         nr_shards: n,
                         engine,
-                        inflight: Arc::new(Semaphore::new(config.max_inflight_per_shard)),
-                        inflight_bytes: Arc::new(Semaphore::new(crate::connection::byte_cap(
-                            config.max_inflight_bytes_per_shard,
-                        ))),
+                        inflight: Budget::new(config.max_inflight_per_shard),
+                        inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
                         admission: RefCell::new(ShardAdmission::new(&config)),
                         limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
                         config,
