@@ -2,10 +2,6 @@
 //! requests in flight at once (answered out of order, by stream id), and a single writer
 //! that flushes whatever answers have accumulated in one `write_all`.
 //!
-//! The reader runs each request itself until it must wait (group commit, the admission
-//! queue, another shard); only then does the request get a task of its own. An EXECUTE
-//! turned away by its deadline or the rate limiter is answered before that, from its head.
-//!
 //! Bounds: at most `max_inflight_per_connection` requests in flight per connection and
 //! `max_inflight_per_shard` per shard (and as many request bytes). Over a cap, the socket is
 //! not read (backpressure: the client's own queue grows, nothing is rejected), unless the
@@ -22,16 +18,11 @@
 //! time a frame spends behind the frames read before it counts as queueing for admission.
 //! The reader takes its in-flight slots without awaiting while they are free (no cooperative
 //! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
-//! and yields to the shard's other tasks every [`READ_QUANTUM`] frames (a request it ran
-//! counts as several).
+//! and yields to the shard's other tasks every [`READ_QUANTUM`] frames.
 
 use std::cell::{Cell, RefCell};
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
@@ -63,9 +54,6 @@ const READ_AHEAD: usize = 1 << 20;
 /// full read buffer of small requests in one go, small enough (well under a millisecond of
 /// admission work) to keep the event loop's lag low.
 pub const READ_QUANTUM: usize = 512;
-/// What a request run in the reader counts towards [`READ_QUANTUM`]: running one costs
-/// about as much as admitting eight, so the reader yields after at most 64 of them.
-const INLINE_RUN_WEIGHT: usize = 8;
 
 /// Encoded answers of one connection, appended by request tasks and drained by the writer.
 pub struct Outbox {
@@ -265,13 +253,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             // Boxed: the request's state machine is ~3 KB, and a task holding it inline
             // copies all of it when it is spawned and again when it completes.
-            let request = Box::pin(crate::request::handle(
-                in_flight, frame, arrival, ticket, early,
-            ));
-            if let Some(waiting) = run_until_it_waits(request).await {
-                tokio::task::spawn_local(waiting);
-            }
-            since_yield += INLINE_RUN_WEIGHT;
+            let request = crate::request::handle(in_flight, frame, arrival, ticket, early);
+            tokio::task::spawn_local(Box::pin(request));
         }
         // Do not read more while the answers pile up unread by the client.
         while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
@@ -320,24 +303,6 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     conn.outbox.close();
     let _ = writer.await;
     buf.advance(buf.len());
-}
-
-/// Polls a request once, here in the reader, and returns it if it has to wait (group
-/// commit, the admission queue, another shard), for a task of its own. Most requests finish
-/// in that first poll (periodic durability, reads from memory): they never become a task,
-/// which saves the spawn, the scheduling and the task's state. Whatever the request's
-/// futures registered to be woken is registered again, with the task's waker, by the task's
-/// first poll, which tokio makes at once. A panic is caught as a task's would be: the
-/// request's `InFlight` answers Server_error as it unwinds, and the connection goes on.
-async fn run_until_it_waits<F: Future<Output = ()>>(
-    mut request: Pin<Box<F>>,
-) -> Option<Pin<Box<F>>> {
-    std::future::poll_fn(|cx| {
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| request.as_mut().poll(cx)));
-        Poll::Ready(matches!(polled, Ok(Poll::Pending)))
-    })
-    .await
-    .then_some(request)
 }
 
 /// A request's in-flight slots: its connection's and shard's requests and bytes.
@@ -506,41 +471,6 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::Duration;
-
-    /// A request that finishes in its first poll runs in the reader; one that waits comes
-    /// back for a task, which finishes it; one that panics is contained.
-    #[test]
-    fn requests_run_in_the_reader_until_they_wait() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, async {
-            let done = std::rc::Rc::new(std::cell::Cell::new(0));
-            let d = done.clone();
-            let quick = Box::pin(async move { d.set(d.get() + 1) });
-            assert!(super::run_until_it_waits(quick).await.is_none());
-            assert_eq!(done.get(), 1, "ran in the reader");
-
-            let notify = std::rc::Rc::new(tokio::sync::Notify::new());
-            let (d, n) = (done.clone(), notify.clone());
-            let waits = Box::pin(async move {
-                n.notified().await;
-                d.set(d.get() + 1);
-            });
-            let waiting = super::run_until_it_waits(waits)
-                .await
-                .expect("a waiting request comes back");
-            let task = tokio::task::spawn_local(waiting);
-            notify.notify_one();
-            task.await.unwrap();
-            assert_eq!(done.get(), 2, "its task finished it");
-
-            let panics = Box::pin(async { panic!("request bug") });
-            assert!(super::run_until_it_waits(panics).await.is_none());
-        });
-    }
 
     use crate::{Server, ServerConfig};
 
