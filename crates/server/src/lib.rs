@@ -75,7 +75,10 @@ pub struct ServerConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Default deadlines.
     pub timeouts: Timeouts,
-    /// In-flight requests per connection before the socket stops being read.
+    /// In-flight requests per connection before the socket stops being read. At least the
+    /// admission queue's capacity: with less, one pipelined connection can never queue
+    /// enough for admission to see a delay over its target, and the backlog waits unseen in
+    /// the socket buffers instead of being turned away.
     pub max_inflight_per_connection: usize,
     /// In-flight requests per shard before its sockets stop being read.
     pub max_inflight_per_shard: usize,
@@ -107,7 +110,7 @@ impl ServerConfig {
             max_frame_bytes: 16 << 20,
             metrics_listen: None,
             timeouts: Timeouts::default(),
-            max_inflight_per_connection: 1024,
+            max_inflight_per_connection: 4096,
             max_inflight_per_shard: 8192,
             host_id,
             drain_timeout: Duration::from_secs(5),

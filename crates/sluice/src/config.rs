@@ -94,7 +94,8 @@ pub struct ServeArgs {
     pub other_timeout: Option<String>,
 
     /// Maximum requests in flight per connection; the socket is not read while over it
-    /// [default: 1024].
+    /// [default: 4096, the admission queue's size: a lower cap keeps the queue that
+    /// admission sees short of its delay target while the backlog grows unseen].
     #[arg(long, env = "SLUICE_MAX_INFLIGHT_PER_CONNECTION", value_name = "N")]
     pub max_inflight_per_connection: Option<usize>,
 
@@ -344,7 +345,7 @@ impl ServeArgs {
         let per_conn = self
             .max_inflight_per_connection
             .or(file.max_inflight_per_connection)
-            .unwrap_or(1024);
+            .unwrap_or(4096);
         let per_shard = self
             .max_inflight_per_shard
             .or(file.max_inflight_per_shard)
@@ -687,6 +688,7 @@ mod tests {
             (a.queue, a.min_concurrency, a.max_concurrency),
             (4096, 4, 1024)
         );
+        assert_eq!(c.max_inflight_per_connection, 4096);
         assert_eq!(c.max_inflight_bytes_per_connection, 8 << 20);
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
