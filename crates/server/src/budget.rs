@@ -40,11 +40,6 @@ impl Budget {
         })
     }
 
-    /// The cap.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     /// Units in flight.
     pub fn in_use(&self) -> usize {
         self.used.get()
