@@ -68,10 +68,14 @@ pub trait Clock {
     fn wall(&self) -> Nanos;
 }
 
-/// The real clocks: `Instant` for monotonic time and `SystemTime` for wall time.
+/// The real clocks: the monotonic clock `Instant` reads, and `SystemTime` for wall time.
+/// [`Clock::now`] reads the monotonic clock directly (on Linux), without `Instant`'s
+/// conversions; [`SystemClock::at`] puts an `Instant` read elsewhere on the same scale.
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
     origin: Instant,
+    /// `origin` on the raw monotonic clock ([`monotonic_raw`]), read at the same moment.
+    origin_raw: u64,
 }
 
 impl SystemClock {
@@ -79,7 +83,15 @@ impl SystemClock {
     pub fn new() -> SystemClock {
         SystemClock {
             origin: Instant::now(),
+            origin_raw: monotonic_raw(),
         }
+    }
+
+    /// The monotonic time of `at` (an `Instant` taken by the caller), on the scale of
+    /// [`Clock::now`].
+    #[inline]
+    pub fn at(&self, at: Instant) -> Nanos {
+        Nanos(duration_nanos(at.saturating_duration_since(self.origin)))
     }
 }
 
@@ -90,8 +102,11 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    /// What `at(Instant::now())` gives (the origins were read together), from one read of
+    /// the raw clock.
+    #[inline]
     fn now(&self) -> Nanos {
-        Nanos(duration_nanos(self.origin.elapsed()))
+        Nanos(monotonic_raw().saturating_sub(self.origin_raw))
     }
 
     fn wall(&self) -> Nanos {
@@ -101,6 +116,29 @@ impl Clock for SystemClock {
             .unwrap_or(Duration::ZERO);
         Nanos(duration_nanos(since))
     }
+}
+
+/// Nanoseconds on the monotonic clock that `Instant` reads (`CLOCK_MONOTONIC` on Linux).
+#[cfg(target_os = "linux")]
+#[inline]
+fn monotonic_raw() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always available.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Nanoseconds on a monotonic clock (elsewhere: from `Instant`, with its conversions).
+#[cfg(not(target_os = "linux"))]
+fn monotonic_raw() -> u64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<Instant> = OnceLock::new();
+    duration_nanos(START.get_or_init(Instant::now).elapsed())
 }
 
 /// A manually advanced clock for tests and simulations. Clones share the same time.
@@ -166,6 +204,23 @@ impl Clock for FakeClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `now` (the raw clock) and `at` (an `Instant`) are one scale: an `Instant` taken
+    /// between two reads of `now` lands between them (give or take the origins' gap).
+    #[test]
+    fn system_clock_reads_and_instants_share_one_scale() {
+        let c = SystemClock::new();
+        std::thread::sleep(Duration::from_millis(2));
+        let before = c.now();
+        let at = c.at(Instant::now());
+        let after = c.now();
+        let slack = 1_000_000; // 1 ms, far above the microseconds between the origin reads
+        assert!(
+            at.0 + slack >= before.0 && at.0 <= after.0 + slack,
+            "{before:?} {at:?} {after:?}"
+        );
+        assert!(before.0 >= 2_000_000, "time since the origin: {before:?}");
+    }
 
     #[test]
     fn fake_clock_is_shared_and_monotonic() {

@@ -40,8 +40,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use sluice_overload::clock::duration_nanos;
-use sluice_overload::{AdmissionController, AdmissionStats, Deadline, Nanos, Verdict};
+use sluice_overload::{
+    AdmissionController, AdmissionStats, Clock, Deadline, Nanos, SystemClock, Verdict,
+};
 use sluice_protocol::frame::{FrameHeader, Opcode};
 use sluice_protocol::preencoded::PreencodedErrors;
 use sluice_protocol::ErrorResponse;
@@ -123,9 +124,7 @@ pub struct ShardAdmission {
     ctl: Option<AdmissionController<u32>>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    origin: Instant,
-    /// `origin` on the raw monotonic clock ([`monotonic_raw`]), read at the same moment.
-    origin_raw: u64,
+    clock: SystemClock,
     /// The last arrival converted and its shard-local time: every frame of one socket read
     /// has the same arrival, so all but the first take it from here.
     last_arrival: (Instant, Nanos),
@@ -169,14 +168,12 @@ impl ShardAdmission {
             })
             .collect();
         let t = &config.timeouts;
-        let origin = Instant::now();
         ShardAdmission {
             ctl,
             slots,
             free: (0..nslots as u32).rev().collect(),
-            origin,
-            origin_raw: monotonic_raw(),
-            last_arrival: (origin, Nanos::ZERO),
+            clock: SystemClock::new(),
+            last_arrival: (Instant::now(), Nanos::ZERO),
             queue_capacity,
             queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
             frames: PreencodedErrors::new(),
@@ -193,7 +190,7 @@ impl ShardAdmission {
     /// Shard-local monotonic time of `at`.
     #[inline]
     fn nanos(&self, at: Instant) -> Nanos {
-        Nanos(duration_nanos(at.saturating_duration_since(self.origin)))
+        self.clock.at(at)
     }
 
     /// Shard-local monotonic time of an arrival (cached for the frames of one read).
@@ -205,11 +202,10 @@ impl ShardAdmission {
         self.last_arrival.1
     }
 
-    /// Shard-local monotonic time now, from the raw clock: what `nanos(Instant::now())`
-    /// gives (the origins were read together) without `Instant`'s conversions.
+    /// Shard-local monotonic time now (one read of the raw clock).
     #[inline]
     fn now(&self) -> Nanos {
-        Nanos(monotonic_raw().saturating_sub(self.origin_raw))
+        self.clock.now()
     }
 
     /// Decides from the header and the arrival instant (the socket read that completed the
@@ -502,29 +498,6 @@ impl ShardAdmission {
     pub fn stats(&self) -> AdmissionStats {
         self.ctl.as_ref().map(|c| c.stats()).unwrap_or_default()
     }
-}
-
-/// Nanoseconds on the monotonic clock that `Instant` reads (`CLOCK_MONOTONIC` on Linux).
-#[cfg(target_os = "linux")]
-#[inline]
-fn monotonic_raw() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always available.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
-/// Nanoseconds on a monotonic clock (elsewhere: from `Instant`, with its conversions).
-#[cfg(not(target_os = "linux"))]
-fn monotonic_raw() -> u64 {
-    use std::sync::OnceLock;
-    static START: OnceLock<Instant> = OnceLock::new();
-    duration_nanos(START.get_or_init(Instant::now).elapsed())
 }
 
 /// Requests that change connection state are handled inline and never queued.
