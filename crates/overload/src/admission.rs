@@ -24,10 +24,13 @@
 //!
 //! The queue only sees a request once its header is read. When the shard's event loop is
 //! saturated, requests also wait where the queue cannot see them: in the kernel socket
-//! buffer until their connection's reader task is polled again. That wait is about the
+//! buffer until their connection's reader task is polled again. That wait is at least the
 //! loop's lag (how long a task that became ready waits before it runs), which a probe task
-//! measures ([`LoopLag`]). The controller counts it as waiting: a request's age starts that
-//! long before the read ([`AdmissionController::enqueue_read`]), a lag above target is a
+//! measures ([`LoopLag`]), and far longer once a backlog builds up behind a reader that takes
+//! a bounded number of frames per turn (120 ms against a 3.5 ms lag, measured). Where the kernel stamps what it received ([`Arrival::Received`]),
+//! the wait is known instead and a request's age starts at that stamp; otherwise the
+//! controller counts the lag as waiting: a request's age starts that long before the read
+//! ([`AdmissionController::enqueue_read`]). Either way a lag above target is a
 //! standing delay even while the queue is empty, and so is the age of frames that a busy
 //! reader only reaches late. [`crate::sim::event_loop`] shows what each part contributes.
 
@@ -404,6 +407,28 @@ pub struct AdmissionStats {
     pub completed: u64,
 }
 
+/// When a request reached the shard, as its connection's reader knows it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Its header was read at this time, after a wait in the kernel socket buffer that is
+    /// estimated as the event loop's lag.
+    Read(Nanos),
+    /// Its bytes reached the kernel at this time (a receive timestamp of the read): the
+    /// wait before the read is known, nothing is estimated.
+    Received(Nanos),
+}
+
+impl Arrival {
+    /// The arrival time, with the loop's `lag` standing in for an unknown wait before the read.
+    #[inline]
+    fn with_lag(self, lag: Duration) -> Nanos {
+        match self {
+            Arrival::Read(at) => Nanos(at.0.saturating_sub(duration_nanos(lag))),
+            Arrival::Received(at) => at,
+        }
+    }
+}
+
 /// A queued request with its arrival time and deadline.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Queued<T> {
@@ -480,22 +505,23 @@ impl<T> AdmissionController<T> {
     /// Queues a request whose header was just read at `now`; see [`Self::enqueue_read`].
     #[inline]
     pub fn enqueue(&mut self, item: T, now: Nanos, deadline: Deadline) -> Result<(), T> {
-        self.enqueue_read(item, now, now, deadline)
+        self.enqueue_read(item, Arrival::Read(now), now, deadline)
     }
 
-    /// Queues a request whose header came in the socket read of `read_at` and reaches
-    /// admission at `now` (later if the reader worked through other frames of that read
-    /// first). `Err` gives it back, to be answered `Overloaded` from the header alone, when
+    /// Queues a request that arrived at `arrival` (its socket read, or the kernel's receive
+    /// stamp of it) and reaches admission at `now` (later if the reader worked through other
+    /// frames of that read first). `Err` gives it back, to be answered `Overloaded` from the header alone, when
     /// the queue is full or, while overloaded, already holds what can be dispatched within
     /// the CoDel target: what waits longer will be shed anyway, and shedding it later costs
     /// more than turning it away now.
     ///
-    /// Its age counts from before the read: it waited about the loop's lag unread.
+    /// Its age counts from before the read: it waited about the loop's lag unread, unless
+    /// the kernel's stamp says how long.
     #[inline]
     pub fn enqueue_read(
         &mut self,
         item: T,
-        read_at: Nanos,
+        arrival: Arrival,
         now: Nanos,
         deadline: Deadline,
     ) -> Result<(), T> {
@@ -505,8 +531,7 @@ impl<T> AdmissionController<T> {
             self.codel.on_turned_away(now);
             return Err(item);
         }
-        let hidden = duration_nanos(self.lag.estimate(now));
-        let arrived = Nanos(read_at.0.saturating_sub(hidden));
+        let arrived = arrival.with_lag(self.lag.estimate(now));
         self.last_arrival = (now, now.0.saturating_sub(arrived.0));
         if len >= self.overload_bound(now) {
             self.stats.shed_full += 1;
@@ -531,15 +556,14 @@ impl<T> AdmissionController<T> {
     #[inline]
     pub fn dispatch_at_once(
         &mut self,
-        read_at: Nanos,
+        arrival: Arrival,
         now: Nanos,
         deadline: Deadline,
     ) -> Option<Duration> {
         if !self.queue.is_empty() || self.inflight >= self.limit() {
             return None;
         }
-        let hidden = duration_nanos(self.lag.estimate(now));
-        let arrived = Nanos(read_at.0.saturating_sub(hidden));
+        let arrived = arrival.with_lag(self.lag.estimate(now));
         let waited = now.saturating_duration_since(arrived);
         // `should_shed` only rolls the interval at `now`: asking twice is harmless.
         if deadline.expired(now) || self.codel.should_shed(now, waited) {
@@ -943,12 +967,12 @@ mod tests {
                                 }
                             }
                         };
-                        if fast.dispatch_at_once(read, now, deadline).is_some() {
+                        if fast.dispatch_at_once(Arrival::Read(read), now, deadline).is_some() {
                             fast_running.push(id);
-                        } else if fast.enqueue_read(id, read, now, deadline).is_ok() {
+                        } else if fast.enqueue_read(id, Arrival::Read(read), now, deadline).is_ok() {
                             dispatch_all(&mut fast, &mut fast_running);
                         }
-                        if queued.enqueue_read(id, read, now, deadline).is_ok() {
+                        if queued.enqueue_read(id, Arrival::Read(read), now, deadline).is_ok() {
                             dispatch_all(&mut queued, &mut queued_running);
                         }
                     }
@@ -991,19 +1015,28 @@ mod tests {
         let mut c: AdmissionController<u32> = AdmissionController::new(cfg);
         let far = Deadline(at_ms(1_000));
         // Read 2 ms ago, nothing running: runs at once, and the wait is its sample.
-        assert_eq!(c.dispatch_at_once(at_ms(8), at_ms(10), far), Some(ms(2)));
+        assert_eq!(
+            c.dispatch_at_once(Arrival::Read(at_ms(8)), at_ms(10), far),
+            Some(ms(2))
+        );
         assert_eq!((c.inflight(), c.stats().dispatched), (1, 1));
         // The only place is taken: the queue decides.
-        assert_eq!(c.dispatch_at_once(at_ms(10), at_ms(10), far), None);
+        assert_eq!(
+            c.dispatch_at_once(Arrival::Read(at_ms(10)), at_ms(10), far),
+            None
+        );
         c.on_complete(ms(1), at_ms(11));
         // Expired on arrival: the queue answers it, not the fast path.
         assert_eq!(
-            c.dispatch_at_once(at_ms(5), at_ms(12), Deadline(at_ms(11))),
+            c.dispatch_at_once(Arrival::Read(at_ms(5)), at_ms(12), Deadline(at_ms(11))),
             None
         );
         // Something queued: it goes first.
         c.enqueue(7, at_ms(12), far).unwrap();
-        assert_eq!(c.dispatch_at_once(at_ms(12), at_ms(12), far), None);
+        assert_eq!(
+            c.dispatch_at_once(Arrival::Read(at_ms(12)), at_ms(12), far),
+            None
+        );
     }
 
     #[test]
@@ -1176,7 +1209,7 @@ mod tests {
         assert!(a.is_overloaded(at_ms(500)), "standing lag above target");
         assert!(a.reject_over_cap(at_ms(500)));
         // A request read now waited about the lag unread: its age counts from before.
-        a.enqueue_read(1, at_ms(500), at_ms(500), Deadline::NEVER)
+        a.enqueue_read(1, Arrival::Read(at_ms(500)), at_ms(500), Deadline::NEVER)
             .unwrap();
         let q = a.dispatch(at_ms(501), |_, _| panic!("nothing to shed"));
         assert_eq!(q.map(|q| q.enqueued), Some(at_ms(492)));
@@ -1193,13 +1226,30 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_stamp_replaces_the_lag_estimate() {
+        let mut a = controller(false);
+        probe(&mut a, 0, 10, ms(3));
+        // Read at 10 ms: its unseen wait before the read is taken to be the loop's lag (3 ms).
+        a.enqueue_read(1, Arrival::Read(at_ms(10)), at_ms(10), Deadline::NEVER)
+            .unwrap();
+        // Stamped by the kernel at 2 ms and read at 12 ms: it arrived at 2 ms, lag or not.
+        a.enqueue_read(2, Arrival::Received(at_ms(2)), at_ms(12), Deadline::NEVER)
+            .unwrap();
+        let none = |_: u32, _: Verdict| panic!("nothing to shed");
+        let first = a.dispatch(at_ms(12), none);
+        assert_eq!(first.map(|q| (q.item, q.enqueued)), Some((1, at_ms(7))));
+        let second = a.dispatch(at_ms(12), none);
+        assert_eq!(second.map(|q| (q.item, q.enqueued)), Some((2, at_ms(2))));
+    }
+
+    #[test]
     fn old_frames_read_late_count_when_the_queue_is_empty() {
         // A reader works through frames read 20 ms ago: each is dispatched at once (the
         // queue stays empty), yet none of them is fresh.
         let mut a = controller(false);
         for t in 0..300u64 {
             let read_at = at_ms(t.saturating_sub(20));
-            a.enqueue_read(t as u32, read_at, at_ms(t), Deadline::NEVER)
+            a.enqueue_read(t as u32, Arrival::Read(read_at), at_ms(t), Deadline::NEVER)
                 .unwrap();
             let q = a.dispatch(at_ms(t), |_, _| {});
             if q.is_some() {

@@ -45,9 +45,9 @@ pub mod rate_limit;
 pub mod sim;
 
 pub use admission::{
-    AdmissionConfig, AdmissionController, AdmissionStats, Backpressure, Codel, CodelConfig,
-    ConcurrencyLimit, ConcurrencyLimitConfig, ConnBudget, InflightBudget, InflightCaps, Queued,
-    Verdict,
+    AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Backpressure, Codel,
+    CodelConfig, ConcurrencyLimit, ConcurrencyLimitConfig, ConnBudget, InflightBudget,
+    InflightCaps, Queued, Verdict,
 };
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{deadline_for, Deadline, DeadlineDefaults, RequestKind};

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use sluice_overload::{
-    AdmissionController, AdmissionStats, Clock, Deadline, Nanos, SystemClock, Verdict,
+    AdmissionController, AdmissionStats, Arrival, Clock, Deadline, Nanos, SystemClock, Verdict,
 };
 use sluice_protocol::frame::{FrameHeader, Opcode};
 use sluice_protocol::preencoded::PreencodedErrors;
@@ -116,6 +116,34 @@ struct Logged {
     shed: u64,
     expired: u64,
     dropped: u64,
+}
+
+/// When a frame reached the shard: the instant its reader stamps on it, and whether that is
+/// the kernel's receive time of the socket read (else the read's own instant, before which
+/// admission counts the event loop's lag as an unseen wait).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FrameArrival {
+    /// The instant.
+    pub at: Instant,
+    /// `at` is the kernel's receive stamp.
+    pub received: bool,
+}
+
+impl FrameArrival {
+    /// An arrival known from the kernel's receive stamp.
+    pub fn received(at: Instant) -> FrameArrival {
+        FrameArrival { at, received: true }
+    }
+}
+
+impl From<Instant> for FrameArrival {
+    /// An arrival known only from the instant of the socket read.
+    fn from(at: Instant) -> FrameArrival {
+        FrameArrival {
+            at,
+            received: false,
+        }
+    }
 }
 
 /// Per-shard admission state (owned by the shard thread, no locks).
@@ -208,13 +236,13 @@ impl ShardAdmission {
         self.clock.now()
     }
 
-    /// Decides from the header and the arrival instant (the socket read that completed the
-    /// frame). `conn` identifies the connection (so its queued requests can be dropped when
-    /// it disconnects). Never allocates.
+    /// Decides from the header and the frame's arrival (the socket read that completed the
+    /// frame, or the kernel's receive stamp of it). `conn` identifies the connection (so its
+    /// queued requests can be dropped when it disconnects). Never allocates.
     pub fn admit(
         &mut self,
         header: &FrameHeader,
-        arrival: Instant,
+        arrival: FrameArrival,
         conn: usize,
         metrics: &ShardMetrics,
     ) -> Admit {
@@ -242,9 +270,14 @@ impl ShardAdmission {
         };
         // `arrival` is the socket read that completed the frame; the reader may reach it
         // later, after other frames of that read: that wait counts as queueing too.
-        let read = self.arrival_nanos(arrival);
+        let read = self.arrival_nanos(arrival.at);
         let now = self.now();
         let deadline = Deadline(read.saturating_add(self.queue_timeout));
+        let read = if arrival.received {
+            Arrival::Received(read)
+        } else {
+            Arrival::Read(read)
+        };
         // Nothing waits and there is room: straight to running, as the queue would have.
         if let Some(waited) = self
             .ctl
@@ -644,8 +677,8 @@ mod tests {
         let m = ShardMetrics::default();
         let mut a = ShardAdmission::new(&config(4, 1));
         let now = Instant::now();
-        let t1 = ticket(a.admit(&header(Opcode::Query, 1), now, 7, &m));
-        let t2 = ticket(a.admit(&header(Opcode::Query, 2), now, 7, &m));
+        let t1 = ticket(a.admit(&header(Opcode::Query, 1), now.into(), 7, &m));
+        let t2 = ticket(a.admit(&header(Opcode::Query, 2), now.into(), 7, &m));
         assert_eq!(poll(&mut a, t1).0, Poll::Ready(Outcome::Run));
         let (p2, woke) = poll(&mut a, t2);
         assert_eq!(p2, Poll::Pending);
@@ -663,15 +696,15 @@ mod tests {
         let m = ShardMetrics::default();
         let mut a = ShardAdmission::new(&config(1, 1));
         let now = Instant::now();
-        let _run = ticket(a.admit(&header(Opcode::Execute, 1), now, 7, &m));
-        let _queued = ticket(a.admit(&header(Opcode::Execute, 2), now, 7, &m));
+        let _run = ticket(a.admit(&header(Opcode::Execute, 1), now.into(), 7, &m));
+        let _queued = ticket(a.admit(&header(Opcode::Execute, 2), now.into(), 7, &m));
         assert_eq!(
-            a.admit(&header(Opcode::Execute, 3), now, 7, &m),
+            a.admit(&header(Opcode::Execute, 3), now.into(), 7, &m),
             Admit::Reject
         );
         assert_eq!(m.rejected_overloaded.load(Relaxed), 1);
         assert_eq!(
-            a.admit(&header(Opcode::Options, 4), now, 7, &m),
+            a.admit(&header(Opcode::Options, 4), now.into(), 7, &m),
             Admit::Accept(Ticket::BYPASS)
         );
         let mut buf = BytesMut::new();
@@ -686,9 +719,9 @@ mod tests {
         let m = ShardMetrics::default();
         let mut a = ShardAdmission::new(&config(8, 1));
         let now = Instant::now();
-        let run = ticket(a.admit(&header(Opcode::Query, 1), now, 1, &m));
-        let gone = ticket(a.admit(&header(Opcode::Query, 2), now, 2, &m));
-        let stays = ticket(a.admit(&header(Opcode::Query, 3), now, 3, &m));
+        let run = ticket(a.admit(&header(Opcode::Query, 1), now.into(), 1, &m));
+        let gone = ticket(a.admit(&header(Opcode::Query, 2), now.into(), 2, &m));
+        let stays = ticket(a.admit(&header(Opcode::Query, 3), now.into(), 3, &m));
         assert_eq!(a.drop_connection(2, &m), 1);
         assert_eq!(m.dropped_disconnected.load(Relaxed), 1);
         assert_eq!(poll(&mut a, gone).0, Poll::Ready(Outcome::Dropped));
@@ -704,14 +737,14 @@ mod tests {
         let m = ShardMetrics::default();
         let mut a = ShardAdmission::new(&config(64, 1));
         let t0 = Instant::now();
-        let running = ticket(a.admit(&header(Opcode::Query, 0), t0, 1, &m));
+        let running = ticket(a.admit(&header(Opcode::Query, 0), t0.into(), 1, &m));
         // Requests that wait behind a stuck execution for longer than max_queue_delay
         // (100 ms by default) are shed when the queue is next served.
         let old: Vec<Ticket> = (1..4)
-            .map(|s| ticket(a.admit(&header(Opcode::Query, s), t0, 1, &m)))
+            .map(|s| ticket(a.admit(&header(Opcode::Query, s), t0.into(), 1, &m)))
             .collect();
         let later = t0 + Duration::from_millis(150);
-        let fresh = ticket(a.admit(&header(Opcode::Query, 9), later, 1, &m));
+        let fresh = ticket(a.admit(&header(Opcode::Query, 9), later.into(), 1, &m));
         let t = a.nanos(later);
         a.ctl
             .as_mut()
@@ -736,7 +769,7 @@ mod tests {
         let mut a = ShardAdmission::new(&c);
         for s in 0..10 {
             assert_eq!(
-                a.admit(&header(Opcode::Query, s), Instant::now(), 1, &m),
+                a.admit(&header(Opcode::Query, s), Instant::now().into(), 1, &m),
                 Admit::Accept(Ticket::BYPASS)
             );
         }

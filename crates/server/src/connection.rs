@@ -14,8 +14,13 @@
 //! while serving a request answers that stream with Server_error and leaves the shard
 //! running.
 //!
-//! Arrival: every frame of one socket read is stamped with the instant of that read, so the
-//! time a frame spends behind the frames read before it counts as queueing for admission.
+//! Arrival: every frame of one socket read is stamped with the kernel's receive time of the
+//! newest byte of that read (`SO_TIMESTAMPNS`, see [`crate::socket_wait`]), or with the
+//! instant of the read where the socket gives no stamp. So the time a frame waited unread in
+//! the kernel, and then behind the frames read before it, counts as queueing for admission.
+//! Without the stamp, a saturated shard that still kept its own queue short let its excess
+//! age unseen in the socket buffer: reads past capacity collapsed to a few thousand answers
+//! in time a second, with no `Overloaded` (docs/benchmark.md, seventh session).
 //! The reader takes its in-flight slots without awaiting while they are free (no cooperative
 //! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
 //! and yields to the shard's other tasks every [`READ_QUANTUM`] frames.
@@ -36,7 +41,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
 
-use crate::admission::Admit;
+use crate::admission::{Admit, FrameArrival};
 use crate::budget::{Budget, Held};
 use crate::request::Early;
 use crate::shard::ShardCtx;
@@ -131,6 +136,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         return;
     };
     let peer = stream.peer_addr().ok();
+    // Without stamps the reader still works; admission then sees only the loop lag.
+    let stamped = crate::socket_wait::enable(std::os::fd::AsRawFd::as_raw_fd(&stream)).is_ok();
     let (mut rd, wr) = stream.into_split();
     let conn = Rc::new(ConnState {
         outbox: Rc::new(Outbox::new()),
@@ -148,8 +155,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
     let conn_id = Rc::as_ptr(&conn) as usize;
-    // The instant of the last socket read: the arrival of every frame it completed.
-    let mut read_at = Instant::now();
+    // The arrival of every frame the last socket read completed: the kernel's receive stamp
+    // of the read's newest byte, or (without stamps) the instant of the read.
+    let mut read_at = FrameArrival::from(Instant::now());
     let mut since_yield = 0usize;
     let mut read_size = READ_CHUNK;
 
@@ -197,7 +205,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     let p = wait_permits(&shard, &conn, bytes).await;
                     // Backpressure by design: the frames still buffered waited in the client's
                     // queue, as if unread, not in the shard's; they count from now.
-                    read_at = Instant::now();
+                    read_at = FrameArrival::from(Instant::now());
                     p
                 }
             };
@@ -226,7 +234,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             if bypasses_caps(opcode) {
                 // Connection-state requests are handled in order, inline.
-                crate::request::handle(in_flight, frame, arrival, ticket, None).await;
+                crate::request::handle(in_flight, frame, arrival.at, ticket, None).await;
                 if conn.outbox.closed.get() {
                     break 'read;
                 }
@@ -238,7 +246,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 && conn.ready.get()
                 && shard.admission.borrow().is_dispatched(ticket)
             {
-                match crate::request::precheck_in_reader(in_flight, &frame, arrival) {
+                match crate::request::precheck_in_reader(in_flight, &frame, arrival.at) {
                     Early::Answered => {
                         shard
                             .admission
@@ -253,7 +261,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             // Boxed: the request's state machine is ~3 KB, and a task holding it inline
             // copies all of it when it is spawned and again when it completes.
-            let request = crate::request::handle(in_flight, frame, arrival, ticket, early);
+            let request = crate::request::handle(in_flight, frame, arrival.at, ticket, early);
             tokio::task::spawn_local(Box::pin(request));
         }
         // Do not read more while the answers pile up unread by the client.
@@ -268,15 +276,20 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         }
         let spare = buf.capacity() - buf.len();
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
-                Ok(0) | Err(_) => {
+            r = read(&mut rd, &mut buf, stamped) => match r {
+                Ok((0, _)) | Err(_) => {
                     // The client is gone: nobody waits for the answers, so requests that
                     // have not started executing are dropped (see `request::execute`).
                     conn.outbox.close();
                     break;
                 }
-                Ok(n) => {
-                    read_at = Instant::now();
+                Ok((n, waited)) => {
+                    let now = Instant::now();
+                    read_at = if stamped {
+                        FrameArrival::received(now.checked_sub(waited).unwrap_or(now))
+                    } else {
+                        FrameArrival::from(now)
+                    };
                     read_size = if n >= spare {
                         (read_size * 2).min(READ_AHEAD)
                     } else {
@@ -303,6 +316,22 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     conn.outbox.close();
     let _ = writer.await;
     buf.advance(buf.len());
+}
+
+/// One socket read into `buf`, with how long its newest byte waited in the kernel when
+/// `stamped` (zero otherwise).
+async fn read(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    buf: &mut BytesMut,
+    stamped: bool,
+) -> std::io::Result<(usize, std::time::Duration)> {
+    if stamped {
+        crate::socket_wait::read_stamped(rd, buf).await
+    } else {
+        rd.read_buf(buf)
+            .await
+            .map(|n| (n, std::time::Duration::ZERO))
+    }
 }
 
 /// A request's in-flight slots: its connection's and shard's requests and bytes.

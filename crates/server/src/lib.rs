@@ -24,6 +24,7 @@ pub mod listener;
 pub mod metrics;
 pub mod request;
 pub mod shard;
+pub mod socket_wait;
 pub mod supported;
 
 use std::net::SocketAddr;

@@ -65,7 +65,7 @@ fn overloaded_rejection_from_the_header_allocates_nothing() {
     for s in 0..9 {
         let h = FrameHeader::parse(&header_bytes(s), 1 << 20).unwrap();
         assert!(matches!(
-            admission.admit(&h, arrival, 1, &metrics),
+            admission.admit(&h, arrival.into(), 1, &metrics),
             Admit::Accept(_)
         ));
     }
@@ -76,7 +76,7 @@ fn overloaded_rejection_from_the_header_allocates_nothing() {
     for s in 100..100 + N {
         let bytes = header_bytes(s);
         let h = FrameHeader::parse(&bytes, 1 << 20).unwrap();
-        match admission.admit(&h, Instant::now(), 1, &metrics) {
+        match admission.admit(&h, Instant::now().into(), 1, &metrics) {
             Admit::Reject => admission.append_overloaded(&mut out, h.stream),
             Admit::Accept(_) => panic!("a full queue must reject"),
         }

@@ -33,7 +33,7 @@
 //! `former_reader_hides_the_queue_in_the_socket`) and what the current shard does instead.
 
 use super::{exp_sample, percentile, Arrivals, Service};
-use crate::admission::{AdmissionConfig, AdmissionController, Verdict};
+use crate::admission::{AdmissionConfig, AdmissionController, Arrival, Verdict};
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;
 use rand::rngs::StdRng;
@@ -359,9 +359,9 @@ impl World<'_> {
             };
             let id = self.reqs.len();
             let dl = Deadline(Nanos(arrival).saturating_add(sim.server_timeout));
-            let queued = self
-                .ctl
-                .enqueue_read(id, Nanos(arrival), Nanos(self.now), dl);
+            let queued =
+                self.ctl
+                    .enqueue_read(id, Arrival::Read(Nanos(arrival)), Nanos(self.now), dl);
             if queued.is_err() {
                 self.now += duration_nanos(sim.reject_cost);
                 self.rejected += u64::from(sent >= self.warm);

@@ -113,7 +113,10 @@ impl Bench {
         }
         let stream = header.stream;
         let start = self.out.len();
-        match self.admission.admit(&header, arrival, 1, &self.metrics) {
+        match self
+            .admission
+            .admit(&header, arrival.into(), 1, &self.metrics)
+        {
             Admit::Reject => {
                 // As connection::reject_overloaded does.
                 FrameDecoder::skip_body(&mut self.input, &header);
@@ -308,7 +311,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
             let mut input = BytesMut::from(&frame[..]);
             let f = b.decoder.decode(&mut input).expect("frame").expect("frame");
             assert!(matches!(
-                b.admission.admit(&f.header, arrival, 1, &b.metrics),
+                b.admission.admit(&f.header, arrival.into(), 1, &b.metrics),
                 Admit::Accept(_)
             ));
         }
