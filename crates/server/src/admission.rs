@@ -268,8 +268,9 @@ impl ShardAdmission {
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
         };
-        // `arrival` is the socket read that completed the frame; the reader may reach it
-        // later, after other frames of that read: that wait counts as queueing too.
+        // `arrival` is the socket read that completed the frame (or the kernel's stamp of
+        // it); the reader may reach it later, after other frames of that read: that wait
+        // counts as queueing too.
         let read = self.arrival_nanos(arrival.at);
         let now = self.now();
         let deadline = Deadline(read.saturating_add(self.queue_timeout));

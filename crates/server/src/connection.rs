@@ -158,6 +158,10 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     // The arrival of every frame the last socket read completed: the kernel's receive stamp
     // of the read's newest byte, or (without stamps) the instant of the read.
     let mut read_at = FrameArrival::from(Instant::now());
+    // The end of the last backpressure pause: bytes that waited in the kernel while the
+    // reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
+    // counts from before it.
+    let mut resumed_at = read_at.at;
     let mut since_yield = 0usize;
     let mut read_size = READ_CHUNK;
 
@@ -174,7 +178,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let arrival = read_at;
+            let mut arrival = read_at;
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
@@ -203,9 +207,11 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     }
                     shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
                     let p = wait_permits(&shard, &conn, bytes).await;
-                    // Backpressure by design: the frames still buffered waited in the client's
-                    // queue, as if unread, not in the shard's; they count from now.
+                    // Backpressure by design: this frame and those still buffered waited in
+                    // the client's queue, as if unread, not in the shard's; they count from now.
                     read_at = FrameArrival::from(Instant::now());
+                    resumed_at = read_at.at;
+                    arrival = read_at;
                     p
                 }
             };
@@ -265,8 +271,11 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             tokio::task::spawn_local(Box::pin(request));
         }
         // Do not read more while the answers pile up unread by the client.
-        while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
-            conn.outbox.drained.notified().await;
+        if conn.outbox.pending() > MAX_OUTBOX_BYTES {
+            while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
+                conn.outbox.drained.notified().await;
+            }
+            resumed_at = Instant::now();
         }
         if conn.outbox.closed.get() {
             break;
@@ -286,7 +295,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 Ok((n, waited)) => {
                     let now = Instant::now();
                     read_at = if stamped {
-                        FrameArrival::received(now.checked_sub(waited).unwrap_or(now))
+                        let received = now.checked_sub(waited).unwrap_or(now);
+                        FrameArrival::received(received.max(resumed_at))
                     } else {
                         FrameArrival::from(now)
                     };

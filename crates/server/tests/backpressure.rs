@@ -200,3 +200,47 @@ fn over_the_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
         "backpressure, not Overloaded"
     );
 }
+
+#[test]
+fn requests_left_in_the_kernel_during_a_pause_are_not_counted_as_queued() {
+    // Request bodies may hold 100 bytes in flight, and each request takes 150 ms. A request
+    // that reaches the kernel while the reader waits for room waits in the client's queue
+    // by design: once the reader resumes it is admitted as new, not shed for the 100 ms and
+    // more it spent unread (CoDel's longest queue delay).
+    let node = TestNode::start(|c| {
+        c.max_inflight_bytes_per_connection = 100;
+        c.test_only_service_delay = Some(Duration::from_millis(150));
+        let defaults = sluice_server::AdmissionConfig::default();
+        let mut concurrency = defaults.concurrency;
+        (concurrency.initial, concurrency.min, concurrency.max) = (2, 2, 2);
+        c.admission = Some(sluice_server::AdmissionConfig {
+            concurrency,
+            lag_probe_interval: Duration::ZERO,
+            reject_over_cap: false,
+            ..defaults
+        });
+    });
+    let mut s = node.connect();
+    // Each write leaves at once (Nagle would hold the later ones until the first is acked).
+    s.set_nodelay(true).unwrap();
+    // Bodies of 80, 50 and 35 bytes: the first two do not fit together, the last two do.
+    let select = "SELECT key FROM system.local";
+    let padded = |body: usize| format!("{select}{}", " ".repeat(body - 7 - select.len()));
+    s.write_all(&query(1, &padded(80))).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // Read, then held by the reader until the first answer frees its bytes.
+    s.write_all(&query(2, &padded(50))).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // Left in the kernel until then, and it fits beside the second at once.
+    s.write_all(&query(3, select)).unwrap();
+    let mut answered = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let (stream, opcode) = read_frame(&mut s);
+        assert_eq!(opcode, 0x08, "stream {stream} answered with a result");
+        answered.insert(stream);
+    }
+    assert_eq!(answered.len(), 3);
+    let m = &node.server().metrics()[0];
+    assert!(m.backpressure_pauses.load(Relaxed) > 0, "the reader paused");
+    assert_eq!(m.errors_with_code(0x1001), 0, "nothing turned away");
+}
