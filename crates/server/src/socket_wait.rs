@@ -51,11 +51,18 @@ pub async fn read_stamped(rd: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<
     }
 }
 
+/// Room made for a read when the buffer has none.
+const MIN_READ: usize = 4096;
+
 /// Control buffer for one `SCM_TIMESTAMPNS` message (a `timespec`), 8-byte aligned.
 #[repr(C, align(8))]
 struct ControlBuf([u8; 64]);
 
 fn recv_stamped(fd: RawFd, buf: &mut BytesMut) -> io::Result<(usize, Duration)> {
+    // A read into no room would return 0, which means end of stream.
+    if buf.capacity() == buf.len() {
+        buf.reserve(MIN_READ);
+    }
     let spare = buf.spare_capacity_mut();
     let mut iov = libc::iovec {
         iov_base: spare.as_mut_ptr().cast(),
@@ -137,6 +144,25 @@ mod tests {
             Duration::from_nanos(2)
         );
         assert_eq!(age_of(ts(11, 0), ts(10, 0)), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_full_buffer_grows_instead_of_reading_nothing() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        server.set_nonblocking(true).expect("nonblocking");
+        let (rd, _wr) = tokio::net::TcpStream::from_std(server)
+            .expect("tokio stream")
+            .into_split();
+        client.write_all(b"more").expect("write");
+        let mut buf = BytesMut::with_capacity(8);
+        buf.extend_from_slice(&[0; 8]);
+        buf.truncate(buf.capacity());
+        let (n, _) = read_stamped(&rd, &mut buf).await.expect("read");
+        assert_eq!(n, 4, "read the bytes, not an end of stream");
+        assert!(buf.ends_with(b"more"));
     }
 
     #[tokio::test]
