@@ -151,7 +151,8 @@ pub struct ServeArgs {
     pub admission_max_concurrency: Option<u32>,
 
     /// Period of each shard's event-loop lag probe, whose lag admission counts as waiting
-    /// before a request is read; `off` disables it [default: 1ms].
+    /// before a request is read when the kernel gave no receive stamp, and as a standing
+    /// delay when above the CoDel target; `off` disables it [default: 1ms].
     #[arg(long, env = "SLUICE_ADMISSION_LAG_PROBE", value_name = "DURATION|off")]
     pub admission_lag_probe: Option<String>,
 
