@@ -27,12 +27,12 @@
 //! buffer until their connection's reader task is polled again. That wait is at least the
 //! loop's lag (how long a task that became ready waits before it runs), which a probe task
 //! measures ([`LoopLag`]), and far longer once a backlog builds up behind a reader that takes
-//! a bounded number of frames per turn (120 ms against a 3.5 ms lag, measured). Where the kernel stamps what it received ([`Arrival::Received`]),
-//! the wait is known instead and a request's age starts at that stamp; otherwise the
-//! controller counts the lag as waiting: a request's age starts that long before the read
-//! ([`AdmissionController::enqueue_read`]). Either way a lag above target is a
-//! standing delay even while the queue is empty, and so is the age of frames that a busy
-//! reader only reaches late. [`crate::sim::event_loop`] shows what each part contributes.
+//! a bounded number of frames per turn (120 ms against a 3.5 ms lag, measured). Where the
+//! kernel stamps what it received ([`Arrival::Received`]), the wait is known instead and a
+//! request's age starts at that stamp; otherwise the controller counts the lag as waiting: a
+//! request's age starts that long before the read ([`AdmissionController::enqueue_read`]).
+//! Either way a lag above target is a standing delay even while the queue is empty, and so
+//! is the age of frames that a busy reader only reaches late. [`crate::sim::event_loop`] shows what each part contributes.
 
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;
@@ -407,15 +407,43 @@ pub struct AdmissionStats {
     pub completed: u64,
 }
 
-/// When a request reached the shard, as its connection's reader knows it.
+/// When a request reached the shard, as its connection's reader knows it: on the shard's
+/// clock (`Nanos`), or as the reader took it (an `Instant`, say) until [`Arrival::map`]
+/// converts it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Arrival {
+pub enum Arrival<T = Nanos> {
     /// Its header was read at this time, after a wait in the kernel socket buffer that is
     /// estimated as the event loop's lag.
-    Read(Nanos),
+    Read(T),
     /// Its bytes reached the kernel at this time (a receive timestamp of the read): the
     /// wait before the read is known, nothing is estimated.
-    Received(Nanos),
+    Received(T),
+}
+
+impl<T> Arrival<T> {
+    /// The time itself, read or received.
+    #[inline]
+    pub fn at(self) -> T {
+        match self {
+            Arrival::Read(at) | Arrival::Received(at) => at,
+        }
+    }
+
+    /// The same kind of arrival at `f(time)`: another clock, or a later time.
+    #[inline]
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Arrival<U> {
+        match self {
+            Arrival::Read(at) => Arrival::Read(f(at)),
+            Arrival::Received(at) => Arrival::Received(f(at)),
+        }
+    }
+}
+
+impl<T> From<T> for Arrival<T> {
+    /// An arrival known only from the instant of its read.
+    fn from(at: T) -> Arrival<T> {
+        Arrival::Read(at)
+    }
 }
 
 impl Arrival {

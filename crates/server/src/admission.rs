@@ -118,34 +118,6 @@ struct Logged {
     dropped: u64,
 }
 
-/// When a frame reached the shard: the instant its reader stamps on it, and whether that is
-/// the kernel's receive time of the socket read (else the read's own instant, before which
-/// admission counts the event loop's lag as an unseen wait).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct FrameArrival {
-    /// The instant.
-    pub at: Instant,
-    /// `at` is the kernel's receive stamp.
-    pub received: bool,
-}
-
-impl FrameArrival {
-    /// An arrival known from the kernel's receive stamp.
-    pub fn received(at: Instant) -> FrameArrival {
-        FrameArrival { at, received: true }
-    }
-}
-
-impl From<Instant> for FrameArrival {
-    /// An arrival known only from the instant of the socket read.
-    fn from(at: Instant) -> FrameArrival {
-        FrameArrival {
-            at,
-            received: false,
-        }
-    }
-}
-
 /// Per-shard admission state (owned by the shard thread, no locks).
 #[derive(Debug)]
 pub struct ShardAdmission {
@@ -242,7 +214,7 @@ impl ShardAdmission {
     pub fn admit(
         &mut self,
         header: &FrameHeader,
-        arrival: FrameArrival,
+        arrival: Arrival<Instant>,
         conn: usize,
         metrics: &ShardMetrics,
     ) -> Admit {
@@ -271,14 +243,9 @@ impl ShardAdmission {
         // `arrival` is the socket read that completed the frame (or the kernel's stamp of
         // it); the reader may reach it later, after other frames of that read: that wait
         // counts as queueing too.
-        let read = self.arrival_nanos(arrival.at);
+        let read = arrival.map(|at| self.arrival_nanos(at));
         let now = self.now();
-        let deadline = Deadline(read.saturating_add(self.queue_timeout));
-        let read = if arrival.received {
-            Arrival::Received(read)
-        } else {
-            Arrival::Read(read)
-        };
+        let deadline = Deadline(read.at().saturating_add(self.queue_timeout));
         // Nothing waits and there is room: straight to running, as the queue would have.
         if let Some(waited) = self
             .ctl

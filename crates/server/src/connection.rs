@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
+use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
 use sluice_protocol::{ErrorCode, ErrorResponse};
@@ -41,7 +42,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
 
-use crate::admission::{Admit, FrameArrival};
+use crate::admission::Admit;
 use crate::budget::{Budget, Held};
 use crate::request::Early;
 use crate::shard::ShardCtx;
@@ -157,11 +158,11 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let conn_id = Rc::as_ptr(&conn) as usize;
     // The arrival of every frame the last socket read completed: the kernel's receive stamp
     // of the read's newest byte, or (without stamps) the instant of the read.
-    let mut read_at = FrameArrival::from(Instant::now());
+    let mut read_at = Arrival::Read(Instant::now());
     // The end of the last backpressure pause: bytes that waited in the kernel while the
     // reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
     // counts from before it.
-    let mut resumed_at = read_at.at;
+    let mut resumed_at = read_at.at();
     let mut since_yield = 0usize;
     let mut read_size = READ_CHUNK;
 
@@ -209,8 +210,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     let p = wait_permits(&shard, &conn, bytes).await;
                     // Backpressure by design: this frame and those still buffered waited in
                     // the client's queue, as if unread, not in the shard's; they count from now.
-                    read_at = FrameArrival::from(Instant::now());
-                    resumed_at = read_at.at;
+                    read_at = Arrival::Read(Instant::now());
+                    resumed_at = read_at.at();
                     arrival = read_at;
                     p
                 }
@@ -240,7 +241,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             if bypasses_caps(opcode) {
                 // Connection-state requests are handled in order, inline.
-                crate::request::handle(in_flight, frame, arrival.at, ticket, None).await;
+                crate::request::handle(in_flight, frame, arrival.at(), ticket, None).await;
                 if conn.outbox.closed.get() {
                     break 'read;
                 }
@@ -252,7 +253,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 && conn.ready.get()
                 && shard.admission.borrow().is_dispatched(ticket)
             {
-                match crate::request::precheck_in_reader(in_flight, &frame, arrival.at) {
+                match crate::request::precheck_in_reader(in_flight, &frame, arrival.at()) {
                     Early::Answered => {
                         shard
                             .admission
@@ -267,7 +268,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             // Boxed: the request's state machine is ~3 KB, and a task holding it inline
             // copies all of it when it is spawned and again when it completes.
-            let request = crate::request::handle(in_flight, frame, arrival.at, ticket, early);
+            let request = crate::request::handle(in_flight, frame, arrival.at(), ticket, early);
             tokio::task::spawn_local(Box::pin(request));
         }
         // Do not read more while the answers pile up unread by the client.
@@ -296,9 +297,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     let now = Instant::now();
                     read_at = if stamped {
                         let received = now.checked_sub(waited).unwrap_or(now);
-                        FrameArrival::received(received.max(resumed_at))
+                        Arrival::Received(received.max(resumed_at))
                     } else {
-                        FrameArrival::from(now)
+                        Arrival::Read(now)
                     };
                     read_size = if n >= spare {
                         (read_size * 2).min(READ_AHEAD)

@@ -11,7 +11,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::Interest;
@@ -97,7 +97,7 @@ fn stamp_age(msg: &libc::msghdr) -> Duration {
             // SAFETY: an SCM_TIMESTAMPNS message carries one timespec (maybe unaligned).
             let ts: libc::timespec =
                 unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
-            return age_of(ts, realtime_now());
+            return age_of(ts, SystemTime::now());
         }
         // SAFETY: as above.
         cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
@@ -105,26 +105,14 @@ fn stamp_age(msg: &libc::msghdr) -> Duration {
     Duration::ZERO
 }
 
-/// The kernel stamps in `CLOCK_REALTIME`.
-fn realtime_now() -> libc::timespec {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+/// `now - stamp`, or zero if the stamp is in the future (the clock was stepped back). The
+/// kernel stamps in `CLOCK_REALTIME`, the clock `SystemTime` reads.
+fn age_of(stamp: libc::timespec, now: SystemTime) -> Duration {
+    let (Ok(secs), Ok(nanos)) = (u64::try_from(stamp.tv_sec), u32::try_from(stamp.tv_nsec)) else {
+        return Duration::ZERO;
     };
-    // SAFETY: `ts` is a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts
-}
-
-/// `now - stamp`, or zero if the stamp is in the future (the clock was stepped back).
-fn age_of(stamp: libc::timespec, now: libc::timespec) -> Duration {
-    let nanos = |t: libc::timespec| i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
-    let age = nanos(now) - nanos(stamp);
-    if age <= 0 {
-        Duration::ZERO
-    } else {
-        Duration::from_nanos(u64::try_from(age).unwrap_or(u64::MAX))
-    }
+    now.duration_since(UNIX_EPOCH + Duration::new(secs, nanos))
+        .unwrap_or(Duration::ZERO)
 }
 
 #[cfg(test)]
@@ -132,27 +120,34 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// A client socket and the server's end of it, nonblocking for tokio.
+    fn connected() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        server.set_nonblocking(true).expect("nonblocking");
+        (client, server)
+    }
+
     #[test]
     fn a_stamp_in_the_future_is_no_wait() {
         let ts = |s, ns| libc::timespec {
             tv_sec: s,
             tv_nsec: ns,
         };
-        assert_eq!(age_of(ts(10, 0), ts(10, 500)), Duration::from_nanos(500));
+        let at = |s, ns| UNIX_EPOCH + Duration::new(s, ns);
+        assert_eq!(age_of(ts(10, 0), at(10, 500)), Duration::from_nanos(500));
         assert_eq!(
-            age_of(ts(9, 999_999_999), ts(10, 1)),
+            age_of(ts(9, 999_999_999), at(10, 1)),
             Duration::from_nanos(2)
         );
-        assert_eq!(age_of(ts(11, 0), ts(10, 0)), Duration::ZERO);
+        assert_eq!(age_of(ts(11, 0), at(10, 0)), Duration::ZERO);
     }
 
     #[tokio::test]
     async fn a_full_buffer_grows_instead_of_reading_nothing() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, _) = listener.accept().expect("accept");
-        server.set_nonblocking(true).expect("nonblocking");
+        let (mut client, server) = connected();
         let (rd, _wr) = tokio::net::TcpStream::from_std(server)
             .expect("tokio stream")
             .into_split();
@@ -167,11 +162,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_left_unread_report_how_long_they_waited() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (server, _) = listener.accept().expect("accept");
-        server.set_nonblocking(true).expect("nonblocking");
+        let (mut client, server) = connected();
         enable(server.as_raw_fd()).expect("SO_TIMESTAMPNS");
         let (rd, _wr) = tokio::net::TcpStream::from_std(server)
             .expect("tokio stream")
