@@ -365,11 +365,10 @@ pub struct AdmissionConfig {
     /// 7.2 us of CPU per write with the limit at its minimum of 4, 5.6-5.9 us at 32, 64 or
     /// 128. The floor bounds the queue hidden behind the limit to this window, small against
     /// the CoDel target, whatever the requests cost: slow requests give a low rate and so a
-    /// floor below the minimum. Zero turns it off. Wider windows batch more per turn but
-    /// let the readers hand arrivals to execution rather than to the queue CoDel watches:
-    /// at 2 ms and 5 ms, writes at twice capacity kept 6-13% more goodput, but one-partition
-    /// writes at three times capacity served almost nothing in time at 2 ms, and 11% less
-    /// than at twice capacity at 5 ms (docs/benchmark.md, eighth session).
+    /// floor below the minimum. Zero turns it off. A wider window batches more per turn but
+    /// hands arrivals to execution ahead of the queue CoDel watches: at 5 ms, writes at twice
+    /// capacity kept 10-16% more goodput and waited 30 ms at the median instead of 4 ms
+    /// (docs/benchmark.md, eighth session).
     pub concurrency_floor_window: Duration,
 }
 

@@ -34,7 +34,7 @@ use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
 use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
+use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode};
 use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -281,9 +281,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         if conn.outbox.closed.get() {
             break;
         }
-        if buf.capacity() - buf.len() < HEADER_LEN {
-            buf.reserve(read_size);
-        }
+        make_room(&mut buf, read_size);
         let spare = buf.capacity() - buf.len();
         tokio::select! {
             r = read(&mut rd, &mut buf, stamped) => match r {
@@ -327,6 +325,16 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     conn.outbox.close();
     let _ = writer.await;
     buf.advance(buf.len());
+}
+
+/// Gives `buf` room for a read of `read_size` bytes. The read-ahead depends on it: reserving
+/// only when not even a frame header fit kept every read at the first 64 KiB, so a backlog
+/// stayed in the kernel (and in the client, behind TCP's flow control) instead of moving
+/// into the buffer where admission sees its age.
+fn make_room(buf: &mut BytesMut, read_size: usize) {
+    if buf.capacity() - buf.len() < read_size {
+        buf.reserve(read_size);
+    }
 }
 
 /// One socket read into `buf`, with how long its newest byte waited in the kernel when
@@ -513,6 +521,21 @@ mod tests {
     use std::time::Duration;
 
     use crate::{Server, ServerConfig};
+
+    #[test]
+    fn a_grown_read_size_gets_its_room_even_when_a_header_still_fits() {
+        let mut buf = bytes::BytesMut::with_capacity(super::READ_CHUNK);
+        // What a full read leaves: the tail of a frame, far from a full buffer.
+        buf.extend_from_slice(&[0u8; 100]);
+        for size in [super::READ_CHUNK, 4 * super::READ_CHUNK, super::READ_AHEAD] {
+            super::make_room(&mut buf, size);
+            assert!(
+                buf.capacity() - buf.len() >= size,
+                "room for a {size}-byte read"
+            );
+        }
+        assert_eq!(&buf[..], &[0u8; 100][..], "the buffered bytes are kept");
+    }
 
     struct TestNode {
         server: Option<Server>,
