@@ -16,8 +16,10 @@
 //! their deadline anyway; they are answered `Overloaded` without being decoded), and the
 //! queue keeps at most what the shard dispatches within half the target at its measured
 //! rate: further arrivals are turned away at enqueue, from the header, the cheapest
-//! rejection there is. Then even FIFO waits a few milliseconds at most, and nothing is left
-//! to age in the queue only to be shed later, at a higher cost than a rejection at enqueue;
+//! rejection there is, and so is an arrival known (from its kernel stamp, or its read) to
+//! have waited longer than half the target before it reached the queue. Then even FIFO
+//! waits a few milliseconds at most, and nothing is left to age in the queue only to be
+//! shed later, at a higher cost than a rejection at enqueue;
 //! optionally the queue serves the newest first while overloaded (adaptive LIFO, as Facebook
 //! does). Not overloaded, the queue is FIFO and nothing waits longer than `max_queue_delay`
 //! (Facebook's "N ms when the queue was recently empty").
@@ -564,7 +566,7 @@ impl<T> AdmissionController<T> {
         }
         let arrived = arrival.with_lag(self.lag.estimate(now));
         self.last_arrival = (now, now.0.saturating_sub(arrived.0));
-        if len >= self.overload_bound(now) {
+        if len >= self.overload_bound(now) || self.too_old_to_admit(now, arrival) {
             self.stats.shed_full += 1;
             self.stats.shed_enqueue += 1;
             self.codel.on_turned_away(now);
@@ -597,7 +599,10 @@ impl<T> AdmissionController<T> {
         let arrived = arrival.with_lag(self.lag.estimate(now));
         let waited = now.saturating_duration_since(arrived);
         // `should_shed` only rolls the interval at `now`: asking twice is harmless.
-        if deadline.expired(now) || self.codel.should_shed(now, waited) {
+        if deadline.expired(now)
+            || self.codel.should_shed(now, waited)
+            || self.too_old_to_admit(now, arrival)
+        {
             return None;
         }
         self.last_arrival = (now, now.0.saturating_sub(arrived.0));
@@ -623,6 +628,21 @@ impl<T> AdmissionController<T> {
         } else {
             lag
         }
+    }
+
+    /// True if an arrival is turned away for its age: overloaded (and configured to shed at
+    /// enqueue), it is known to have waited longer than half the target already (the wait
+    /// the queue keeps to while overloaded), in the kernel (its receive stamp) or behind the
+    /// frames read before it. A reader that runs requests itself keeps the queue empty, so
+    /// the queue's length alone would leave the delay to the backlog in the socket, which
+    /// then sets every served request's wait. The loop-lag estimate does not count here: it
+    /// is one figure for every frame of a read, fresh or not, and turning away by it would
+    /// turn away the fresh ones too.
+    #[inline]
+    fn too_old_to_admit(&mut self, now: Nanos, arrival: Arrival) -> bool {
+        self.shed_at_enqueue
+            && now.0.saturating_sub(arrival.at().0) > self.target / 2
+            && self.codel.is_overloaded(now)
     }
 
     /// Queue length beyond which arrivals are turned away: unbounded unless overloaded, then
@@ -1278,10 +1298,15 @@ mod tests {
         // A reader works through frames read 20 ms ago: each is dispatched at once (the
         // queue stays empty), yet none of them is fresh.
         let mut a = controller(false);
+        let mut turned_away = Vec::new();
         for t in 0..300u64 {
             let read_at = at_ms(t.saturating_sub(20));
-            a.enqueue_read(t as u32, Arrival::Read(read_at), at_ms(t), Deadline::NEVER)
-                .unwrap();
+            if a.enqueue_read(t as u32, Arrival::Read(read_at), at_ms(t), Deadline::NEVER)
+                .is_err()
+            {
+                turned_away.push(t);
+                continue;
+            }
             let q = a.dispatch(at_ms(t), |_, _| {});
             if q.is_some() {
                 a.on_complete(Duration::from_micros(100), at_ms(t));
@@ -1289,6 +1314,14 @@ mod tests {
             assert!(a.dispatch(at_ms(t), |_, _| {}).is_none(), "empty queue");
         }
         assert!(a.is_overloaded(at_ms(300)));
+        // Once overloaded, what is known to be older than the target is turned away, and
+        // turning it away keeps the state overloaded.
+        assert_eq!(turned_away.first(), Some(&200), "{turned_away:?}");
+        assert_eq!(turned_away.len(), 100, "{turned_away:?}");
+        // A fresh frame is still admitted.
+        assert!(a
+            .enqueue_read(1, Arrival::Read(at_ms(300)), at_ms(300), Deadline::NEVER)
+            .is_ok());
     }
 
     #[test]

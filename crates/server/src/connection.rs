@@ -2,6 +2,10 @@
 //! requests in flight at once (answered out of order, by stream id), and a single writer
 //! that flushes whatever answers have accumulated in one `write_all`.
 //!
+//! The reader runs each request itself until it must wait (group commit, the admission
+//! queue, another shard); only then does the request get a task of its own. An EXECUTE
+//! turned away by its deadline or the rate limiter is answered before that, from its head.
+//!
 //! Bounds: at most `max_inflight_per_connection` requests in flight per connection and
 //! `max_inflight_per_shard` per shard (and as many request bytes). Over a cap, the socket is
 //! not read (backpressure: the client's own queue grows, nothing is rejected), unless the
@@ -14,27 +18,36 @@
 //! while serving a request answers that stream with Server_error and leaves the shard
 //! running.
 //!
-//! Arrival: every frame of one socket read is stamped with the kernel's receive time of the
-//! newest byte of that read (`SO_TIMESTAMPNS`, see [`crate::socket_wait`]), or with the
-//! instant of the read where the socket gives no stamp. So the time a frame waited unread in
-//! the kernel, and then behind the frames read before it, counts as queueing for admission.
-//! Without the stamp, a saturated shard that still kept its own queue short let its excess
-//! age unseen in the socket buffer: reads past capacity collapsed to a few thousand answers
-//! in time a second, with no `Overloaded` (docs/benchmark.md, seventh session).
+//! Arrival: a frame's arrival is the kernel's receive time of its last byte, as far as the
+//! reader can tell (`SO_TIMESTAMPNS`, see [`crate::socket_wait`]), or the instant of its read
+//! where the socket gives no stamp. So the time a frame waited unread in the kernel, and then
+//! behind the frames read before it, counts as queueing for admission. The kernel stamps only
+//! a read's newest byte; the frames before it are spread back towards the earliest their
+//! bytes can have come ([`crate::socket_wait::ReadArrivals`]). Without the stamp, a saturated
+//! shard that still kept its own queue short let its excess age unseen in the socket buffer:
+//! reads past capacity collapsed to a few thousand answers in time a second, with no
+//! `Overloaded` (docs/benchmark.md, seventh session). Without the spread, a reader that runs
+//! its requests itself saw every read as young and shed nothing until deadlines passed
+//! (ninth session).
 //! The reader takes its in-flight slots without awaiting while they are free (no cooperative
 //! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
-//! and yields to the shard's other tasks every [`READ_QUANTUM`] frames.
+//! and yields to the shard's other tasks every [`READ_QUANTUM`] frames (a request it ran
+//! counts as several).
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
 use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode};
+use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
 use sluice_protocol::{ErrorCode, ErrorResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -46,6 +59,7 @@ use crate::admission::Admit;
 use crate::budget::{Budget, Held};
 use crate::request::Early;
 use crate::shard::ShardCtx;
+use crate::socket_wait::{Read, ReadArrivals};
 use crate::supported::StartupOptIns;
 
 /// Answers waiting to be written beyond which the reader stops reading requests.
@@ -60,6 +74,9 @@ const READ_AHEAD: usize = 1 << 20;
 /// full read buffer of small requests in one go, small enough (well under a millisecond of
 /// admission work) to keep the event loop's lag low.
 pub const READ_QUANTUM: usize = 512;
+/// What a request run in the reader counts towards [`READ_QUANTUM`]: running one costs
+/// about as much as admitting eight, so the reader yields after at most 64 of them.
+const INLINE_RUN_WEIGHT: usize = 8;
 
 /// Encoded answers of one connection, appended by request tasks and drained by the writer.
 pub struct Outbox {
@@ -156,13 +173,19 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
     let conn_id = Rc::as_ptr(&conn) as usize;
-    // The arrival of every frame the last socket read completed: the kernel's receive stamp
-    // of the read's newest byte, or (without stamps) the instant of the read.
-    let mut read_at = Arrival::Read(Instant::now());
+    // When the frames of the last socket read arrived: spread between the earliest its first
+    // byte can have come and the kernel's stamp of its newest (`Arrival::Received`), or
+    // (without stamps) all at the instant of the read (`Arrival::Read`).
+    let connected_at = Instant::now();
+    let mut arrivals = ReadArrivals::all_at(connected_at);
+    let mut stamped_read = false;
+    // The last read: when it completed, its newest byte's arrival, and whether it filled the
+    // room it had (the socket still held more; otherwise, it emptied the socket).
+    let mut last_read = (connected_at, connected_at, false);
     // The end of the last backpressure pause: bytes that waited in the kernel while the
     // reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
     // counts from before it.
-    let mut resumed_at = read_at.at();
+    let mut resumed_at = connected_at;
     let mut since_yield = 0usize;
     let mut read_size = READ_CHUNK;
 
@@ -179,7 +202,12 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let mut arrival = read_at;
+            let at = arrivals.next_frame(HEADER_LEN + header.length as usize);
+            let mut arrival = if stamped_read {
+                Arrival::Received(at)
+            } else {
+                Arrival::Read(at)
+            };
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
@@ -210,9 +238,10 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     let p = wait_permits(&shard, &conn, bytes).await;
                     // Backpressure by design: this frame and those still buffered waited in
                     // the client's queue, as if unread, not in the shard's; they count from now.
-                    read_at = Arrival::Read(Instant::now());
-                    resumed_at = read_at.at();
-                    arrival = read_at;
+                    resumed_at = Instant::now();
+                    arrivals = ReadArrivals::all_at(resumed_at);
+                    stamped_read = false;
+                    arrival = Arrival::Read(resumed_at);
                     p
                 }
             };
@@ -268,8 +297,17 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             };
             // Boxed: the request's state machine is ~3 KB, and a task holding it inline
             // copies all of it when it is spawned and again when it completes.
-            let request = crate::request::handle(in_flight, frame, arrival.at(), ticket, early);
-            tokio::task::spawn_local(Box::pin(request));
+            let request = Box::pin(crate::request::handle(
+                in_flight,
+                frame,
+                arrival.at(),
+                ticket,
+                early,
+            ));
+            if let Some(waiting) = run_until_it_waits(request).await {
+                tokio::task::spawn_local(waiting);
+            }
+            since_yield += INLINE_RUN_WEIGHT;
         }
         // Do not read more while the answers pile up unread by the client.
         if conn.outbox.pending() > MAX_OUTBOX_BYTES {
@@ -285,20 +323,37 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         let spare = buf.capacity() - buf.len();
         tokio::select! {
             r = read(&mut rd, &mut buf, stamped) => match r {
-                Ok((0, _)) | Err(_) => {
+                Ok(Read { len: 0, .. }) | Err(_) => {
                     // The client is gone: nobody waits for the answers, so requests that
                     // have not started executing are dropped (see `request::execute`).
                     conn.outbox.close();
                     break;
                 }
-                Ok((n, waited)) => {
+                Ok(r) => {
                     let now = Instant::now();
-                    read_at = if stamped {
-                        let received = now.checked_sub(waited).unwrap_or(now);
-                        Arrival::Received(received.max(resumed_at))
+                    let (n, carried) = (r.len, buf.len() - r.len);
+                    let (last_done, last_newest, last_filled) = last_read;
+                    if stamped {
+                        let newest = now.checked_sub(r.newest_waited).unwrap_or(now);
+                        let newest = newest.max(resumed_at);
+                        // The earliest the first byte can have come: after the last read's
+                        // newest byte, and after the last read itself if it emptied the
+                        // socket; no earlier than the last pause. Bytes that came while the
+                        // reader was idle waited for no one.
+                        let earliest = if r.idle_before {
+                            newest
+                        } else if last_filled {
+                            last_newest.max(resumed_at).min(newest)
+                        } else {
+                            last_done.max(resumed_at).min(newest)
+                        };
+                        arrivals = ReadArrivals::spread(newest, newest - earliest, carried, n);
+                        last_read = (now, newest, n >= spare);
                     } else {
-                        Arrival::Read(now)
-                    };
+                        arrivals = ReadArrivals::all_at(now);
+                        last_read = (now, now, n >= spare);
+                    }
+                    stamped_read = stamped;
                     read_size = if n >= spare {
                         (read_size * 2).min(READ_AHEAD)
                     } else {
@@ -343,14 +398,34 @@ async fn read(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     buf: &mut BytesMut,
     stamped: bool,
-) -> std::io::Result<(usize, std::time::Duration)> {
+) -> std::io::Result<Read> {
     if stamped {
         crate::socket_wait::read_stamped(rd, buf).await
     } else {
-        rd.read_buf(buf)
-            .await
-            .map(|n| (n, std::time::Duration::ZERO))
+        rd.read_buf(buf).await.map(|len| Read {
+            len,
+            newest_waited: std::time::Duration::ZERO,
+            idle_before: false,
+        })
     }
+}
+
+/// Polls a request once, here in the reader, and returns it if it has to wait (group
+/// commit, the admission queue, another shard), for a task of its own. Most requests finish
+/// in that first poll (periodic durability, reads from memory): they never become a task,
+/// which saves the spawn, the scheduling and the task's state. Whatever the request's
+/// futures registered to be woken is registered again, with the task's waker, by the task's
+/// first poll, which tokio makes at once. A panic is caught as a task's would be: the
+/// request's `InFlight` answers Server_error as it unwinds, and the connection goes on.
+async fn run_until_it_waits<F: Future<Output = ()>>(
+    mut request: Pin<Box<F>>,
+) -> Option<Pin<Box<F>>> {
+    std::future::poll_fn(|cx| {
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| request.as_mut().poll(cx)));
+        Poll::Ready(matches!(polled, Ok(Poll::Pending)))
+    })
+    .await
+    .then_some(request)
 }
 
 /// A request's in-flight slots: its connection's and shard's requests and bytes.
@@ -519,6 +594,41 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::Duration;
+
+    /// A request that finishes in its first poll runs in the reader; one that waits comes
+    /// back for a task, which finishes it; one that panics is contained.
+    #[test]
+    fn requests_run_in_the_reader_until_they_wait() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let done = std::rc::Rc::new(std::cell::Cell::new(0));
+            let d = done.clone();
+            let quick = Box::pin(async move { d.set(d.get() + 1) });
+            assert!(super::run_until_it_waits(quick).await.is_none());
+            assert_eq!(done.get(), 1, "ran in the reader");
+
+            let notify = std::rc::Rc::new(tokio::sync::Notify::new());
+            let (d, n) = (done.clone(), notify.clone());
+            let waits = Box::pin(async move {
+                n.notified().await;
+                d.set(d.get() + 1);
+            });
+            let waiting = super::run_until_it_waits(waits)
+                .await
+                .expect("a waiting request comes back");
+            let task = tokio::task::spawn_local(waiting);
+            notify.notify_one();
+            task.await.unwrap();
+            assert_eq!(done.get(), 2, "its task finished it");
+
+            let panics = Box::pin(async { panic!("request bug") });
+            assert!(super::run_until_it_waits(panics).await.is_none());
+        });
+    }
 
     use crate::{Server, ServerConfig};
 

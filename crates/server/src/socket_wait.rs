@@ -11,7 +11,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::Interest;
@@ -38,16 +38,103 @@ pub fn enable(fd: RawFd) -> io::Result<()> {
     }
 }
 
-/// One read into `buf`'s spare capacity, and how long the newest byte read had waited in the
-/// kernel (zero when the kernel gave no stamp, or the clock stepped back).
-pub async fn read_stamped(rd: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<(usize, Duration)> {
+/// What one socket read returned, and what it tells of when its bytes arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Read {
+    /// Bytes read (0: end of stream).
+    pub len: usize,
+    /// How long the newest byte read had waited in the kernel (zero without a stamp, or
+    /// when the clock stepped back).
+    pub newest_waited: Duration,
+    /// The socket had nothing to read when the reader came to it: it waited for these bytes,
+    /// so they arrived while it was idle, not while it was busy.
+    pub idle_before: bool,
+}
+
+/// One read into `buf`'s spare capacity, with the kernel's stamp of its newest byte.
+pub async fn read_stamped(rd: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<Read> {
     let stream = rd.as_ref();
+    let mut idle_before = false;
     loop {
-        stream.readable().await?;
+        // `try_io` first, without awaiting: it tells whether the bytes were already there.
         match stream.try_io(Interest::READABLE, || recv_stamped(stream.as_raw_fd(), buf)) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            other => return other,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                idle_before = true;
+                stream.readable().await?;
+            }
+            Err(e) => return Err(e),
+            Ok((len, newest_waited)) => {
+                return Ok(Read {
+                    len,
+                    newest_waited,
+                    idle_before,
+                })
+            }
         }
+    }
+}
+
+/// When each frame of a socket read arrived, as well as the reader can tell.
+///
+/// The kernel stamps only the newest byte of a read. Stamping every frame with it made a
+/// large read look young: its first frames had waited for as long as the reader took to
+/// work through the read before, but counted as just arrived, so the queue delay's minimum
+/// stayed under target and a saturated shard was never seen as overloaded. TCP delivers in
+/// order, so a read's bytes all arrived after the bytes of the read before, and when that
+/// read emptied the socket, after that read too. Between that bound and the newest byte's
+/// stamp, a frame is taken to have arrived in proportion to where it ends in the read: the
+/// client's bytes come at an even rate while a backlog builds, which is when this matters.
+/// A read that found the socket empty and waited is not spread: its bytes came while the
+/// reader was idle, and an idle gap is no queueing.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadArrivals {
+    /// The arrival of the read's newest byte.
+    newest: Instant,
+    /// How much earlier than `newest` its first byte may have arrived (nanoseconds).
+    span_ns: u64,
+    /// Bytes of the buffer from before this read (the start of an incomplete frame).
+    carried: usize,
+    /// Bytes of this read.
+    len: usize,
+    /// Bytes taken from the buffer since this read.
+    taken: usize,
+}
+
+impl ReadArrivals {
+    /// Every frame arrived at `at` (a read without a stamp, or after a pause).
+    pub fn all_at(at: Instant) -> Self {
+        ReadArrivals {
+            newest: at,
+            span_ns: 0,
+            carried: 0,
+            len: 0,
+            taken: 0,
+        }
+    }
+
+    /// A read of `len` bytes appended to `carried` bytes already buffered, whose newest byte
+    /// arrived at `newest` and whose first byte arrived no earlier than `span` before it.
+    pub fn spread(newest: Instant, span: Duration, carried: usize, len: usize) -> Self {
+        ReadArrivals {
+            newest,
+            span_ns: u64::try_from(span.as_nanos()).unwrap_or(u64::MAX),
+            carried,
+            len,
+            taken: 0,
+        }
+    }
+
+    /// The arrival of the next frame, `frame_len` bytes long (header included), taken from
+    /// the buffer: the arrival of its last byte.
+    #[inline]
+    pub fn next_frame(&mut self, frame_len: usize) -> Instant {
+        self.taken = self.taken.saturating_add(frame_len);
+        if self.span_ns == 0 || self.len == 0 {
+            return self.newest;
+        }
+        let end = self.taken.saturating_sub(self.carried).min(self.len);
+        let before_newest = u128::from(self.span_ns) * (self.len - end) as u128 / self.len as u128;
+        self.newest - Duration::from_nanos(before_newest as u64)
     }
 }
 
@@ -155,8 +242,8 @@ mod tests {
         let mut buf = BytesMut::with_capacity(8);
         buf.extend_from_slice(&[0; 8]);
         buf.truncate(buf.capacity());
-        let (n, _) = read_stamped(&rd, &mut buf).await.expect("read");
-        assert_eq!(n, 4, "read the bytes, not an end of stream");
+        let r = read_stamped(&rd, &mut buf).await.expect("read");
+        assert_eq!(r.len, 4, "read the bytes, not an end of stream");
         assert!(buf.ends_with(b"more"));
     }
 
@@ -164,19 +251,59 @@ mod tests {
     async fn bytes_left_unread_report_how_long_they_waited() {
         let (mut client, server) = connected();
         enable(server.as_raw_fd()).expect("SO_TIMESTAMPNS");
+        // The kernel turns its receive stamps on in deferred work when no socket had them.
+        std::thread::sleep(Duration::from_millis(20));
         let (rd, _wr) = tokio::net::TcpStream::from_std(server)
             .expect("tokio stream")
             .into_split();
+        // A new socket is not known to be readable yet: its first read waits for the event.
+        client.write_all(b"zero").expect("write");
+        let mut buf = BytesMut::with_capacity(64);
+        let r = read_stamped(&rd, &mut buf).await.expect("read");
+        assert_eq!(&buf[..], b"zero");
+        buf.clear();
         client.write_all(b"first").expect("write");
         std::thread::sleep(Duration::from_millis(60));
-        let mut buf = BytesMut::with_capacity(64);
-        let (n, waited) = read_stamped(&rd, &mut buf).await.expect("read");
-        assert_eq!(&buf[..n], b"first");
-        assert!(waited >= Duration::from_millis(50), "waited {waited:?}");
-        // Read at once: no wait to speak of.
+        let r2 = read_stamped(&rd, &mut buf).await.expect("read");
+        assert!(r.idle_before, "{r:?}");
+        let r = r2;
+        assert_eq!(&buf[..r.len], b"first");
+        assert!(r.newest_waited >= Duration::from_millis(50), "{r:?}");
+        assert!(
+            !r.idle_before,
+            "the bytes were there before the read: {r:?}"
+        );
+        // Read while it waits: no wait to speak of, and the reader was idle before them.
+        let reading = tokio::spawn(async move {
+            let r = read_stamped(&rd, &mut buf).await.expect("read");
+            (r, buf)
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
         client.write_all(b"second").expect("write");
-        let (n, waited) = read_stamped(&rd, &mut buf).await.expect("read");
-        assert_eq!(&buf[5..5 + n], b"second");
-        assert!(waited < Duration::from_millis(50), "waited {waited:?}");
+        let (r, buf) = reading.await.expect("reader");
+        assert_eq!(&buf[5..5 + r.len], b"second");
+        assert!(r.newest_waited < Duration::from_millis(50), "{r:?}");
+        assert!(r.idle_before, "the reader waited for these bytes: {r:?}");
+    }
+
+    /// A read's frames are spread between its earliest possible arrival and its newest
+    /// byte's stamp, by where each ends; bytes carried from the read before count as this
+    /// read's first.
+    #[test]
+    fn frames_of_a_read_arrive_in_proportion_to_where_they_end() {
+        let newest = Instant::now();
+        let ms = Duration::from_millis;
+        // 10 bytes carried, then a read of 1,000 spread over 100 ms.
+        let mut arrivals = ReadArrivals::spread(newest, ms(100), 10, 1_000);
+        // A frame completed by the read's 250th byte, then one by its 750th, then its last.
+        assert_eq!(arrivals.next_frame(260), newest - ms(75));
+        assert_eq!(arrivals.next_frame(500), newest - ms(25));
+        assert_eq!(arrivals.next_frame(250), newest);
+        // Without a span every frame arrived with the newest byte.
+        let mut flat = ReadArrivals::spread(newest, Duration::ZERO, 0, 1_000);
+        assert_eq!(flat.next_frame(100), newest);
+        let mut at_once = ReadArrivals::all_at(newest);
+        assert_eq!(at_once.next_frame(100), newest);
+        assert_eq!(at_once.next_frame(100), newest);
     }
 }

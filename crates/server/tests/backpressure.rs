@@ -166,6 +166,9 @@ fn overloaded_the_cap_rejects_but_a_client_that_does_not_read_is_still_stopped()
 fn over_the_in_flight_cap_the_socket_waits_and_nothing_is_rejected() {
     let node = TestNode::start(|config| {
         config.max_inflight_per_connection = 4;
+        // Each request waits 1 ms, so it stays in flight: one that finishes at once runs in
+        // the reader and frees its slot before the next frame is read.
+        config.test_only_service_delay = Some(Duration::from_millis(1));
         // Backpressure alone: a shard starved of CPU by its neighbours (other tests, a busy
         // CI machine) must not count as overloaded here, which would turn the cap into
         // rejections.

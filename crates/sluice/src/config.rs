@@ -142,9 +142,9 @@ pub struct ServeArgs {
 
     /// Lower bound of the adaptive limit on requests in execution per shard; the limit also
     /// never falls below what the shard dispatches in 500 us at its rate (measured every 5 ms
-    /// when busy). A high bound sends arrivals to execution ahead of the queue where delay is
-    /// measured and excess shed: at 1024, one-partition writes at 3x capacity waited 14 ms
-    /// at the median instead of 4 ms [default: 4].
+    /// when busy). It bounds the requests that wait while they execute (group commit,
+    /// another shard): one that finishes in its connection's reader frees its place at once
+    /// [default: 4].
     #[arg(long, env = "SLUICE_ADMISSION_MIN_CONCURRENCY", value_name = "N")]
     pub admission_min_concurrency: Option<u32>,
 
@@ -159,7 +159,9 @@ pub struct ServeArgs {
     pub admission_lag_probe: Option<String>,
 
     /// While overloaded, keep in the admission queue only what is dispatched within half the
-    /// target and answer further arrivals Overloaded from the header [default: on].
+    /// target, turn away arrivals known to have waited longer than half the target already
+    /// (in the kernel, behind the frames read before them), and answer them Overloaded from
+    /// the header [default: on].
     #[arg(long, env = "SLUICE_ADMISSION_SHED_AT_ENQUEUE", value_name = "on|off")]
     pub admission_shed_at_enqueue: Option<String>,
 
