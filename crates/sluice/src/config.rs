@@ -299,6 +299,13 @@ impl ServeArgs {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
+        // The built-in defaults are the server's own, written once there.
+        let server = sluice_server::ServerConfig::new(
+            DEFAULT_LISTEN.parse().expect("valid default"),
+            1,
+            String::new(),
+        );
+        let admission_defaults = sluice_server::AdmissionConfig::default();
         let shards = self
             .shards
             .or(file.shards)
@@ -309,7 +316,7 @@ impl ServeArgs {
         let max_frame_bytes = match (&self.max_frame_bytes, &file.max_frame_bytes) {
             (Some(s), _) => parse_size(s)?,
             (None, Some(v)) => parse_size(&toml_scalar(v))?,
-            (None, None) => 16 << 20,
+            (None, None) => server.max_frame_bytes as usize,
         };
         if !(1024..=256 << 20).contains(&max_frame_bytes) {
             bail!("max-frame-bytes must be between 1KiB and 256MiB, got {max_frame_bytes}");
@@ -350,11 +357,11 @@ impl ServeArgs {
         let per_conn = self
             .max_inflight_per_connection
             .or(file.max_inflight_per_connection)
-            .unwrap_or(4096);
+            .unwrap_or(server.max_inflight_per_connection);
         let per_shard = self
             .max_inflight_per_shard
             .or(file.max_inflight_per_shard)
-            .unwrap_or(8192);
+            .unwrap_or(server.max_inflight_per_shard);
         if per_conn == 0 || per_shard == 0 || per_conn > 32768 {
             bail!("in-flight caps must be positive (and at most 32768 per connection)");
         }
@@ -372,17 +379,17 @@ impl ServeArgs {
         let bytes_per_conn = size(
             &self.max_inflight_bytes_per_connection,
             &file.max_inflight_bytes_per_connection,
-            8 << 20,
+            server.max_inflight_bytes_per_connection,
         )?;
         let bytes_per_shard = size(
             &self.max_inflight_bytes_per_shard,
             &file.max_inflight_bytes_per_shard,
-            128 << 20,
+            server.max_inflight_bytes_per_shard,
         )?;
         let rate_limiter_slots = self
             .rate_limiter_slots
             .or(file.rate_limiter_slots)
-            .unwrap_or(1 << 16);
+            .unwrap_or(1 << server.rate_limiter.table_bits);
         if !(16..=1 << 24).contains(&rate_limiter_slots) {
             bail!("rate-limiter-slots must be between 16 and 16777216, got {rate_limiter_slots}");
         }
@@ -397,15 +404,15 @@ impl ServeArgs {
             let min = self
                 .admission_min_concurrency
                 .or(file.admission_min_concurrency)
-                .unwrap_or(4);
+                .unwrap_or(admission_defaults.concurrency.min);
             let max = self
                 .admission_max_concurrency
                 .or(file.admission_max_concurrency)
-                .unwrap_or(1024);
+                .unwrap_or(admission_defaults.concurrency.max);
             let queue = self
                 .admission_queue
                 .or(file.admission_queue)
-                .unwrap_or(4096);
+                .unwrap_or(admission_defaults.queue_capacity);
             if min == 0 || min > max || queue == 0 || queue > 1 << 20 {
                 bail!(
                     "admission needs 0 < min-concurrency <= max-concurrency and 0 < queue <= 1Mi"
@@ -416,7 +423,7 @@ impl ServeArgs {
                 .clone()
                 .or(file.admission_lag_probe.clone())
             {
-                None => Some(Duration::from_millis(1)),
+                None => Some(admission_defaults.lag_probe_interval),
                 Some(s) if s.trim().eq_ignore_ascii_case("off") => None,
                 Some(s) => Some(parse_duration(&s)?),
             };
@@ -429,29 +436,29 @@ impl ServeArgs {
                     "admission-shed-at-enqueue",
                     &self.admission_shed_at_enqueue,
                     &file.admission_shed_at_enqueue,
-                    true,
+                    admission_defaults.shed_at_enqueue,
                 )?,
                 reject_over_cap: on_off(
                     "admission-reject-over-cap",
                     &self.admission_reject_over_cap,
                     &file.admission_reject_over_cap,
-                    true,
+                    admission_defaults.reject_over_cap,
                 )?,
                 lifo: on_off(
                     "admission-lifo",
                     &self.admission_lifo,
                     &file.admission_lifo,
-                    false,
+                    admission_defaults.adaptive_lifo,
                 )?,
                 target: duration(
                     &self.admission_target,
                     file.admission_target.clone(),
-                    Duration::from_millis(5),
+                    admission_defaults.codel.target,
                 )?,
                 interval: duration(
                     &self.admission_interval,
                     file.admission_interval.clone(),
-                    Duration::from_millis(100),
+                    admission_defaults.codel.interval,
                 )?,
                 queue,
                 min_concurrency: min,
@@ -483,25 +490,21 @@ impl ServeArgs {
             max_frame_bytes,
             shard_aware_port,
             metrics_listen,
-            read_timeout: duration(
-                &self.read_timeout,
-                file.read_timeout,
-                Duration::from_secs(5),
-            )?,
+            read_timeout: duration(&self.read_timeout, file.read_timeout, server.timeouts.read)?,
             write_timeout: duration(
                 &self.write_timeout,
                 file.write_timeout,
-                Duration::from_secs(2),
+                server.timeouts.write,
             )?,
             range_timeout: duration(
                 &self.range_timeout,
                 file.range_timeout,
-                Duration::from_secs(10),
+                server.timeouts.range,
             )?,
             other_timeout: duration(
                 &self.other_timeout,
                 file.other_timeout,
-                Duration::from_secs(10),
+                server.timeouts.other,
             )?,
             max_inflight_per_connection: per_conn,
             max_inflight_per_shard: per_shard,
