@@ -59,7 +59,7 @@ use crate::admission::Admit;
 use crate::budget::{Budget, Held};
 use crate::request::Early;
 use crate::shard::ShardCtx;
-use crate::socket_wait::{Read, ReadArrivals};
+use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
 
 /// Answers waiting to be written beyond which the reader stops reading requests.
@@ -178,10 +178,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     // (without stamps) all at the instant of the read (`Arrival::Read`).
     let connected_at = Instant::now();
     let mut arrivals = ReadArrivals::all_at(connected_at);
-    let mut stamped_read = false;
-    // The last read: when it completed, its newest byte's arrival, and whether it filled the
-    // room it had (the socket still held more; otherwise, it emptied the socket).
-    let mut last_read = (connected_at, connected_at, false);
+    let mut last_read = LastRead::connected(connected_at);
     // The end of the last backpressure pause: bytes that waited in the kernel while the
     // reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
     // counts from before it.
@@ -202,12 +199,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let at = arrivals.next_frame(HEADER_LEN + header.length as usize);
-            let mut arrival = if stamped_read {
-                Arrival::Received(at)
-            } else {
-                Arrival::Read(at)
-            };
+            let mut arrival = arrivals.next_arrival(HEADER_LEN + header.length as usize);
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
@@ -240,7 +232,6 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     // the client's queue, as if unread, not in the shard's; they count from now.
                     resumed_at = Instant::now();
                     arrivals = ReadArrivals::all_at(resumed_at);
-                    stamped_read = false;
                     arrival = Arrival::Read(resumed_at);
                     p
                 }
@@ -330,31 +321,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                     break;
                 }
                 Ok(r) => {
-                    let now = Instant::now();
-                    let (n, carried) = (r.len, buf.len() - r.len);
-                    let (last_done, last_newest, last_filled) = last_read;
-                    if stamped {
-                        let newest = now.checked_sub(r.newest_waited).unwrap_or(now);
-                        let newest = newest.max(resumed_at);
-                        // The earliest the first byte can have come: after the last read's
-                        // newest byte, and after the last read itself if it emptied the
-                        // socket; no earlier than the last pause. Bytes that came while the
-                        // reader was idle waited for no one.
-                        let earliest = if r.idle_before {
-                            newest
-                        } else if last_filled {
-                            last_newest.max(resumed_at).min(newest)
-                        } else {
-                            last_done.max(resumed_at).min(newest)
-                        };
-                        arrivals = ReadArrivals::spread(newest, newest - earliest, carried, n);
-                        last_read = (now, newest, n >= spare);
-                    } else {
-                        arrivals = ReadArrivals::all_at(now);
-                        last_read = (now, now, n >= spare);
-                    }
-                    stamped_read = stamped;
-                    read_size = if n >= spare {
+                    let carried = buf.len() - r.len;
+                    arrivals = last_read.next(&r, spare, carried, Instant::now(), resumed_at);
+                    read_size = if r.len >= spare {
                         (read_size * 2).min(READ_AHEAD)
                     } else {
                         READ_CHUNK
@@ -406,6 +375,7 @@ async fn read(
             len,
             newest_waited: std::time::Duration::ZERO,
             idle_before: false,
+            stamped: false,
         })
     }
 }

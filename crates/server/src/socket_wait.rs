@@ -14,6 +14,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
+use sluice_overload::Arrival;
 use tokio::io::Interest;
 use tokio::net::tcp::OwnedReadHalf;
 
@@ -49,6 +50,8 @@ pub struct Read {
     /// The socket had nothing to read when the reader came to it: it waited for these bytes,
     /// so they arrived while it was idle, not while it was busy.
     pub idle_before: bool,
+    /// The socket gives receive stamps (`newest_waited` is the kernel's).
+    pub stamped: bool,
 }
 
 /// One read into `buf`'s spare capacity, with the kernel's stamp of its newest byte.
@@ -68,6 +71,7 @@ pub async fn read_stamped(rd: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<
                     len,
                     newest_waited,
                     idle_before,
+                    stamped: true,
                 })
             }
         }
@@ -90,6 +94,8 @@ pub async fn read_stamped(rd: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<
 pub struct ReadArrivals {
     /// The arrival of the read's newest byte.
     newest: Instant,
+    /// `newest` is the kernel's receive stamp (else the instant of a read or a pause).
+    received: bool,
     /// How much earlier than `newest` its first byte may have arrived (nanoseconds).
     span_ns: u64,
     /// Bytes of the buffer from before this read (the start of an incomplete frame).
@@ -105,6 +111,7 @@ impl ReadArrivals {
     pub fn all_at(at: Instant) -> Self {
         ReadArrivals {
             newest: at,
+            received: false,
             span_ns: 0,
             carried: 0,
             len: 0,
@@ -113,10 +120,12 @@ impl ReadArrivals {
     }
 
     /// A read of `len` bytes appended to `carried` bytes already buffered, whose newest byte
-    /// arrived at `newest` and whose first byte arrived no earlier than `span` before it.
+    /// the kernel stamped at `newest` and whose first byte arrived no earlier than `span`
+    /// before it.
     pub fn spread(newest: Instant, span: Duration, carried: usize, len: usize) -> Self {
         ReadArrivals {
             newest,
+            received: true,
             span_ns: u64::try_from(span.as_nanos()).unwrap_or(u64::MAX),
             carried,
             len,
@@ -135,6 +144,82 @@ impl ReadArrivals {
         let end = self.taken.saturating_sub(self.carried).min(self.len);
         let before_newest = u128::from(self.span_ns) * (self.len - end) as u128 / self.len as u128;
         self.newest - Duration::from_nanos(before_newest as u64)
+    }
+
+    /// [`Self::next_frame`] as admission takes it: received (stamped by the kernel) or read.
+    #[inline]
+    pub fn next_arrival(&mut self, frame_len: usize) -> Arrival<Instant> {
+        let at = self.next_frame(frame_len);
+        if self.received {
+            Arrival::Received(at)
+        } else {
+            Arrival::Read(at)
+        }
+    }
+}
+
+/// What the reader remembers of its last socket read, to bound when the next read's bytes
+/// can have arrived (see [`ReadArrivals`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LastRead {
+    /// When it completed.
+    done: Instant,
+    /// When its newest byte arrived.
+    newest: Instant,
+    /// It filled the room it had: the socket still held more (else it emptied the socket).
+    filled: bool,
+}
+
+impl LastRead {
+    /// No read yet: the connection was made at `at`.
+    pub fn connected(at: Instant) -> Self {
+        LastRead {
+            done: at,
+            newest: at,
+            filled: false,
+        }
+    }
+
+    /// The arrivals of the frames of read `r`, which completed at `now` with `spare` bytes of
+    /// room after `carried` bytes already buffered; remembers it for the next. Nothing counts
+    /// from before `resumed_at`, the end of the reader's last pause.
+    pub fn next(
+        &mut self,
+        r: &Read,
+        spare: usize,
+        carried: usize,
+        now: Instant,
+        resumed_at: Instant,
+    ) -> ReadArrivals {
+        let filled = r.len >= spare;
+        if !r.stamped {
+            *self = LastRead {
+                done: now,
+                newest: now,
+                filled,
+            };
+            return ReadArrivals::all_at(now);
+        }
+        let newest = now
+            .checked_sub(r.newest_waited)
+            .unwrap_or(now)
+            .max(resumed_at);
+        // The earliest the first byte can have come: after the last read's newest byte, and
+        // after the last read itself if it emptied the socket; no earlier than the last
+        // pause. Bytes that came while the reader was idle waited for no one.
+        let earliest = if r.idle_before {
+            newest
+        } else if self.filled {
+            self.newest.max(resumed_at).min(newest)
+        } else {
+            self.done.max(resumed_at).min(newest)
+        };
+        *self = LastRead {
+            done: now,
+            newest,
+            filled,
+        };
+        ReadArrivals::spread(newest, newest - earliest, carried, r.len)
     }
 }
 

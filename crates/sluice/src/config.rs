@@ -472,10 +472,7 @@ impl ServeArgs {
             None => None,
         };
         Ok(ResolvedConfig {
-            listen: self
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            listen: self.listen.or(file.listen).unwrap_or(server.listen),
             data_dir: self
                 .data_dir
                 .clone()
