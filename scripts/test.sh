@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test of the project, from a fresh Debian machine with Rust and Python 3.11:
-#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests -> pytest (both drivers).
+#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree) -> pytest (both drivers).
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +36,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
 cargo test --workspace
+
+# The vendored lsm-tree is not a workspace member; its own unit tests cover Sluice's patches
+# to it (vendor/lsm-tree/SLUICE_PATCH.md).
+step "cargo test: patched lsm-tree"
+cargo test --lib --manifest-path vendor/lsm-tree/Cargo.toml \
+    --target-dir "${CARGO_TARGET_DIR:-$ROOT/target}/vendor-tests"
 
 export SLUICE_BIN="$ROOT/target/debug/sluice"
 if [ -n "${CARGO_TARGET_DIR:-}" ]; then

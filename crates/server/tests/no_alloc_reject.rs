@@ -103,16 +103,17 @@ fn overloaded_rejection_from_the_header_allocates_nothing() {
 /// Runs `path` of the shared in-process request path and returns allocations per request
 /// in steady state, after checking every answer is that path's.
 fn allocations_per_request(path: &str) -> u64 {
-    let (mut bench, _dir, frame, expected) = support::request_path::setup(path);
+    let (mut bench, _dir, frames, expected) = support::request_path::setup(path);
+    let frame = &frames[0];
     // Warm-up: statement cache, limiter slot, buffers.
     for _ in 0..200 {
-        bench.one(&frame, path);
+        bench.one(frame, path);
     }
     const N: u64 = 500;
     let mut answers = Vec::with_capacity(N as usize);
     let before = allocations();
     for _ in 0..N {
-        answers.push(bench.one(&frame, path));
+        answers.push(bench.one(frame, path));
     }
     let allocated = allocations() - before;
     // The harness's limiter clock is fixed, so after the warm-up every write is over the

@@ -21,6 +21,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Name of the file in a data directory that records its number of stores.
 const STORES_FILE: &str = "STORES";
@@ -303,6 +304,19 @@ impl Storage {
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
         self.inner.stores.iter().map(Store::hold_sync).collect()
+    }
+
+    /// Writes every memtable to a disk table now, waiting at most `limit` (tools and
+    /// benchmarks that need a store with disk tables; the node flushes on its own).
+    pub fn flush_memtables(&self, limit: Duration) {
+        for store in &self.inner.stores {
+            store.flush_memtables(limit);
+        }
+    }
+
+    /// Disk tables of user data, over every store (tools and benchmarks).
+    pub fn disk_table_count(&self) -> usize {
+        self.inner.stores.iter().map(Store::data_table_count).sum()
     }
 
     /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after

@@ -937,8 +937,7 @@ impl Store {
         self.commit.memtables_sealed.load(Ordering::Relaxed)
     }
 
-    /// Test hook: the number of disk tables of the data keyspace.
-    #[cfg(test)]
+    /// The number of disk tables of the data keyspace.
     pub(crate) fn data_table_count(&self) -> usize {
         self.data.table_count()
     }
@@ -1409,7 +1408,7 @@ impl Store {
     /// Seals both keyspaces' memtables and waits, at most `limit`, until fjall has written
     /// them to disk tables and let their journals go, so that a restart after a clean
     /// shutdown replays no journal.
-    fn flush_memtables(&self, limit: Duration) {
+    pub(crate) fn flush_memtables(&self, limit: Duration) {
         let started = Instant::now();
         for keyspace in [&self.data, &self.meta] {
             if let Err(e) = keyspace.rotate_memtable() {

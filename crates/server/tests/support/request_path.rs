@@ -1,5 +1,5 @@
 //! The in-process request path, frame bytes in and response bytes out (no sockets), for one
-//! of four outcomes: shared by `examples/request_path_insns.rs` (instruction counts under
+//! of the outcomes below: shared by `examples/request_path_insns.rs` (instruction counts under
 //! callgrind) and `tests/no_alloc_reject.rs` (allocations per rejection).
 //!
 //! The steps are the ones the server runs (`connection.rs` then `request.rs`), called
@@ -18,6 +18,11 @@
 //!   limiter accounts every write (what a limit costs; a table without one skips it).
 //! - `expired`: like `served` up to the deadline check (`USING TIMEOUT 1ms`, the frame read
 //!   5 ms earlier), which finds it passed: the pre-encoded Write_timeout is appended.
+//! - `read`: `served` for a single-partition SELECT, the benchmarks' read: a table of
+//!   (k bigint, c int, v blob) with [`PARTITIONS`] partitions of one 64-byte row each, all in
+//!   the memtable, read in a scattered order.
+//! - `read_tables`: `read` with the data in [`DISK_TABLES`] disk tables instead (each
+//!   partition written, then flushed, that many times), and an empty memtable.
 
 #![allow(dead_code)]
 
@@ -64,15 +69,26 @@ fn query_frame(stream: i16, text: &str) -> Vec<u8> {
     f
 }
 
+/// Partitions of the read paths' table (as many as the benchmarks' default key space).
+pub const PARTITIONS: i64 = 10_000;
+
+/// Disk tables that hold the data of the `read_tables` path.
+pub const DISK_TABLES: usize = 4;
+
 /// An EXECUTE frame for prepared `id` binding two ints (the drivers' path for writes).
 fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
+    execute_frame_with(stream, id, &[&k.to_be_bytes(), &v.to_be_bytes()])
+}
+
+/// An EXECUTE frame for prepared `id` binding `values`.
+fn execute_frame_with(stream: i16, id: &[u8; 16], values: &[&[u8]]) -> Vec<u8> {
     let mut body = (id.len() as u16).to_be_bytes().to_vec();
     body.extend_from_slice(id);
     body.extend_from_slice(&[0, 1, 0x01]); // consistency ONE, flag: values
-    body.extend_from_slice(&2u16.to_be_bytes());
-    for x in [k, v] {
-        body.extend_from_slice(&4i32.to_be_bytes());
-        body.extend_from_slice(&x.to_be_bytes());
+    body.extend_from_slice(&(values.len() as u16).to_be_bytes());
+    for x in values {
+        body.extend_from_slice(&(x.len() as i32).to_be_bytes());
+        body.extend_from_slice(x);
     }
     let mut f = vec![4, 0];
     f.extend_from_slice(&stream.to_be_bytes());
@@ -247,9 +263,10 @@ pub fn fixed_admission_config(queue: usize, limit: u32) -> ServerConfig {
     config
 }
 
-/// A bench for `path` with its schema created, the EXECUTE frame to send and the opcode of
-/// the answer that path gives.
-pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
+/// A bench for `path` with its schema (and for the read paths, its data) in place, the
+/// EXECUTE frames to send in turn (one, except for the reads: one per partition, in a
+/// scattered order) and the opcode of the answer that path gives.
+pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
         path: dir.path().join("db"),
@@ -285,11 +302,16 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
         "CREATE TABLE ks.t (k int PRIMARY KEY, v int)",
         "CREATE TABLE ks.limited (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1}",
         "CREATE TABLE ks.roomy (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1000000000}",
+        "CREATE TABLE ks.wide (k bigint, c int, v blob, PRIMARY KEY (k, c))",
     ]
     .iter()
     .enumerate()
     {
         assert_eq!(b.one(&query_frame(i as i16, ddl), "served"), Opcode::Result as u8);
+    }
+    if path == "read" || path == "read_tables" {
+        let frames = b.read_frames(path == "read_tables");
+        return (b, dir, frames, Opcode::Result as u8);
     }
     let text = match path {
         "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
@@ -316,5 +338,62 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<u8>, u8) {
             ));
         }
     }
-    (b, dir, frame, expected)
+    (b, dir, vec![frame], expected)
+}
+
+impl Bench {
+    /// Disk tables of user data now (compaction may merge them while the path runs).
+    pub fn disk_tables(&self) -> usize {
+        self.engine.storage().disk_table_count()
+    }
+
+    /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
+    /// and returns a read frame per partition, in a scattered order.
+    fn read_frames(&mut self, on_disk: bool) -> Vec<Vec<u8>> {
+        let insert = self
+            .engine
+            .prepare(None, "INSERT INTO ks.wide (k, c, v) VALUES (?, ?, ?)")
+            .expect("prepare");
+        let value = [0x5a_u8; 64];
+        for _ in 0..if on_disk { DISK_TABLES } else { 1 } {
+            for k in 0..PARTITIONS {
+                let f = execute_frame_with(
+                    1,
+                    &insert.id,
+                    &[&k.to_be_bytes(), &0i32.to_be_bytes(), &value],
+                );
+                assert_eq!(self.one(&f, "read"), Opcode::Result as u8);
+                self.out.clear();
+            }
+            if on_disk {
+                let storage = self.engine.storage();
+                storage.flush_memtables(Duration::from_secs(60));
+            }
+        }
+        if on_disk {
+            assert_eq!(self.engine.storage().disk_table_count(), DISK_TABLES);
+        }
+        let select = self
+            .engine
+            .prepare(None, "SELECT k, c, v FROM ks.wide WHERE k = ?")
+            .expect("prepare");
+        // A stride coprime with PARTITIONS visits every partition, far from the last one.
+        let frames: Vec<Vec<u8>> = (0..PARTITIONS)
+            .map(|i| {
+                let k = (i * 7919) % PARTITIONS;
+                execute_frame_with(2, &select.id, &[&k.to_be_bytes()])
+            })
+            .collect();
+        // Every read finds its row: the answer carries the value.
+        for f in [&frames[0], &frames[frames.len() - 1]] {
+            self.out.clear();
+            assert_eq!(self.one(f, "read"), Opcode::Result as u8);
+            assert!(
+                self.out.windows(value.len()).any(|w| w == value),
+                "row not found"
+            );
+        }
+        self.out.clear();
+        frames
+    }
 }

@@ -27,6 +27,16 @@ pub enum Bound {
 }
 type Bounds = (Option<Bound>, Option<Bound>);
 
+impl Bound {
+    /// Sluice patch: true if `key` lies past this bound taken as an upper bound.
+    fn is_below(&self, key: &[u8]) -> bool {
+        match self {
+            Self::Included(k) => key > k.as_ref(),
+            Self::Excluded(k) => key >= k.as_ref(),
+        }
+    }
+}
+
 self_cell!(
     pub struct OwnedDataBlockIter {
         owner: DataBlock,
@@ -114,6 +124,9 @@ pub struct Iter {
 
     range: Bounds,
 
+    /// Sluice patch: going forward, an item past the upper bound was seen; nothing is left.
+    forward_done: bool,
+
     #[cfg(feature = "metrics")]
     metrics: Arc<Metrics>,
 }
@@ -150,6 +163,8 @@ impl Iter {
 
             range: (None, None),
 
+            forward_done: false,
+
             #[cfg(feature = "metrics")]
             metrics,
         }
@@ -162,24 +177,40 @@ impl Iter {
     pub fn set_upper_bound(&mut self, bound: Bound) {
         self.range.1 = Some(bound);
     }
+
+    /// Sluice patch: going forward, the upper bound is checked on each item instead of
+    /// sought in the index and in every data block (two binary searches, each parsing
+    /// restart keys, per table a range read touches). A short range, such as one partition,
+    /// usually ends inside its first block, where the first item past the bound ends the
+    /// iteration; a range that ends on a block's last item loads one block more.
+    fn forward_item(&mut self, mut item: InternalValue) -> Option<crate::Result<InternalValue>> {
+        if self
+            .range
+            .1
+            .as_ref()
+            .is_some_and(|b| b.is_below(&item.key.user_key))
+        {
+            self.forward_done = true;
+            self.lo_data_block = None;
+            return None;
+        }
+        item.key.seqno += self.global_seqno;
+        Some(Ok(item))
+    }
 }
 
 impl Iterator for Iter {
     type Item = crate::Result<InternalValue>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.forward_done {
+            return None;
+        }
         // Always try to keep iterating inside the already-materialized low data block first; this
         // lets callers consume multiple entries without touching the index or cache again.
         if let Some(block) = &mut self.lo_data_block {
-            if let Some(item) = block
-                .next()
-                .map(|mut v| {
-                    v.key.seqno += self.global_seqno;
-                    v
-                })
-                .map(Ok)
-            {
-                return Some(item);
+            if let Some(item) = block.next() {
+                return self.forward_item(item);
             }
         }
 
@@ -187,7 +218,7 @@ impl Iterator for Iter {
             // Lazily initialize the index iterator here (not in `new`) so callers can set bounds
             // before we incur any seek or I/O cost. Bounds exclusivity is enforced at the data-
             // block level; index seeks only narrow the span of blocks to touch.
-            let mut ok = if let Some(bound) = &self.range.0 {
+            let ok = if let Some(bound) = &self.range.0 {
                 // Seek to the first block whose end key is ≥ lower bound.
                 // If this fails we can immediately conclude the range is empty.
                 let key = match bound {
@@ -198,16 +229,7 @@ impl Iterator for Iter {
                 true
             };
 
-            if ok {
-                // Apply an upper-bound seek to cap the block span, but keep exact high-key
-                // handling inside the data block so exclusivity is respected precisely.
-                if let Some(bound) = &self.range.1 {
-                    let key = match bound {
-                        Bound::Included(k) | Bound::Excluded(k) => k,
-                    };
-                    ok = self.index_iter.seek_upper(key, u64::MAX);
-                }
-            }
+            // Sluice patch: no upper-bound seek going forward (see `forward_item`).
 
             self.index_initialized = true;
 
@@ -225,15 +247,8 @@ impl Iterator for Iter {
                 // No more block handles coming from the index.  Flush any pending items buffered on
                 // the high side (used by reverse iteration) before signalling completion.
                 if let Some(block) = &mut self.hi_data_block {
-                    if let Some(item) = block
-                        .next()
-                        .map(|mut v| {
-                            v.key.seqno += self.global_seqno;
-                            v
-                        })
-                        .map(Ok)
-                    {
-                        return Some(item);
+                    if let Some(item) = block.next() {
+                        return self.forward_item(item);
                     }
                 }
 
@@ -269,11 +284,9 @@ impl Iterator for Iter {
             // Forward path: seek the low side first to avoid returning entries below the lower
             // bound, then clamp the iterator on the high side. This guarantees iteration stays in
             // [low, high] with exact control over inclusivity/exclusivity.
+            // Sluice patch: the high side is checked per item (`forward_item`), not sought.
             if let Some(bound) = &self.range.0 {
                 reader.seek_lower_bound(bound, SeqNo::MAX);
-            }
-            if let Some(bound) = &self.range.1 {
-                reader.seek_upper_bound(bound, SeqNo::MAX);
             }
 
             let item = reader.next();
@@ -281,12 +294,10 @@ impl Iterator for Iter {
             self.lo_offset = handle.offset();
             self.lo_data_block = Some(reader);
 
-            if let Some(mut item) = item {
-                item.key.seqno += self.global_seqno;
-
+            if let Some(item) = item {
                 // Serving the first item immediately avoids stashing it in a temporary buffer and
                 // keeps block iteration semantics identical to the simple case at the top.
-                return Some(Ok(item));
+                return self.forward_item(item);
             }
         }
     }
@@ -294,6 +305,11 @@ impl Iterator for Iter {
 
 impl DoubleEndedIterator for Iter {
     fn next_back(&mut self) -> Option<Self::Item> {
+        // Sluice patch: forward iteration already went past the upper bound, so it has
+        // yielded every item in range; the two ends have met.
+        if self.forward_done {
+            return None;
+        }
         // Mirror the forward iterator: prefer consuming buffered items from the high data block to
         // avoid touching the index once a block has been materialized.
         if let Some(block) = &mut self.hi_data_block {
@@ -345,16 +361,20 @@ impl DoubleEndedIterator for Iter {
             let Some(handle) = self.index_iter.next_back() else {
                 // Once we exhaust the index in reverse order, flush any items that were buffered on
                 // the low side (set when iterating forward first) before signalling completion.
+                // Sluice patch: that block was not clamped to the upper bound (see
+                // `forward_item`), so its items past the bound are skipped here.
                 if let Some(block) = &mut self.lo_data_block {
-                    if let Some(item) = block
-                        .next_back()
-                        .map(|mut v| {
-                            v.key.seqno += self.global_seqno;
-                            v
-                        })
-                        .map(Ok)
-                    {
-                        return Some(item);
+                    while let Some(mut item) = block.next_back() {
+                        if self
+                            .range
+                            .1
+                            .as_ref()
+                            .is_some_and(|b| b.is_below(&item.key.user_key))
+                        {
+                            continue;
+                        }
+                        item.key.seqno += self.global_seqno;
+                        return Some(Ok(item));
                     }
                 }
 

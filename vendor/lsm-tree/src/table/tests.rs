@@ -1470,3 +1470,112 @@ fn table_return_global_seqno() -> crate::Result<()> {
 
     Ok(())
 }
+
+/// Sluice patch: every bound kind, over items spread on many data blocks, forward, backward
+/// and alternating, against the items filtered by the bounds (the forward path checks the
+/// upper bound per item instead of seeking it).
+#[test]
+#[expect(clippy::unwrap_used, clippy::cast_possible_truncation)]
+fn table_range_bounds_match_the_filtered_items() -> crate::Result<()> {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+
+    let items = (0u64..40)
+        .map(|i| {
+            InternalValue::from_components((i * 2).to_be_bytes(), "v", 0, crate::ValueType::Value)
+        })
+        .collect::<Vec<_>>();
+    let key = |i: u64| UserKey::from(i.to_be_bytes());
+
+    test_with_table(
+        &items,
+        |table| {
+            // Keys are the even numbers 0..78: odd bounds fall between items, even ones on them.
+            for lo in [
+                None,
+                Some(0u64),
+                Some(1),
+                Some(7),
+                Some(8),
+                Some(77),
+                Some(78),
+                Some(90),
+            ] {
+                for hi in [
+                    None,
+                    Some(0u64),
+                    Some(1),
+                    Some(8),
+                    Some(9),
+                    Some(40),
+                    Some(78),
+                    Some(90),
+                ] {
+                    for (lo_inc, hi_inc) in
+                        [(true, true), (true, false), (false, true), (false, false)]
+                    {
+                        let lo_b = match lo {
+                            None => Unbounded,
+                            Some(l) if lo_inc => Included(key(l)),
+                            Some(l) => Excluded(key(l)),
+                        };
+                        let hi_b = match hi {
+                            None => Unbounded,
+                            Some(h) if hi_inc => Included(key(h)),
+                            Some(h) => Excluded(key(h)),
+                        };
+                        let expected = items
+                            .iter()
+                            .filter(|v| {
+                                let k = u64::from_be_bytes((*v.key.user_key).try_into().unwrap());
+                                lo.is_none_or(|l| if lo_inc { k >= l } else { k > l })
+                                    && hi.is_none_or(|h| if hi_inc { k <= h } else { k < h })
+                            })
+                            .cloned()
+                            .collect::<Vec<_>>();
+                        let bounds = (lo_b.clone(), hi_b.clone());
+                        let forward = table
+                            .range(bounds.clone())
+                            .collect::<crate::Result<Vec<_>>>()?;
+                        assert_eq!(expected, forward, "forward {lo:?} {hi:?} {lo_inc} {hi_inc}");
+                        let backward = table
+                            .range(bounds.clone())
+                            .rev()
+                            .collect::<crate::Result<Vec<_>>>()?;
+                        let mut reversed = expected.clone();
+                        reversed.reverse();
+                        assert_eq!(
+                            reversed, backward,
+                            "backward {lo:?} {hi:?} {lo_inc} {hi_inc}"
+                        );
+                        // Alternating ends yields every item once.
+                        let mut iter = table.range(bounds);
+                        let mut seen = 0;
+                        for x in 0.. {
+                            let item = if x % 2 == 0 {
+                                iter.next()
+                            } else {
+                                iter.next_back()
+                            };
+                            if item.is_none() {
+                                break;
+                            }
+                            seen += 1;
+                        }
+                        assert_eq!(
+                            expected.len(),
+                            seen,
+                            "alternating {lo:?} {hi:?} {lo_inc} {hi_inc}"
+                        );
+                        // Once forward iteration has ended, the back end is done too.
+                        let mut iter = table.range((lo_b, hi_b));
+                        while iter.next().is_some() {}
+                        assert!(iter.next_back().is_none(), "after forward {lo:?} {hi:?}");
+                    }
+                }
+            }
+            Ok(())
+        },
+        None,
+        Some(|x: Writer| x.use_data_block_size(64)),
+    )
+}
