@@ -1865,7 +1865,7 @@ pub(crate) fn analyze(
         query: query.to_string(),
         bind_specs,
         pk_indexes: pk_idx,
-        result_columns,
+        result_columns: result_columns.into(),
         lwt,
         kind,
         table_id,

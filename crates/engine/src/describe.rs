@@ -333,5 +333,9 @@ fn finish(
         }
         .encode()
     });
-    Ok(ResultMessage::Rows(out.finish(&specs, paging_state, false)))
+    Ok(ResultMessage::Rows(out.finish(
+        specs.into(),
+        paging_state,
+        false,
+    )))
 }

@@ -210,7 +210,7 @@ pub struct Prepared {
     /// Partition-key bind indexes (empty unless every component is `= ?`).
     pub pk_indexes: Vec<u16>,
     /// Result columns of a SELECT (or of a conditional write); empty = no metadata.
-    pub result_columns: Vec<ColumnSpec>,
+    pub result_columns: Arc<[ColumnSpec]>,
     /// True for a conditional (LWT) statement.
     pub lwt: bool,
     /// The kind of operation.
@@ -431,7 +431,7 @@ impl Engine {
     pub fn prepared_result(&self, p: &Prepared) -> ResultMessage {
         let result_metadata = if p.result_columns.is_empty() {
             RowsMetadata {
-                columns: Vec::new(),
+                columns: Arc::clone(&p.result_columns),
                 column_count: 0,
                 paging_state: None,
                 no_metadata: true,

@@ -2,6 +2,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use sluice_protocol::{ColumnSpec, Rows, RowsMetadata};
+use std::sync::Arc;
 
 /// Accumulates encoded rows (`[bytes]` cells) for a Rows result.
 #[derive(Debug)]
@@ -44,20 +45,17 @@ impl RowsBuilder {
         self.rows as usize
     }
 
-    /// Finishes the result.
+    /// Finishes the result. `columns` are the prepared statement's (shared, not copied);
+    /// with `no_metadata` they are kept but not sent.
     pub fn finish(
         self,
-        columns: &[ColumnSpec],
+        columns: Arc<[ColumnSpec]>,
         paging_state: Option<Bytes>,
         no_metadata: bool,
     ) -> Rows {
         Rows {
             metadata: RowsMetadata {
-                columns: if no_metadata {
-                    Vec::new()
-                } else {
-                    columns.to_vec()
-                },
+                columns,
                 column_count: self.columns,
                 paging_state,
                 no_metadata,
@@ -80,7 +78,7 @@ mod tests {
         b.cell(Some(b""));
         assert_eq!(b.len(), 1);
         b.cell(Some(b"c"));
-        let rows = b.finish(&[], None, true);
+        let rows = b.finish(Vec::new().into(), None, true);
         assert_eq!(rows.row_count, 2);
         assert_eq!(rows.metadata.column_count, 2);
         assert_eq!(

@@ -848,7 +848,7 @@ pub(crate) async fn execute_conditional(
         }
     }
     Ok(ResultMessage::Rows(rows.finish(
-        &specs,
+        specs.into(),
         None,
         skip_metadata,
     )))

@@ -58,7 +58,7 @@ fn rows(n: usize) -> ResultMessage {
     }
     ResultMessage::Rows(Rows {
         metadata: RowsMetadata {
-            columns: vec![col("k", NativeType::Bigint), col("v", NativeType::Text)],
+            columns: vec![col("k", NativeType::Bigint), col("v", NativeType::Text)].into(),
             column_count: 2,
             paging_state: None,
             no_metadata: false,

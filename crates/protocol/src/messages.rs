@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use sluice_types::CqlType;
+use std::sync::Arc;
 
 /// A CQL consistency level (`[consistency]`, a short on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -200,8 +201,9 @@ pub struct ColumnSpec {
 /// `<metadata>` of a Rows result.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RowsMetadata {
-    /// Column specs (empty with `no_metadata`).
-    pub columns: Vec<ColumnSpec>,
+    /// Column specs (not sent with `no_metadata`), shared with the prepared statement so
+    /// that a result takes them without copying.
+    pub columns: Arc<[ColumnSpec]>,
     /// Number of columns per row (equals `columns.len()` unless `no_metadata`).
     pub column_count: usize,
     /// Paging state when more pages remain (sets Has_more_pages).

@@ -666,7 +666,8 @@ mod tests {
                             Box::new(CqlType::List(Box::new(CqlType::Native(NativeType::Bigint)))),
                         ))),
                     ),
-                ],
+                ]
+                .into(),
                 column_count: 2,
                 paging_state: Some(Bytes::from_static(b"next")),
                 no_metadata: false,
@@ -710,7 +711,8 @@ mod tests {
                 columns: vec![
                     col("a", "t", "x", CqlType::Native(NativeType::Blob)),
                     col("b", "t", "y", CqlType::Native(NativeType::Uuid)),
-                ],
+                ]
+                .into(),
                 column_count: 2,
                 paging_state: None,
                 no_metadata: false,
@@ -732,7 +734,7 @@ mod tests {
         put_rows_metadata(
             &mut buf,
             &RowsMetadata {
-                columns: vec![],
+                columns: vec![].into(),
                 column_count: 3,
                 paging_state: Some(Bytes::from_static(b"p")),
                 no_metadata: true,
@@ -973,7 +975,7 @@ mod tests {
     #[test]
     fn rows_writer_fills_in_place_and_compresses() {
         let meta = RowsMetadata {
-            columns: vec![col("ks", "t", "v", CqlType::Native(NativeType::Text))],
+            columns: vec![col("ks", "t", "v", CqlType::Native(NativeType::Text))].into(),
             column_count: 1,
             paging_state: None,
             no_metadata: false,

@@ -548,7 +548,11 @@ fn rows_metadata(max_cols: usize) -> impl Strategy<Value = RowsMetadata> {
         .prop_map(|(columns, paging, no_metadata, hidden)| {
             let column_count = if no_metadata { hidden } else { columns.len() };
             RowsMetadata {
-                columns: if no_metadata { vec![] } else { columns },
+                columns: if no_metadata {
+                    vec![].into()
+                } else {
+                    columns.into()
+                },
                 column_count,
                 paging_state: paging.map(Bytes::from),
                 no_metadata,
