@@ -44,7 +44,7 @@ use bytes::Bytes;
 use catalog::{PersistedSchema, Schema};
 use sluice_protocol::{
     BatchRequest, ColumnSpec, DetailedError, ErrorCode, PreparedMetadata, QueryParameters,
-    ResultMessage, RowsMetadata, SchemaChange,
+    ResultColumns, ResultMessage, RowsMetadata, SchemaChange,
 };
 use sluice_storage::{Storage, StorageError, TableId};
 use std::collections::HashMap;
@@ -210,7 +210,7 @@ pub struct Prepared {
     /// Partition-key bind indexes (empty unless every component is `= ?`).
     pub pk_indexes: Vec<u16>,
     /// Result columns of a SELECT (or of a conditional write); empty = no metadata.
-    pub result_columns: Arc<[ColumnSpec]>,
+    pub result_columns: ResultColumns,
     /// True for a conditional (LWT) statement.
     pub lwt: bool,
     /// The kind of operation.
@@ -431,7 +431,7 @@ impl Engine {
     pub fn prepared_result(&self, p: &Prepared) -> ResultMessage {
         let result_metadata = if p.result_columns.is_empty() {
             RowsMetadata {
-                columns: Arc::clone(&p.result_columns),
+                columns: p.result_columns.clone(),
                 column_count: 0,
                 paging_state: None,
                 no_metadata: true,

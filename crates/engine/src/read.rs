@@ -14,7 +14,6 @@ use sluice_storage::{ClusteringSlice, ReadCell, ReadRow, ScanStart};
 use sluice_types::CqlType;
 use std::cmp::Ordering;
 use std::ops::Bound;
-use std::sync::Arc;
 
 /// Rows read from storage per call when filtering (rows may be dropped, so read ahead).
 const CHUNK: usize = 1000;
@@ -670,11 +669,9 @@ pub(crate) fn execute_select(
         ),
         _ => None,
     };
-    let rows = out.rows.finish(
-        Arc::clone(&p.result_columns),
-        paging_state,
-        params.skip_metadata,
-    );
+    let rows = out
+        .rows
+        .finish(p.result_columns.clone(), paging_state, params.skip_metadata);
     Ok(ResultMessage::Rows(rows))
 }
 

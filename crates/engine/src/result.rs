@@ -1,8 +1,7 @@
 //! Building Rows results: cells are written straight into one body buffer.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use sluice_protocol::{ColumnSpec, Rows, RowsMetadata};
-use std::sync::Arc;
+use sluice_protocol::{ResultColumns, Rows, RowsMetadata};
 
 /// Accumulates encoded rows (`[bytes]` cells) for a Rows result.
 #[derive(Debug)]
@@ -49,7 +48,7 @@ impl RowsBuilder {
     /// with `no_metadata` they are kept but not sent.
     pub fn finish(
         self,
-        columns: Arc<[ColumnSpec]>,
+        columns: ResultColumns,
         paging_state: Option<Bytes>,
         no_metadata: bool,
     ) -> Rows {

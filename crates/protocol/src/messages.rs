@@ -198,12 +198,72 @@ pub struct ColumnSpec {
     pub ty: CqlType,
 }
 
+/// The column specs of a Rows result, encoded once: a prepared statement's results share
+/// the specs and their bytes, so that answering a read neither copies nor re-encodes them.
+#[derive(Debug, Clone)]
+pub struct ResultColumns {
+    specs: Arc<[ColumnSpec]>,
+    /// Every column is of one table: the Global_tables_spec flag applies.
+    global: bool,
+    /// `[<global_table_spec>]<col_spec_1>...<col_spec_n>` of `<metadata>` (v4 §4.2.5.2).
+    encoded: Bytes,
+}
+
+impl ResultColumns {
+    /// The specs with their encoding.
+    pub fn new(specs: Vec<ColumnSpec>) -> ResultColumns {
+        let (global, encoded) = crate::response::encode_result_column_specs(&specs);
+        ResultColumns {
+            specs: specs.into(),
+            global,
+            encoded,
+        }
+    }
+
+    /// True if every column is of one table (sent once, with the Global_tables_spec flag).
+    pub fn is_global(&self) -> bool {
+        self.global
+    }
+
+    /// The encoded specs, as `<metadata>` carries them after its paging state.
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+}
+
+impl From<Vec<ColumnSpec>> for ResultColumns {
+    fn from(specs: Vec<ColumnSpec>) -> ResultColumns {
+        ResultColumns::new(specs)
+    }
+}
+
+impl Default for ResultColumns {
+    fn default() -> ResultColumns {
+        ResultColumns::new(Vec::new())
+    }
+}
+
+impl std::ops::Deref for ResultColumns {
+    type Target = [ColumnSpec];
+
+    fn deref(&self) -> &[ColumnSpec] {
+        &self.specs
+    }
+}
+
+impl PartialEq for ResultColumns {
+    fn eq(&self, other: &ResultColumns) -> bool {
+        self.specs == other.specs
+    }
+}
+
+impl Eq for ResultColumns {}
+
 /// `<metadata>` of a Rows result.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RowsMetadata {
-    /// Column specs (not sent with `no_metadata`), shared with the prepared statement so
-    /// that a result takes them without copying.
-    pub columns: Arc<[ColumnSpec]>,
+    /// Column specs (not sent with `no_metadata`), shared with the prepared statement.
+    pub columns: ResultColumns,
     /// Number of columns per row (equals `columns.len()` unless `no_metadata`).
     pub column_count: usize,
     /// Paging state when more pages remain (sets Has_more_pages).

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use sluice_types::CqlType;
 
 use crate::compression::Compression;
@@ -236,18 +236,25 @@ fn len_i32(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// Writes a Rows `<metadata>` (v4 §4.2.5.2).
+/// The column specs part of a Rows `<metadata>`: whether the global table spec applies,
+/// and the bytes from it (if so) to the last column spec.
+pub(crate) fn encode_result_column_specs(columns: &[ColumnSpec]) -> (bool, Bytes) {
+    let global = global_spec(columns);
+    let mut buf = BytesMut::new();
+    if let Some((ks, table)) = global {
+        put_string(&mut buf, ks);
+        put_string(&mut buf, table);
+    }
+    put_column_specs(&mut buf, columns, global.is_some());
+    (global.is_some(), buf.freeze())
+}
+
+/// Writes a Rows `<metadata>` (v4 §4.2.5.2); the column specs are copied as encoded once.
 pub fn put_rows_metadata(buf: &mut BytesMut, m: &RowsMetadata) {
-    let global = if m.no_metadata {
-        None
-    } else {
-        global_spec(&m.columns)
-    };
     let mut flags = 0;
     if m.no_metadata {
         flags |= METADATA_NO_METADATA;
-    }
-    if global.is_some() {
+    } else if m.columns.is_global() {
         flags |= METADATA_GLOBAL_TABLE_SPEC;
     }
     if m.paging_state.is_some() {
@@ -266,11 +273,7 @@ pub fn put_rows_metadata(buf: &mut BytesMut, m: &RowsMetadata) {
     if m.no_metadata {
         return;
     }
-    if let Some((ks, table)) = global {
-        put_string(buf, ks);
-        put_string(buf, table);
-    }
-    put_column_specs(buf, &m.columns, global.is_some());
+    buf.put_slice(m.columns.encoded());
 }
 
 /// Writes a PREPARED bind-marker `<metadata>` (v4 §4.2.5.4) with pk indexes and LWT bit.
