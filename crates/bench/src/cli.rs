@@ -222,6 +222,13 @@ pub struct BenchArgs {
     /// versus: offered rate of the warm-up, requests/s.
     #[arg(long, default_value_t = 10_000.0)]
     pub warm_up_rate: f64,
+    /// versus: the process ids of the two servers, --nodes' first: while one endpoint runs a
+    /// step, the other's process is stopped (SIGSTOP) and continued (SIGCONT) after, so that
+    /// on a machine where both share a core the idle one's background work (a JVM's JIT
+    /// compiler and GC, compactions) does not take it from the one measured. If the bench is
+    /// interrupted meanwhile, continue the stopped one with `kill -CONT <pid>`.
+    #[arg(long, value_delimiter = ',', value_name = "NODES_PID,AGAINST_PID")]
+    pub pause_pids: Option<Vec<u32>>,
     /// versus: the durability settings of both endpoints, printed verbatim in the header.
     #[arg(long)]
     pub durability_note: Option<String>,
@@ -586,6 +593,11 @@ fn check_versus(args: &BenchArgs) -> anyhow::Result<()> {
     {
         bail!("--common-rate must be a positive rate");
     }
+    if let Some(p) = &args.pause_pids {
+        if p.len() != 2 || p.contains(&0) || p[0] == p[1] {
+            bail!("--pause-pids takes the two servers' process ids, --nodes' first");
+        }
+    }
     let rate_ok = args.warm_up_rate.is_finite() && args.warm_up_rate > 0.0;
     if !args.warm_up.is_zero() && !rate_ok {
         bail!("--warm-up-rate must be a positive rate");
@@ -750,7 +762,20 @@ async fn run_versus_with<T: Target>(
             duration: args.warm_up,
             rate: args.warm_up_rate,
         }),
+        pause_pids: match args.pause_pids.as_deref() {
+            Some(&[a, b]) => [Some(a), Some(b)],
+            _ => [None, None],
+        },
     };
+    if let [Some(_), Some(_)] = vp.pause_pids {
+        for side in 0..2 {
+            reports[side].notes.push(format!(
+                "while {} ran a step, {}'s server process was stopped (--pause-pids)",
+                labels[side],
+                labels[1 - side]
+            ));
+        }
+    }
     let outcome = versus::run([a, b], &mut reports, plan, &vp).await;
     let v = VersusReport {
         shared: shared_settings(args, plan),
@@ -893,6 +918,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         common_rate: None,
         warm_up: Duration::ZERO,
         warm_up_rate: 10_000.0,
+        pause_pids: None,
         durability_note: None,
         compare: None,
         quiet: false,

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod driver;
 pub mod fake;
+pub mod pause;
 pub mod progress;
 pub mod raw;
 pub mod report;

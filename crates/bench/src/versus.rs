@@ -9,6 +9,7 @@
 //! rate (the lower of the two capacities × `common_fraction`), where latency is compared at
 //! equal load.
 
+use crate::pause::Stopped;
 use crate::report::{
     aligned, esc, html_compare_body, html_page, html_table, RunReport, StepSummary,
 };
@@ -33,6 +34,10 @@ pub struct VersusPlan {
     pub common_rate: Option<f64>,
     /// Load each endpoint gets before each workload's capacity search, not part of it.
     pub warm_up: Option<WarmUp>,
+    /// The endpoints' server processes, by side: while one side runs a step, the other's
+    /// process is stopped ([`Stopped`]), so that its background work cannot take a core the
+    /// two share.
+    pub pause_pids: [Option<u32>; 2],
 }
 
 /// A fixed-rate step that warms an endpoint up before it is measured: a JVM's JIT
@@ -167,6 +172,7 @@ pub async fn run<T: Target>(
                     ..stream.clone()
                 };
                 let report = &mut reports[side];
+                let _other = Stopped::new(vp.pause_pids[1 - side]);
                 recorded_step(
                     targets[side],
                     report,
@@ -194,6 +200,7 @@ pub async fn run<T: Target>(
                 if let Some(rate) = searches[side].next_rate() {
                     announce(plan, &reports[side].label, &format!("{prefix}{rate:.0}/s"));
                 }
+                let _other = Stopped::new(vp.pause_pids[1 - side]);
                 let p = capacity_probe(
                     &mut searches[side],
                     targets[side],
@@ -231,6 +238,7 @@ pub async fn run<T: Target>(
                         ..stream.clone()
                     };
                     let report = &mut reports[side];
+                    let _other = Stopped::new(vp.pause_pids[1 - side]);
                     let idx =
                         recorded_step(targets[side], report, plan, spec, plan.step, &label, None)
                             .await;
@@ -536,6 +544,7 @@ mod tests {
             common_fraction: 0.8,
             common_rate: None,
             warm_up: None,
+            pause_pids: [None, None],
         }
     }
 
@@ -581,6 +590,7 @@ mod tests {
             common_fraction: 0.8,
             common_rate: None,
             warm_up: None,
+            pause_pids: [None, None],
         };
         let out = run([&a, &b], &mut runs, &p, &vp).await;
         assert_eq!(out.rows.len(), 2);
@@ -739,6 +749,7 @@ mod tests {
             common_fraction: 0.5,
             common_rate: None,
             warm_up: None,
+            pause_pids: [None, None],
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         assert!(out.rows[1].capacity.is_none());
@@ -766,6 +777,7 @@ mod tests {
             // A 4 ms gap: whole milliseconds, so latencies are exactly the service times.
             common_rate: Some(250.0),
             warm_up: None,
+            pause_pids: [None, None],
         };
         let out = run([&a, &b], &mut runs, &plan(), &vp).await;
         let note = "both periodic, fsync every 10 s";
