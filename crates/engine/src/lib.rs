@@ -429,20 +429,12 @@ impl Engine {
     /// The RESULT Prepared message for a statement. `lwt` is set for conditional
     /// statements; the server clears it on connections that did not negotiate the mark.
     pub fn prepared_result(&self, p: &Prepared) -> ResultMessage {
-        let result_metadata = if p.result_columns.is_empty() {
-            RowsMetadata {
-                columns: p.result_columns.clone(),
-                column_count: 0,
-                paging_state: None,
-                no_metadata: true,
-            }
-        } else {
-            RowsMetadata {
-                columns: p.result_columns.clone(),
-                column_count: p.result_columns.len(),
-                paging_state: None,
-                no_metadata: false,
-            }
+        // A statement without result columns (a write) says so with No_metadata.
+        let result_metadata = RowsMetadata {
+            columns: p.result_columns.clone(),
+            column_count: p.result_columns.len(),
+            paging_state: None,
+            no_metadata: p.result_columns.is_empty(),
         };
         ResultMessage::Prepared {
             id: Bytes::copy_from_slice(&p.id),
