@@ -109,8 +109,9 @@ pub fn set_transparent_huge_pages(allow: bool) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         let disable = libc::c_ulong::from(!allow);
+        let unused: libc::c_ulong = 0;
         // SAFETY: `prctl` with integer arguments only; it touches no memory of ours.
-        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, disable, 0u64, 0u64, 0u64) };
+        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, disable, unused, unused, unused) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -125,8 +126,9 @@ pub fn set_transparent_huge_pages(allow: bool) -> std::io::Result<()> {
 pub fn transparent_huge_pages_allowed() -> std::io::Result<bool> {
     #[cfg(target_os = "linux")]
     {
+        let unused: libc::c_ulong = 0;
         // SAFETY: as above.
-        let rc = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0u64, 0u64, 0u64, 0u64) };
+        let rc = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, unused, unused, unused, unused) };
         if rc < 0 {
             return Err(std::io::Error::last_os_error());
         }
