@@ -62,6 +62,8 @@ pub struct Plan {
     pub max_lag: f64,
     /// Wait for a quiet machine before each step (`None`: start at once).
     pub settle: Option<Settle>,
+    /// Repeat a capacity probe that missed the SLO once before the search acts on it.
+    pub confirm_failures: bool,
 }
 
 /// Waits for a quiet machine before a step, if the plan asks for it, and counts the wait.
@@ -193,8 +195,10 @@ pub struct CapacitySearch {
     phase: SearchPhase,
     last_pass: Option<f64>,
     generator_limited: bool,
-    /// The probe at the next rate is a repeat after generator lag.
+    /// The probe at the next rate is a repeat (after generator lag, or to confirm a miss).
     repeating: bool,
+    /// A miss with the generator on time is repeated too (see [`Self::confirming_failures`]).
+    confirm_failures: bool,
 }
 
 impl CapacitySearch {
@@ -208,7 +212,17 @@ impl CapacitySearch {
             last_pass: None,
             generator_limited: false,
             repeating: false,
+            confirm_failures: false,
         }
+    }
+
+    /// The same search, which also repeats once a probe that missed the SLO with the
+    /// generator on time (`--confirm-failures`). On a machine whose host stalls it now and
+    /// then, one stall of tens of milliseconds fails a probe far below the server's limit
+    /// and ends the growth there; a server past its limit misses again.
+    pub fn confirming_failures(mut self, on: bool) -> Self {
+        self.confirm_failures = on;
+        self
     }
 
     /// The rate of the next probe, or None once the search has ended.
@@ -233,6 +247,7 @@ impl CapacitySearch {
         let why = match outcome {
             ProbeOutcome::GeneratorLimited => Some("the generator lagged"),
             ProbeOutcome::FailedWithLag => Some("missed the SLO while the generator lagged"),
+            ProbeOutcome::Failed if self.confirm_failures => Some("missed the SLO"),
             ProbeOutcome::Passed | ProbeOutcome::Failed => None,
         };
         if let (Some(why), false, Some(rate)) = (why, self.repeating, self.next_rate()) {
@@ -349,7 +364,8 @@ pub async fn capacity<T: Target>(
     stream: &StreamSpec,
     prefix: &str,
 ) -> Option<f64> {
-    let mut search = CapacitySearch::new(plan.start_rate);
+    let mut search =
+        CapacitySearch::new(plan.start_rate).confirming_failures(plan.confirm_failures);
     while capacity_probe(&mut search, target, report, plan, stream, prefix)
         .await
         .is_some()
@@ -541,6 +557,7 @@ mod tests {
             partitions: 100,
             max_lag: 0.01,
             settle: None,
+            confirm_failures: false,
         }
     }
 
@@ -698,6 +715,47 @@ mod tests {
             "bisected down at once"
         );
         assert_eq!(notes.len(), 2);
+    }
+
+    #[test]
+    fn with_confirmed_failures_a_miss_counts_only_when_repeated() {
+        // One stall at 1500/s, far below C = 2000/s: the repeat passes and growth goes on.
+        let mut s = CapacitySearch::new(1000.0).confirming_failures(true);
+        let mut notes = Vec::new();
+        let mut rates = Vec::new();
+        let mut stalled = false;
+        while let Some(r) = s.next_rate() {
+            rates.push(r);
+            let stall = r == 1500.0 && !stalled;
+            stalled |= stall;
+            let met = r <= 2000.0 && !stall;
+            let o = if met {
+                ProbeOutcome::Passed
+            } else {
+                ProbeOutcome::Failed
+            };
+            s.record(o, &mut notes);
+            assert!(rates.len() < 50, "search does not end");
+        }
+        assert_eq!(&rates[..5], &[1000.0, 1500.0, 1500.0, 2250.0, 2250.0]);
+        let c = s.result().expect("capacity");
+        assert!((1900.0..=2000.0).contains(&c), "C = {c}");
+        assert!(
+            notes[0].contains("1500/s: missed the SLO; probed again"),
+            "{notes:?}"
+        );
+        // Past C every miss is repeated, and a repeated miss bisects: the 2250/s probe and
+        // each failing bisection probe ran twice.
+        let misses = notes
+            .iter()
+            .filter(|n| n.contains("missed the SLO"))
+            .count();
+        assert_eq!(rates.len(), 5 + 3 + misses - 2, "{rates:?} {notes:?}");
+        // Without the option the stall at 1500/s ends the growth there.
+        let mut plain = CapacitySearch::new(1000.0);
+        plain.record(ProbeOutcome::Passed, &mut notes);
+        plain.record(ProbeOutcome::Failed, &mut notes);
+        assert!(plain.next_rate().is_some_and(|r| r < 1500.0), "bisecting");
     }
 
     #[tokio::test(start_paused = true)]

@@ -191,8 +191,8 @@ pub async fn run<T: Target>(
         }
         let prefix = format!("{} capacity ", w.name());
         let mut searches = [
-            CapacitySearch::new(plan.start_rate),
-            CapacitySearch::new(plan.start_rate),
+            CapacitySearch::new(plan.start_rate).confirming_failures(plan.confirm_failures),
+            CapacitySearch::new(plan.start_rate).confirming_failures(plan.confirm_failures),
         ];
         let mut probes: [Vec<(f64, usize)>; 2] = [Vec::new(), Vec::new()];
         while !searches.iter().all(CapacitySearch::is_done) {
@@ -523,6 +523,7 @@ mod tests {
             partitions: 100,
             max_lag: 0.01,
             settle: None,
+            confirm_failures: false,
         }
     }
 
