@@ -8,28 +8,47 @@
 # read and read_tables are single-partition reads of 10,000 partitions, from the memtable and
 # from 4 disk tables: what a read costs, for changes to the read path.
 #
-# Usage: [PATHS="served read ..."] scripts/insns.sh [N]   (default 2000; needs valgrind)
+# With CACHE=1 it also simulates the caches (callgrind --cache-sim=yes, this machine's cache
+# sizes) and prints the first-level and last-level data-cache misses per request: a skiplist
+# or tree search costs its misses more than its instructions, and simulated misses repeat.
+#
+# Usage: [PATHS="served read ..."] [CACHE=1] scripts/insns.sh [N]   (default 2000; needs valgrind)
 set -euo pipefail
 N=${1:-2000}
-PATHS=${PATHS:-served served_limited overloaded rate_limited expired read read_tables}
+PATHS=${PATHS:-served served_limited overloaded rate_limited expired write read read_tables}
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --quiet --release -p sluice-server --example request_path_insns
 BIN=$CARGO_TARGET_DIR/release/examples/request_path_insns
 
-collected() { # path iterations -> total instructions
-    valgrind --tool=callgrind --fair-sched=yes --toggle-collect='*request_path_insns::measured*' --callgrind-out-file=/dev/null "$BIN" "$1" "$2" 2>&1 >/dev/null |
-        sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+CACHE=${CACHE:-0}
+SIM=()
+[ "$CACHE" = 1 ] && SIM=(--cache-sim=yes)
+
+# path iterations -> "Ir D1-misses LL-data-misses" (the misses are 0 without CACHE=1)
+collected() {
+    valgrind --tool=callgrind --fair-sched=yes "${SIM[@]}" --toggle-collect='*request_path_insns::measured*' --callgrind-out-file=/dev/null "$BIN" "$1" "$2" 2>&1 >/dev/null |
+        sed -n 's/.*Collected : \(.*\)/\1/p' |
+        # events: Ir [Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw]
+        awk '{ if (NF >= 9) print $1, $5 + $6, $8 + $9; else print $1, 0, 0 }'
 }
 
-declare -A per
+declare -A per d1 ll
 for path in $PATHS; do
-    a=$(collected "$path" "$N")
-    b=$(collected "$path" $((2 * N)))
-    per[$path]=$(((b - a) / N))
+    read -r ia da la <<<"$(collected "$path" "$N")"
+    read -r ib db lb <<<"$(collected "$path" $((2 * N)))"
+    per[$path]=$(((ib - ia) / N))
+    d1[$path]=$(awk -v a="$da" -v b="$db" -v n="$N" 'BEGIN { printf "%.1f", (b - a) / n }')
+    ll[$path]=$(awk -v a="$la" -v b="$lb" -v n="$N" 'BEGIN { printf "%.1f", (b - a) / n }')
 done
-printf '%-14s %14s %10s\n' path insns/request 'vs served'
+if [ "$CACHE" = 1 ]; then
+    printf '%-14s %14s %10s %10s %10s\n' path insns/request 'vs served' 'D1 misses' 'LL misses'
+else
+    printf '%-14s %14s %10s\n' path insns/request 'vs served'
+fi
 for path in $PATHS; do
-    awk -v p="$path" -v i="${per[$path]}" -v s="${per[served]}" \
-        'BEGIN { printf "%-14s %14d %9.2f%%\n", p, i, 100 * i / s }'
+    awk -v p="$path" -v i="${per[$path]}" -v s="${per[served]:-${per[$path]}}" \
+        -v d="${d1[$path]}" -v l="${ll[$path]}" -v c="$CACHE" \
+        'BEGIN { printf "%-14s %14d %9.2f%%", p, i, 100 * i / s;
+                 if (c == 1) printf " %10s %10s", d, l; printf "\n" }'
 done

@@ -23,6 +23,9 @@
 //!   the memtable, read in a scattered order.
 //! - `read_tables`: `read` with the data in [`DISK_TABLES`] disk tables instead (each
 //!   partition written, then flushed, that many times), and an empty memtable.
+//! - `write`: `served` for the benchmarks' write: one 64-byte row into the `read` table, over
+//!   its [`PARTITIONS`] partitions in a scattered order, each already in the memtable (the
+//!   memtable's search is part of the cost, as it is under load).
 
 #![allow(dead_code)]
 
@@ -74,6 +77,15 @@ pub const PARTITIONS: i64 = 10_000;
 
 /// Disk tables that hold the data of the `read_tables` path.
 pub const DISK_TABLES: usize = 4;
+
+/// The value of every row of `ks.wide` (the benchmarks write 64-byte values).
+const WIDE_VALUE: [u8; 64] = [0x5a; 64];
+
+/// Every partition key of `ks.wide` once, each far from the one before: a stride coprime
+/// with [`PARTITIONS`].
+fn scattered_partitions() -> impl Iterator<Item = i64> {
+    (0..PARTITIONS).map(|i| (i * 7919) % PARTITIONS)
+}
 
 /// An EXECUTE frame for prepared `id` binding two ints (the drivers' path for writes).
 fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
@@ -313,6 +325,19 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         let frames = b.read_frames(path == "read_tables");
         return (b, dir, frames, Opcode::Result as u8);
     }
+    if path == "write" {
+        let insert = b.populate_wide(false);
+        let frames = scattered_partitions()
+            .map(|k| {
+                execute_frame_with(
+                    1,
+                    &insert,
+                    &[&k.to_be_bytes(), &0i32.to_be_bytes(), &WIDE_VALUE],
+                )
+            })
+            .collect();
+        return (b, dir, frames, Opcode::Result as u8);
+    }
     let text = match path {
         "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
         "rate_limited" => "INSERT INTO ks.limited (k, v) VALUES (?, ?)",
@@ -348,19 +373,18 @@ impl Bench {
     }
 
     /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
-    /// and returns a read frame per partition, in a scattered order.
-    fn read_frames(&mut self, on_disk: bool) -> Vec<Vec<u8>> {
+    /// and returns the id of the prepared INSERT.
+    fn populate_wide(&mut self, on_disk: bool) -> [u8; 16] {
         let insert = self
             .engine
             .prepare(None, "INSERT INTO ks.wide (k, c, v) VALUES (?, ?, ?)")
             .expect("prepare");
-        let value = [0x5a_u8; 64];
         for _ in 0..if on_disk { DISK_TABLES } else { 1 } {
             for k in 0..PARTITIONS {
                 let f = execute_frame_with(
                     1,
                     &insert.id,
-                    &[&k.to_be_bytes(), &0i32.to_be_bytes(), &value],
+                    &[&k.to_be_bytes(), &0i32.to_be_bytes(), &WIDE_VALUE],
                 );
                 assert_eq!(self.one(&f, "read"), Opcode::Result as u8);
                 self.out.clear();
@@ -373,23 +397,26 @@ impl Bench {
         if on_disk {
             assert_eq!(self.engine.storage().disk_table_count(), DISK_TABLES);
         }
+        insert.id
+    }
+
+    /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
+    /// and returns a read frame per partition, in a scattered order.
+    fn read_frames(&mut self, on_disk: bool) -> Vec<Vec<u8>> {
+        self.populate_wide(on_disk);
         let select = self
             .engine
             .prepare(None, "SELECT k, c, v FROM ks.wide WHERE k = ?")
             .expect("prepare");
-        // A stride coprime with PARTITIONS visits every partition, far from the last one.
-        let frames: Vec<Vec<u8>> = (0..PARTITIONS)
-            .map(|i| {
-                let k = (i * 7919) % PARTITIONS;
-                execute_frame_with(2, &select.id, &[&k.to_be_bytes()])
-            })
+        let frames: Vec<Vec<u8>> = scattered_partitions()
+            .map(|k| execute_frame_with(2, &select.id, &[&k.to_be_bytes()]))
             .collect();
         // Every read finds its row: the answer carries the value.
         for f in [&frames[0], &frames[frames.len() - 1]] {
             self.out.clear();
             assert_eq!(self.one(f, "read"), Opcode::Result as u8);
             assert!(
-                self.out.windows(value.len()).any(|w| w == value),
+                self.out.windows(WIDE_VALUE.len()).any(|w| w == WIDE_VALUE),
                 "row not found"
             );
         }
