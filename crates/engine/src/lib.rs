@@ -126,14 +126,18 @@ pub struct RequestContext {
     pub deadline: Option<Instant>,
     /// "Now" in microseconds since the epoch (write timestamps, TTL expiry).
     pub now_micros: i64,
+    /// The caller runs `Storage::ack_barrier` before it writes the answer to its client, so a
+    /// write that the barrier makes durable (Periodic mode) answers without waiting for it.
+    pub ack_barrier: bool,
 }
 
 impl RequestContext {
-    /// A context with the current wall clock and no deadline.
+    /// A context with the current wall clock, no deadline and no acknowledgement barrier.
     pub fn now() -> RequestContext {
         RequestContext {
             deadline: None,
             now_micros: now_micros(),
+            ack_barrier: false,
         }
     }
 }

@@ -650,14 +650,18 @@ pub(crate) async fn execute_writes(
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }
-    apply(engine, entries, muts).await?;
+    apply(engine, entries, muts, ctx.ack_barrier).await?;
     Ok(ResultMessage::Void)
 }
 
+/// Applies `muts` and waits until they are durable, or only until they are applied when the
+/// caller's acknowledgement barrier will make them durable (`ack_barrier`, see
+/// [`RequestContext::ack_barrier`]).
 async fn apply(
     engine: &Engine,
     entries: &[(&WritePlan, &Binder<'_>)],
     muts: Vec<Mutation>,
+    ack_barrier: bool,
 ) -> Result<(), DetailedError> {
     let layouts: Vec<&TableLayout> = muts
         .iter()
@@ -671,6 +675,9 @@ async fn apply(
         .ok_or_else(|| invalid("Mutation for an unknown table"))?;
     let batch: Vec<(&TableLayout, Mutation)> = layouts.into_iter().zip(muts).collect();
     let ticket = engine.storage.apply(&batch).map_err(storage_error)?;
+    if ack_barrier && engine.storage.durable_at_ack_barrier(&ticket) {
+        return Ok(());
+    }
     engine
         .storage
         .wait_durable(ticket)
@@ -844,7 +851,7 @@ pub(crate) async fn execute_conditional(
         }
         let muts = merge_mutations(muts);
         if !muts.is_empty() {
-            apply(engine, entries, muts).await?;
+            apply(engine, entries, muts, ctx.ack_barrier).await?;
         }
     }
     Ok(ResultMessage::Rows(rows.finish(

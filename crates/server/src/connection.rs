@@ -40,11 +40,12 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use sluice_engine::Session;
+use sluice_engine::{Engine, Session};
 use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
@@ -167,7 +168,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
         events: RefCell::new(None),
     });
-    let writer = tokio::task::spawn_local(write_loop(wr, conn.outbox.clone()));
+    let writer =
+        tokio::task::spawn_local(write_loop(wr, conn.outbox.clone(), shard.engine.clone()));
     let _close_outbox = CloseOnDrop(conn.outbox.clone());
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
@@ -533,7 +535,16 @@ impl Drop for InFlight {
 
 /// Drains the outbox into the socket: every wake-up writes everything accumulated so far in
 /// one `write_all` (answers flushed in batches).
-async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>) {
+///
+/// Before each write it runs storage's acknowledgement barrier (`Storage::ack_barrier`): in
+/// Periodic mode a write is answered once its journal buffer is in the OS, and the requests
+/// leave that to this barrier (`RequestContext::ack_barrier`), so that a write ends in the
+/// reader that ran it instead of waiting for the rest of the event-loop turn in a task of its
+/// own. Every answer taken here was encoded after its write was applied, so the barrier,
+/// which flushes everything applied before it, covers them all with one `write(2)` per store.
+/// If the journal cannot be written, no answer of the batch is sent and the connection
+/// closes: its client cannot be told which writes stand.
+async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, engine: Arc<Engine>) {
     let mut spare = BytesMut::with_capacity(READ_CHUNK);
     loop {
         if out.buf.borrow().is_empty() {
@@ -544,7 +555,13 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>) {
             continue;
         }
         std::mem::swap(&mut *out.buf.borrow_mut(), &mut spare);
-        let result = wr.write_all(&spare).await;
+        let result = match engine.storage().ack_barrier() {
+            Ok(()) => wr.write_all(&spare).await,
+            Err(e) => {
+                tracing::error!(error = %e, "journal write failed; closing the connection unanswered");
+                Err(std::io::ErrorKind::Other.into())
+            }
+        };
         spare.clear();
         out.drained.notify_one();
         if result.is_err() {
@@ -779,6 +796,50 @@ mod tests {
         assert_eq!((stream, opcode), (-1, 0x0C), "EVENT on stream -1");
         let text = String::from_utf8_lossy(&body);
         assert!(text.contains("SCHEMA_CHANGE") && text.contains("CREATED") && text.contains("ev"));
+    }
+
+    /// In periodic mode a write is answered only once its journal bytes are in the OS (they
+    /// survive the process being killed): the writer's acknowledgement barrier writes the
+    /// journal buffer before the answer's socket write. The sync thread's own writeback runs
+    /// only every 100 ms, and each answer here is read and checked at once, so without the
+    /// barrier most of the markers would still be in the process's buffer.
+    #[test]
+    fn a_periodic_write_is_in_the_journal_file_when_it_is_answered() {
+        let node = TestNode::start(1);
+        let mut s = node.connect();
+        startup(&mut s);
+        for (stream, ddl) in [
+            "CREATE KEYSPACE ab WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+            "CREATE TABLE ab.t (k int PRIMARY KEY, v text)",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            s.write_all(&query(stream as i16 + 1, ddl)).unwrap();
+            assert_eq!(read_frame(&mut s).1, 0x08, "{ddl}");
+        }
+        let store = node._dir.path().join("db").join("store-0");
+        let in_journal_files = |marker: &[u8]| {
+            std::fs::read_dir(&store).unwrap().any(|e| {
+                let path = e.unwrap().path();
+                path.extension().is_some_and(|x| x == "jnl")
+                    && std::fs::read(&path)
+                        .unwrap()
+                        .windows(marker.len())
+                        .any(|w| w == marker)
+            })
+        };
+        for i in 0..5i16 {
+            let marker = format!("acknowledged-{i}-{}", uuid::Uuid::new_v4().simple());
+            let insert = format!("INSERT INTO ab.t (k, v) VALUES ({i}, '{marker}')");
+            s.write_all(&query(10 + i, &insert)).unwrap();
+            let (stream, opcode, _) = read_frame(&mut s);
+            assert_eq!((stream, opcode), (10 + i, 0x08), "INSERT answered");
+            assert!(
+                in_journal_files(marker.as_bytes()),
+                "write {i} answered before its journal bytes were in the OS"
+            );
+        }
     }
 
     #[test]

@@ -221,6 +221,8 @@ pub async fn handle(
             let ctx = RequestContext {
                 deadline: Some(deadline),
                 now_micros: now_micros(),
+                // The connection's writer runs the barrier before it sends any answer.
+                ack_barrier: true,
             };
             if Instant::now() >= deadline {
                 shard.metrics.expired_before_execution.fetch_add(1, Relaxed);
@@ -449,6 +451,9 @@ async fn run(inf: InFlight, prepared: Arc<Prepared>, params: QueryParameters, ch
     let ctx = RequestContext {
         deadline: Some(deadline),
         now_micros: now_micros(),
+        // The connection's writer runs the barrier before it sends any answer (a request
+        // forwarded to another shard is answered through this connection's writer too).
+        ack_barrier: true,
     };
     let session = conn.session.borrow().clone();
     let (session, result) = match owner {

@@ -26,7 +26,7 @@ pub const DEFAULT_SHARD_AWARE_PORT: u16 = 19042;
 pub enum DurabilityArg {
     /// Acknowledge after fsync; concurrent writes share one fsync (group commit).
     Batch,
-    /// Acknowledge at once; fsync every `--periodic-sync-ms`.
+    /// Acknowledge once the journal is in the OS; fsync every `--periodic-sync-ms`.
     Periodic,
 }
 
@@ -53,7 +53,9 @@ pub struct ServeArgs {
     pub shards: Option<usize>,
 
     /// When writes are acknowledged: `batch` = after fsync, with group commit (safe);
-    /// `periodic` = at once, fsync every --periodic-sync-ms (Cassandra's default) [default: batch].
+    /// `periodic` = once the journal is in the OS (it survives a killed process; the journal is
+    /// written before the socket write of the answer), fsync every --periodic-sync-ms
+    /// (Cassandra's default) [default: batch].
     #[arg(long, env = "SLUICE_DURABILITY", value_enum)]
     pub durability: Option<DurabilityArg>,
 

@@ -229,6 +229,33 @@ impl Storage {
         }
     }
 
+    /// True when `ticket` needs nothing more than an [`ack_barrier`](Self::ack_barrier) before
+    /// its write may be acknowledged: in Periodic mode, a write to one store is as durable as
+    /// the mode makes it once its journal buffer is in the OS, and a barrier moves it there.
+    /// A caller that runs the barrier before it writes any answer to its client can then
+    /// answer without awaiting [`wait_durable`](Self::wait_durable), so that the request ends
+    /// where it ran instead of waiting for the rest of the event-loop turn. A batch that spans
+    /// stores still waits: its batchlog record goes only once every part is in the OS.
+    pub fn durable_at_ack_barrier(&self, ticket: &CommitTicket) -> bool {
+        match ticket.0 {
+            Ticket::One { store, .. } => self.inner.stores[store].journal_in_os_is_durable(),
+            Ticket::Many { .. } => false,
+        }
+    }
+
+    /// The acknowledgement barrier of Periodic mode: moves every store's journal buffer to the
+    /// OS (one `write(2)` per store with writes not there yet, none otherwise), so that every
+    /// write applied before the call survives the process being killed. A server calls it
+    /// before each socket write of answers (see [`durable_at_ack_barrier`](Self::durable_at_ack_barrier)),
+    /// which makes it a group flush: one per batch of answers, whatever the writes in it. In
+    /// Batch mode it does nothing, since answers there wait for the fsync itself.
+    pub fn ack_barrier(&self) -> Result<(), StorageError> {
+        for store in self.inner.stores.iter() {
+            store.flush_journal_to_os()?;
+        }
+        Ok(())
+    }
+
     /// Replays the batchlog records found in any store, then removes them.
     fn replay_batchlog(&self) -> Result<(), StorageError> {
         let stores = &self.inner.stores;

@@ -10,10 +10,12 @@
 //!
 //! Durability: `commit` appends each batch to fjall's journal buffer without a system call.
 //! A write is acknowledged only once the buffer holding it is in the OS (so that it survives
-//! the process being killed): in `Periodic` mode the first waiter of an event-loop turn
-//! flushes it after the turn's other writes have been appended (`wait_durable` yields once
-//! first), so one `write(2)` carries the whole turn; in `Batch` mode the sync thread flushes
-//! it before each fsync. Nothing fsyncs on the write path. The sync thread fsyncs: in `Batch`
+//! the process being killed): in `Periodic` mode either the server's acknowledgement barrier
+//! flushes it before the socket write that carries the answer (`Storage::ack_barrier`, one
+//! `write(2)` for every write answered in that batch), or, for a caller without one, the first
+//! waiter of an event-loop turn flushes it after the turn's other writes have been appended
+//! (`wait_durable` yields once first); in `Batch` mode the sync thread flushes it before each
+//! fsync. Nothing fsyncs on the write path. The sync thread fsyncs: in `Batch`
 //! mode whenever tickets are pending (all writers that arrived during one fsync share the
 //! next one), in `Periodic` mode on a timer. It fsyncs the journal file through its own
 //! handle (`journal_sync`), so writers keep appending while the fsync runs instead of
@@ -159,6 +161,14 @@ impl CommitShared {
         let upto = self.applied.load(Ordering::Acquire);
         self.db.persist(PersistMode::Buffer).map_err(io)?;
         self.in_os.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// [`flush_buffer`](Self::flush_buffer) on behalf of waiting writers (counted apart from
+    /// the sync thread's flushes).
+    fn flush_buffer_for_writers(&self) -> Result<(), StorageError> {
+        self.flush_buffer()?;
+        self.buffer_flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -892,6 +902,25 @@ impl Store {
         }
     }
 
+    /// True in Periodic mode, where a write is acknowledged once its journal buffer is in the
+    /// OS (see `Storage::durable_at_ack_barrier`).
+    pub(crate) fn journal_in_os_is_durable(&self) -> bool {
+        matches!(self.durability, Durability::Periodic { .. })
+    }
+
+    /// Periodic mode: moves the journal buffer to the OS if a write applied since the last
+    /// flush is not there yet (two atomic loads otherwise). Batch mode: nothing (the sync
+    /// thread flushes before each fsync, and answers wait for the fsync).
+    pub(crate) fn flush_journal_to_os(&self) -> Result<(), StorageError> {
+        let commit = &self.commit;
+        if !self.journal_in_os_is_durable()
+            || commit.in_os.load(Ordering::Acquire) >= commit.applied.load(Ordering::Acquire)
+        {
+            return Ok(());
+        }
+        commit.flush_buffer_for_writers()
+    }
+
     /// Group flush to the OS: the first writer to wait lets the rest of its event-loop turn
     /// run first (their batches join the journal buffer), then flushes them all with one
     /// `write(2)`; the others find their ticket already flushed.
@@ -905,9 +934,7 @@ impl Store {
             return Ok(());
         }
         // (Also after `close`: its final fsync already covered what it could, this is cheap.)
-        commit.flush_buffer()?;
-        commit.buffer_flushes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        commit.flush_buffer_for_writers()
     }
 
     /// Number of rows written whole without reading what they replace (tests, metrics).

@@ -162,7 +162,9 @@ impl Bench {
             }
         }
         let op = self.out[start + 4];
-        if self.out.len() > 1 << 20 {
+        if self.out.len() > 64 << 10 {
+            // As the connection's writer does before it sends a batch of answers.
+            self.engine.storage().ack_barrier().expect("ack barrier");
             self.out.clear();
         }
         op
@@ -240,6 +242,7 @@ impl Bench {
         let ctx = RequestContext {
             deadline: Some(deadline),
             now_micros: sluice_engine::now_micros(),
+            ack_barrier: true,
         };
         let r = block_on(self.engine.execute(&mut self.session, &p, &params, &ctx));
         match r {
