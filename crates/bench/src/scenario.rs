@@ -597,23 +597,30 @@ mod tests {
         }
     }
 
+    /// Drives `s` to its end, `probe` giving the outcome of each rate probed; returns the
+    /// rates in order, the ended search and its notes.
+    fn drive_with(
+        mut s: CapacitySearch,
+        mut probe: impl FnMut(f64) -> ProbeOutcome,
+    ) -> (Vec<f64>, CapacitySearch, Vec<String>) {
+        let (mut rates, mut notes) = (Vec::new(), Vec::new());
+        while let Some(r) = s.next_rate() {
+            rates.push(r);
+            s.record(probe(r), &mut notes);
+            assert!(rates.len() < 50, "search does not end");
+        }
+        (rates, s, notes)
+    }
+
     /// Drives a search against a server whose true capacity is `c`: a probe passes below it.
     fn drive(
         c: f64,
         start: f64,
         lag_above: Option<f64>,
     ) -> (Vec<f64>, CapacitySearch, Vec<String>) {
-        let mut s = CapacitySearch::new(start);
-        let (mut rates, mut notes) = (Vec::new(), Vec::new());
-        while let Some(r) = s.next_rate() {
-            rates.push(r);
-            s.record(
-                outcome(lag_above.is_some_and(|l| r > l), r <= c),
-                &mut notes,
-            );
-            assert!(rates.len() < 50, "search does not end");
-        }
-        (rates, s, notes)
+        drive_with(CapacitySearch::new(start), |r| {
+            outcome(lag_above.is_some_and(|l| r > l), r <= c)
+        })
     }
 
     #[test]
@@ -669,17 +676,12 @@ mod tests {
     #[test]
     fn a_probe_that_lagged_once_is_repeated_and_the_search_goes_on() {
         // A stall at 1500/s only: the repeat passes and the search ends as if it never was.
-        let mut s = CapacitySearch::new(1000.0);
-        let mut notes = Vec::new();
-        let mut rates = Vec::new();
         let mut stalled = false;
-        while let Some(r) = s.next_rate() {
-            rates.push(r);
+        let (rates, s, notes) = drive_with(CapacitySearch::new(1000.0), |r| {
             let lagged = r == 1500.0 && !stalled;
             stalled |= lagged;
-            s.record(outcome(lagged, r <= 2000.0), &mut notes);
-            assert!(rates.len() < 50, "search does not end");
-        }
+            outcome(lagged, r <= 2000.0)
+        });
         assert_eq!(&rates[..4], &[1000.0, 1500.0, 1500.0, 2250.0]);
         let c = s.result().expect("capacity");
         assert!((1900.0..=2000.0).contains(&c), "C = {c}");
@@ -720,23 +722,13 @@ mod tests {
     #[test]
     fn with_confirmed_failures_a_miss_counts_only_when_repeated() {
         // One stall at 1500/s, far below C = 2000/s: the repeat passes and growth goes on.
-        let mut s = CapacitySearch::new(1000.0).confirming_failures(true);
-        let mut notes = Vec::new();
-        let mut rates = Vec::new();
         let mut stalled = false;
-        while let Some(r) = s.next_rate() {
-            rates.push(r);
+        let search = CapacitySearch::new(1000.0).confirming_failures(true);
+        let (rates, s, mut notes) = drive_with(search, |r| {
             let stall = r == 1500.0 && !stalled;
             stalled |= stall;
-            let met = r <= 2000.0 && !stall;
-            let o = if met {
-                ProbeOutcome::Passed
-            } else {
-                ProbeOutcome::Failed
-            };
-            s.record(o, &mut notes);
-            assert!(rates.len() < 50, "search does not end");
-        }
+            outcome(false, r <= 2000.0 && !stall)
+        });
         assert_eq!(&rates[..5], &[1000.0, 1500.0, 1500.0, 2250.0, 2250.0]);
         let c = s.result().expect("capacity");
         assert!((1900.0..=2000.0).contains(&c), "C = {c}");
