@@ -8,7 +8,7 @@
 use crate::system::{self, SystemTable};
 use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
-use sluice_protocol::{DetailedError, ErrorCode};
+use sluice_protocol::{DbError, DetailedError};
 use sluice_storage::{ColumnId, Order, RegularColumns, TableLayout};
 use sluice_types::CqlType;
 use std::collections::BTreeMap;
@@ -518,7 +518,7 @@ impl PersistedTable {
 
 /// Shorthand for an Invalid error with a built message (cold path).
 pub(crate) fn invalid(msg: impl Into<std::borrow::Cow<'static, str>>) -> DetailedError {
-    DetailedError::new(ErrorCode::Invalid, msg)
+    DetailedError::new(DbError::Invalid, msg)
 }
 
 /// Validates a keyspace or table name as Cassandra does (`\w+`, at most 48 characters).

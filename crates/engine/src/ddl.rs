@@ -13,7 +13,7 @@ use sluice_cql::ast::{
     Property, QualifiedName, Statement,
 };
 use sluice_protocol::{
-    DetailedError, ErrorCode, ResultMessage, SchemaChange, SchemaChangeTarget, SchemaChangeType,
+    DbError, DetailedError, ResultMessage, SchemaChange, SchemaChangeTarget, SchemaChangeType,
 };
 use sluice_storage::Order;
 use sluice_types::{CqlType, NativeType};
@@ -25,20 +25,18 @@ const SIMPLE: &str = "org.apache.cassandra.locator.SimpleStrategy";
 const NTS: &str = "org.apache.cassandra.locator.NetworkTopologyStrategy";
 
 fn config_error(msg: impl Into<std::borrow::Cow<'static, str>>) -> DetailedError {
-    DetailedError::new(ErrorCode::ConfigError, msg)
+    DetailedError::new(DbError::ConfigError, msg)
 }
 
 fn not_modifiable(ks: &str) -> DetailedError {
     DetailedError::new(
-        ErrorCode::Unauthorized,
+        DbError::Unauthorized,
         format!("{ks} keyspace is not user-modifiable"),
     )
 }
 
 fn already_exists(ks: &str, table: &str, msg: String) -> DetailedError {
-    let mut e = DetailedError::new(ErrorCode::AlreadyExists, msg);
-    e.already_exists = Some((ks.to_string(), table.to_string()));
-    e
+    DetailedError::already_exists(ks, table, msg)
 }
 
 fn change(change: SchemaChangeType, target: SchemaChangeTarget) -> SchemaChange {
@@ -215,7 +213,7 @@ pub(crate) fn apply_table_options(
             "id" => return Err(invalid("Cannot set or alter table id")),
             other => {
                 return Err(DetailedError::new(
-                    ErrorCode::SyntaxError,
+                    DbError::SyntaxError,
                     format!("Unknown property '{other}'"),
                 ))
             }
@@ -269,7 +267,7 @@ fn keyspace_props(
             "durable_writes" => ks.durable_writes = option_bool("durable_writes", &p.value)?,
             other => {
                 return Err(DetailedError::new(
-                    ErrorCode::SyntaxError,
+                    DbError::SyntaxError,
                     format!("Unknown property '{other}'"),
                 ))
             }

@@ -6,9 +6,7 @@ use crate::catalog::{invalid, TableDef};
 use crate::codec;
 use crate::Prepared;
 use bytes::Bytes;
-use sluice_protocol::{
-    Consistency, DetailedError, ErrorCode, ErrorExtra, QueryParameters, Value, WriteType,
-};
+use sluice_protocol::{Consistency, DbError, DetailedError, QueryParameters, Value, WriteType};
 use sluice_storage::Order;
 use sluice_types::{CqlType, NativeType};
 use std::borrow::Cow;
@@ -661,32 +659,28 @@ fn slice_range(
 
 /// The Write_timeout error for a request whose deadline passed before it ran.
 pub(crate) fn write_timeout(consistency: Consistency, write_type: WriteType) -> DetailedError {
-    DetailedError {
-        code: ErrorCode::WriteTimeout,
-        message: "Operation timed out - received only 0 responses.".into(),
-        extra: ErrorExtra::WriteTimeout {
+    DetailedError::new(
+        DbError::WriteTimeout {
             consistency,
             received: 0,
             block_for: 1,
             write_type,
         },
-        already_exists: None,
-    }
+        "Operation timed out - received only 0 responses.",
+    )
 }
 
 /// The Read_timeout error for a request whose deadline passed before it ran.
 pub(crate) fn read_timeout(consistency: Consistency) -> DetailedError {
-    DetailedError {
-        code: ErrorCode::ReadTimeout,
-        message: "Operation timed out - received only 0 responses.".into(),
-        extra: ErrorExtra::ReadTimeout {
+    DetailedError::new(
+        DbError::ReadTimeout {
             consistency,
             received: 0,
             block_for: 1,
             data_present: false,
         },
-        already_exists: None,
-    }
+        "Operation timed out - received only 0 responses.",
+    )
 }
 
 /// True when the deadline has passed.
@@ -696,15 +690,7 @@ pub(crate) fn expired(deadline: Option<std::time::Instant>) -> bool {
 
 /// The Unprepared error echoing the id.
 pub(crate) fn unprepared(id: &[u8]) -> DetailedError {
-    let mut buf = [0u8; 16];
-    let n = id.len().min(16);
-    buf[..n].copy_from_slice(&id[..n]);
-    DetailedError {
-        code: ErrorCode::Unprepared,
-        message: "Prepared query with ID not found (either the query was not prepared on this host (maybe the host has been restarted?) or you have prepared too many queries and it has been evicted from the internal cache)".into(),
-        extra: ErrorExtra::Unprepared { len: n as u8, id: buf },
-        already_exists: None,
-    }
+    DetailedError::new(DbError::unprepared(id), "Prepared query with ID not found (either the query was not prepared on this host (maybe the host has been restarted?) or you have prepared too many queries and it has been evicted from the internal cache)")
 }
 
 /// A positive LIMIT-like value.
@@ -718,7 +704,7 @@ pub(crate) fn positive_limit(
         None => Ok(None),
         Some(n) if n > 0 => Ok(Some(n as usize)),
         Some(_) => Err(DetailedError::new(
-            ErrorCode::Invalid,
+            DbError::Invalid,
             match what {
                 "[per_partition_limit]" => "PER PARTITION LIMIT must be strictly positive",
                 _ => "LIMIT must be strictly positive",
@@ -781,9 +767,9 @@ mod tests {
     #[test]
     fn unprepared_echoes_id() {
         let e = unprepared(&[1, 2, 3]);
-        assert_eq!(e.code, ErrorCode::Unprepared);
-        match e.extra {
-            ErrorExtra::Unprepared { len, id } => {
+        assert_eq!(e.code(), sluice_protocol::ErrorCode::Unprepared);
+        match e.error {
+            DbError::Unprepared { len, id } => {
                 assert_eq!(len, 3);
                 assert_eq!(&id[..3], &[1, 2, 3]);
             }

@@ -43,7 +43,7 @@ use analyze::Plan;
 use bytes::Bytes;
 use catalog::{PersistedSchema, Schema};
 use sluice_protocol::{
-    BatchRequest, ColumnSpec, DetailedError, ErrorCode, PreparedMetadata, QueryParameters,
+    BatchRequest, ColumnSpec, DbError, DetailedError, PreparedMetadata, QueryParameters,
     ResultColumns, ResultMessage, RowsMetadata, SchemaChange,
 };
 use sluice_storage::{Storage, StorageError, TableId};
@@ -268,12 +268,12 @@ impl std::fmt::Debug for Engine {
 /// Maps a storage failure to a response (unexpected, so Server_error; oversize is Invalid).
 pub(crate) fn storage_error(e: StorageError) -> DetailedError {
     match e {
-        StorageError::TooLarge(m) => DetailedError::new(ErrorCode::Invalid, m),
+        StorageError::TooLarge(m) => DetailedError::new(DbError::Invalid, m),
         StorageError::Io(m) | StorageError::Corrupt(m) => {
-            DetailedError::new(ErrorCode::ServerError, m)
+            DetailedError::new(DbError::ServerError, m)
         }
         StorageError::Closed => {
-            DetailedError::new(ErrorCode::ServerError, "storage is shutting down")
+            DetailedError::new(DbError::ServerError, "storage is shutting down")
         }
     }
 }
@@ -357,7 +357,7 @@ impl Engine {
             }
         }
         let parsed = sluice_cql::parse(query)
-            .map_err(|e| DetailedError::new(ErrorCode::SyntaxError, e.to_string()))?;
+            .map_err(|e| DetailedError::new(DbError::SyntaxError, e.to_string()))?;
         let schema = self.schema();
         let prepared = Arc::new(analyze::analyze(&schema, keyspace, query, id, parsed)?);
         self.insert_cached(prepared.clone());
@@ -743,7 +743,7 @@ impl Engine {
     ) -> Result<(), DetailedError> {
         next.version = next.digest();
         let json = serde_json::to_vec(&next.to_persisted())
-            .map_err(|_| DetailedError::new(ErrorCode::ServerError, "schema does not serialize"))?;
+            .map_err(|_| DetailedError::new(DbError::ServerError, "schema does not serialize"))?;
         self.storage
             .meta_put(SCHEMA_META_KEY, &json)
             .map_err(storage_error)?;

@@ -5,7 +5,7 @@
 //! tampered or foreign state is an Invalid error, never a panic.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use sluice_protocol::{DetailedError, ErrorCode};
+use sluice_protocol::{DbError, DetailedError};
 use std::ops::Bound;
 
 const MAGIC: u8 = 0x5C;
@@ -136,7 +136,7 @@ impl PagingState {
         }
         if st.stmt != stmt {
             return Err(DetailedError::new(
-                ErrorCode::Invalid,
+                DbError::Invalid,
                 "The paging state does not belong to this statement",
             ));
         }
@@ -145,7 +145,7 @@ impl PagingState {
 }
 
 fn bad() -> DetailedError {
-    DetailedError::new(ErrorCode::Invalid, "Invalid paging state")
+    DetailedError::new(DbError::Invalid, "Invalid paging state")
 }
 
 struct Reader<'a> {

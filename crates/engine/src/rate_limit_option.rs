@@ -18,7 +18,7 @@ use crate::analyze::{Plan, WritePlan};
 use crate::catalog::{RateLimits, TableDef};
 use crate::{exec, Engine, OpKind, Prepared};
 use sluice_cql::ast::OptionValue;
-use sluice_protocol::{BatchQuery, BatchRequest, DetailedError, ErrorCode, Value};
+use sluice_protocol::{BatchQuery, BatchRequest, DbError, DetailedError, Value};
 use sluice_storage::TableId;
 
 /// The option's name in `WITH`.
@@ -29,7 +29,7 @@ pub const MAX_READS: &str = "max_reads_per_second";
 pub const MAX_WRITES: &str = "max_writes_per_second";
 
 fn config_error(msg: impl Into<std::borrow::Cow<'static, str>>) -> DetailedError {
-    DetailedError::new(ErrorCode::ConfigError, msg)
+    DetailedError::new(DbError::ConfigError, msg)
 }
 
 /// Parses the option's value; `Ok(None)` means no limit at all (`{}` or only absent keys).
@@ -319,7 +319,7 @@ mod tests {
         ];
         for (v, msg) in cases {
             let e = parse(&v).unwrap_err();
-            assert_eq!(e.code, ErrorCode::ConfigError, "{v:?}");
+            assert_eq!(e.code(), sluice_protocol::ErrorCode::ConfigError, "{v:?}");
             assert!(e.message.contains(msg), "{v:?}: {}", e.message);
         }
     }

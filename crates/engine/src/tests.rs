@@ -4,7 +4,7 @@
 use crate::{Engine, NodeInfo, RequestContext, Session};
 use bytes::Bytes;
 use sluice_protocol::{
-    BatchEntry, BatchQuery, BatchRequest, Consistency, DetailedError, ErrorCode, ErrorExtra,
+    BatchEntry, BatchQuery, BatchRequest, Consistency, DbError, DetailedError, ErrorCode,
     QueryParameters, ResultMessage, Rows, SchemaChangeTarget, SchemaChangeType, Value,
 };
 use sluice_storage::{Durability, Storage, StorageConfig};
@@ -217,7 +217,7 @@ async fn keyspace_ddl_results_errors_and_events() {
     );
     assert!(events.try_recv().is_err());
     let e = h.err("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", vec![]).await;
-    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    assert_eq!(e.code(), ErrorCode::AlreadyExists);
     assert_eq!(e.already_exists, Some(("ks".into(), String::new())));
     // NTS replication_factor is expanded into our data center.
     let rows = h
@@ -251,9 +251,9 @@ async fn keyspace_ddl_results_errors_and_events() {
             vec![],
         )
         .await;
-    assert_eq!(e.code, ErrorCode::ConfigError);
+    assert_eq!(e.code(), ErrorCode::ConfigError);
     let e = h.err("CREATE KEYSPACE system WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}", vec![]).await;
-    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    assert_eq!(e.code(), ErrorCode::AlreadyExists);
     h.ok("ALTER KEYSPACE ks WITH durable_writes = false").await;
     h.ok("DROP KEYSPACE ks").await;
     assert_eq!(
@@ -261,7 +261,7 @@ async fn keyspace_ddl_results_errors_and_events() {
         ResultMessage::Void
     );
     assert_eq!(
-        h.err("DROP KEYSPACE ks", vec![]).await.code,
+        h.err("DROP KEYSPACE ks", vec![]).await.code(),
         ErrorCode::Invalid
     );
 }
@@ -271,7 +271,7 @@ async fn table_ddl_validation_and_system_schema() {
     let mut h = H::new();
     h.setup_kv().await;
     let e = h.err("CREATE TABLE ks.t (a int PRIMARY KEY)", vec![]).await;
-    assert_eq!(e.code, ErrorCode::AlreadyExists);
+    assert_eq!(e.code(), ErrorCode::AlreadyExists);
     assert_eq!(e.already_exists, Some(("ks".into(), "t".into())));
     assert_eq!(
         h.ok("CREATE TABLE IF NOT EXISTS ks.t (a int PRIMARY KEY)")
@@ -286,7 +286,7 @@ async fn table_ddl_validation_and_system_schema() {
         ("CREATE TABLE ks.bad4 (a int, b int, PRIMARY KEY (a, b)) WITH CLUSTERING ORDER BY (a DESC)", "CLUSTERING ORDER"),
     ] {
         let e = h.err(q, vec![]).await;
-        assert_eq!(e.code, ErrorCode::Invalid, "{q}");
+        assert_eq!(e.code(), ErrorCode::Invalid, "{q}");
         assert!(e.message.contains(needle), "{q}: {}", e.message);
     }
     let cols = h
@@ -376,7 +376,7 @@ async fn table_ddl_validation_and_system_schema() {
     h.ok("DROP TABLE ks.t").await;
     assert!(h.engine.table("ks", "t").is_none());
     assert_eq!(
-        h.err("SELECT * FROM ks.t", vec![]).await.code,
+        h.err("SELECT * FROM ks.t", vec![]).await.code(),
         ErrorCode::Invalid
     );
 }
@@ -499,11 +499,11 @@ async fn driver_connect_queries_succeed() {
     );
     // Unknown system table: Invalid.
     assert_eq!(
-        h.err("SELECT * FROM system.nope", vec![]).await.code,
+        h.err("SELECT * FROM system.nope", vec![]).await.code(),
         ErrorCode::Invalid
     );
     assert_eq!(
-        h.err("SELECT nope FROM system.local", vec![]).await.code,
+        h.err("SELECT nope FROM system.local", vec![]).await.code(),
         ErrorCode::Invalid
     );
 }
@@ -969,7 +969,7 @@ async fn paging_through_ten_thousand_rows() {
         )
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Invalid);
+    assert_eq!(e.code(), ErrorCode::Invalid);
     let mut bad = state.to_vec();
     bad.truncate(bad.len() - 3);
     let e = h
@@ -983,7 +983,7 @@ async fn paging_through_ten_thousand_rows() {
         )
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::Invalid);
+    assert_eq!(e.code(), ErrorCode::Invalid);
 }
 
 #[tokio::test]
@@ -1004,9 +1004,9 @@ async fn deadline_passed_is_a_timeout_and_writes_nothing() {
         .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::WriteTimeout);
-    match e.extra {
-        ErrorExtra::WriteTimeout {
+    assert_eq!(e.code(), ErrorCode::WriteTimeout);
+    match e.error {
+        DbError::WriteTimeout {
             received,
             block_for,
             write_type,
@@ -1030,10 +1030,10 @@ async fn deadline_passed_is_a_timeout_and_writes_nothing() {
         .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::ReadTimeout);
+    assert_eq!(e.code(), ErrorCode::ReadTimeout);
     assert!(matches!(
-        e.extra,
-        ErrorExtra::ReadTimeout {
+        e.error,
+        DbError::ReadTimeout {
             received: 0,
             block_for: 1,
             data_present: false,
@@ -1095,7 +1095,7 @@ async fn use_keyspace_route_and_invalidation() {
     // ALTER invalidates statements of the table: EXECUTE must re-prepare.
     h.ok("ALTER TABLE t ADD w int").await;
     assert!(h.engine.prepared(&p.id).is_none());
-    assert_eq!(h.err("USE nope", vec![]).await.code, ErrorCode::Invalid);
+    assert_eq!(h.err("USE nope", vec![]).await.code(), ErrorCode::Invalid);
 }
 
 #[tokio::test]
@@ -1306,7 +1306,7 @@ async fn batches() {
         ..b.clone()
     };
     let e = h.engine.batch(&mut h.session, &b2, &ctx).await.unwrap_err();
-    assert_eq!(e.code, ErrorCode::Unprepared);
+    assert_eq!(e.code(), ErrorCode::Unprepared);
     // Deadline passed: nothing applied.
     let late = RequestContext {
         deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
@@ -1325,7 +1325,7 @@ async fn batches() {
         .batch(&mut h.session, &b3, &late)
         .await
         .unwrap_err();
-    assert_eq!(e.code, ErrorCode::WriteTimeout);
+    assert_eq!(e.code(), ErrorCode::WriteTimeout);
     assert!(h
         .select("SELECT v FROM ks.t WHERE pk = 9", vec![])
         .await
@@ -1486,7 +1486,7 @@ async fn composite_keys_descending_order_and_multi_column_relations() {
             vec![],
         )
         .await;
-    assert_eq!(e.code, ErrorCode::Invalid);
+    assert_eq!(e.code(), ErrorCode::Invalid);
 }
 
 #[tokio::test]
@@ -2009,7 +2009,7 @@ async fn group_by_primary_key_prefix() {
     assert_eq!(
         h.err("SELECT count(*) FROM ks.t GROUP BY ck", vec![])
             .await
-            .code,
+            .code(),
         ErrorCode::Invalid
     );
 }
@@ -2099,7 +2099,7 @@ async fn insert_json() {
     assert!(
         h.err(r#"INSERT INTO ks.j JSON '{"k": "x"}'"#, vec![])
             .await
-            .code
+            .code()
             == ErrorCode::Invalid
     );
     assert!(h

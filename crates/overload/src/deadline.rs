@@ -55,16 +55,21 @@ impl DeadlineDefaults {
         }
     }
 
-    /// The deadline of a request of `kind` that arrived at `arrival`: `USING TIMEOUT` wins
-    /// over the default (ScyllaDB's precedence). `Some(0)` is allowed and expires at once.
+    /// The timeout of a request of `kind`: `USING TIMEOUT` wins over the default
+    /// (ScyllaDB's precedence). `Some(0)` is allowed and expires at once.
+    pub fn timeout_for(&self, kind: RequestKind, using_timeout: Option<Duration>) -> Duration {
+        using_timeout.unwrap_or_else(|| self.for_kind(kind))
+    }
+
+    /// The deadline of a request of `kind` that arrived at `arrival` (see
+    /// [`DeadlineDefaults::timeout_for`]).
     pub fn deadline_for(
         &self,
         kind: RequestKind,
         using_timeout: Option<Duration>,
         arrival: Nanos,
     ) -> Deadline {
-        let timeout = using_timeout.unwrap_or_else(|| self.for_kind(kind));
-        Deadline(arrival.saturating_add(timeout))
+        Deadline(arrival.saturating_add(self.timeout_for(kind, using_timeout)))
     }
 }
 

@@ -83,12 +83,17 @@ impl WriteType {
     }
 }
 
-/// The code-specific part of an error body.
+/// An error as a value: each variant carries the fields its wire body needs and the wire
+/// code is derived from the variant ([`DbError::code`]), so code and fields cannot disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorExtra {
-    /// No extra fields.
-    None,
-    /// Unavailable: `<cl><required><alive>`.
+pub enum DbError {
+    /// Server_error (0x0000): a bug or unexpected server condition.
+    ServerError,
+    /// Protocol_error (0x000A): malformed frame or unsupported protocol version.
+    ProtocolError,
+    /// Bad_credentials (0x0100): authentication failed.
+    BadCredentials,
+    /// Unavailable (0x1000): `<cl><required><alive>`.
     Unavailable {
         /// Consistency.
         consistency: Consistency,
@@ -97,7 +102,13 @@ pub enum ErrorExtra {
         /// Alive replicas.
         alive: i32,
     },
-    /// Write_timeout: `<cl><received><blockfor><writeType>`.
+    /// Overloaded (0x1001).
+    Overloaded,
+    /// Is_bootstrapping (0x1002).
+    IsBootstrapping,
+    /// Truncate_error (0x1003).
+    TruncateError,
+    /// Write_timeout (0x1100): `<cl><received><blockfor><writeType>`.
     WriteTimeout {
         /// Consistency.
         consistency: Consistency,
@@ -108,7 +119,7 @@ pub enum ErrorExtra {
         /// Write type (SIMPLE so that no default policy retries).
         write_type: WriteType,
     },
-    /// Read_timeout: `<cl><received><blockfor><data_present>`.
+    /// Read_timeout (0x1200): `<cl><received><blockfor><data_present>`.
     ReadTimeout {
         /// Consistency.
         consistency: Consistency,
@@ -119,41 +130,107 @@ pub enum ErrorExtra {
         /// Whether the data replica answered.
         data_present: bool,
     },
-    /// Rate limit: `<op_type byte><rejected_by_coordinator byte>`.
-    RateLimit {
+    /// Read_failure (0x1300), encoded with neutral counts.
+    ReadFailure,
+    /// Function_failure (0x1400), encoded with empty names.
+    FunctionFailure,
+    /// Write_failure (0x1500), encoded with neutral counts.
+    WriteFailure,
+    /// Syntax_error (0x2000).
+    SyntaxError,
+    /// Unauthorized (0x2100).
+    Unauthorized,
+    /// Invalid (0x2200).
+    Invalid,
+    /// Config_error (0x2300).
+    ConfigError,
+    /// Already_exists (0x2400): the keyspace and table names travel in [`DetailedError`].
+    AlreadyExists,
+    /// Unprepared (0x2500): the unknown id the client sent, up to 16 bytes.
+    Unprepared {
+        /// Length of `id`.
+        len: u8,
+        /// The id (MD5 ids are 16 bytes).
+        id: [u8; 16],
+    },
+    /// ScyllaDB's rate-limit error (0xF000): `<op_type byte><rejected_by_coordinator byte>`.
+    RateLimitReached {
         /// Read or write.
         op: OperationType,
         /// True when the coordinator rejected it before sending to replicas.
         rejected_by_coordinator: bool,
     },
-    /// Unprepared: the id is written by the encoder from the request (up to 16 bytes).
-    Unprepared {
-        /// Length of `id`.
-        len: u8,
-        /// The unknown id the client sent (MD5 ids are 16 bytes).
-        id: [u8; 16],
-    },
 }
 
-/// An error response as a value: code, static message, extra fields. Small and `Copy`.
+impl DbError {
+    /// The wire code of this error.
+    pub const fn code(&self) -> ErrorCode {
+        match self {
+            DbError::ServerError => ErrorCode::ServerError,
+            DbError::ProtocolError => ErrorCode::ProtocolError,
+            DbError::BadCredentials => ErrorCode::BadCredentials,
+            DbError::Unavailable { .. } => ErrorCode::Unavailable,
+            DbError::Overloaded => ErrorCode::Overloaded,
+            DbError::IsBootstrapping => ErrorCode::IsBootstrapping,
+            DbError::TruncateError => ErrorCode::TruncateError,
+            DbError::WriteTimeout { .. } => ErrorCode::WriteTimeout,
+            DbError::ReadTimeout { .. } => ErrorCode::ReadTimeout,
+            DbError::ReadFailure => ErrorCode::ReadFailure,
+            DbError::FunctionFailure => ErrorCode::FunctionFailure,
+            DbError::WriteFailure => ErrorCode::WriteFailure,
+            DbError::SyntaxError => ErrorCode::SyntaxError,
+            DbError::Unauthorized => ErrorCode::Unauthorized,
+            DbError::Invalid => ErrorCode::Invalid,
+            DbError::ConfigError => ErrorCode::ConfigError,
+            DbError::AlreadyExists => ErrorCode::AlreadyExists,
+            DbError::Unprepared { .. } => ErrorCode::Unprepared,
+            DbError::RateLimitReached { .. } => ErrorCode::RateLimitReached,
+        }
+    }
+
+    /// The Unprepared error for `id` (echoed, up to 16 bytes).
+    pub fn unprepared(id: &[u8]) -> DbError {
+        let mut buf = [0u8; 16];
+        let len = id.len().min(16);
+        buf[..len].copy_from_slice(&id[..len]);
+        DbError::Unprepared {
+            len: len as u8,
+            id: buf,
+        }
+    }
+
+    /// The error as a client sees it: the rate-limit error goes only to clients that
+    /// negotiated `SCYLLA_RATE_LIMIT_ERROR`; others get Config_error, which no default retry
+    /// policy retries.
+    pub const fn for_client(self, rate_limit_error_negotiated: bool) -> DbError {
+        match self {
+            DbError::RateLimitReached { .. } if !rate_limit_error_negotiated => {
+                DbError::ConfigError
+            }
+            other => other,
+        }
+    }
+}
+
+/// An error response as a value: the error with its fields and a static message. Small and
+/// `Copy`, for the hot paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorResponse {
-    /// The code.
-    pub code: ErrorCode,
+    /// The error and its fields.
+    pub error: DbError,
     /// Human-readable message.
     pub message: &'static str,
-    /// Code-specific fields.
-    pub extra: ErrorExtra,
 }
 
 impl ErrorResponse {
-    /// An error with no extra fields.
-    pub const fn new(code: ErrorCode, message: &'static str) -> ErrorResponse {
-        ErrorResponse {
-            code,
-            message,
-            extra: ErrorExtra::None,
-        }
+    /// An error with a static message.
+    pub const fn new(error: DbError, message: &'static str) -> ErrorResponse {
+        ErrorResponse { error, message }
+    }
+
+    /// The wire code.
+    pub const fn code(&self) -> ErrorCode {
+        self.error.code()
     }
 }
 
@@ -162,35 +239,45 @@ impl ErrorResponse {
 /// The hot rejection paths use `ErrorResponse` instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DetailedError {
-    /// The code.
-    pub code: ErrorCode,
+    /// The error and its fields.
+    pub error: DbError,
     /// The message.
     pub message: std::borrow::Cow<'static, str>,
-    /// Code-specific fields.
-    pub extra: ErrorExtra,
     /// Already_exists: `(keyspace, table)`, table empty for a keyspace.
     pub already_exists: Option<(String, String)>,
 }
 
 impl DetailedError {
-    /// An error with a message and no extra fields.
-    pub fn new(code: ErrorCode, message: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+    /// An error with a message.
+    pub fn new(error: DbError, message: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         DetailedError {
-            code,
+            error,
             message: message.into(),
-            extra: ErrorExtra::None,
             already_exists: None,
         }
+    }
+
+    /// Already_exists for `keyspace` (and `table`, empty for a keyspace).
+    pub fn already_exists(
+        keyspace: impl Into<String>,
+        table: impl Into<String>,
+        message: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
+        DetailedError {
+            error: DbError::AlreadyExists,
+            message: message.into(),
+            already_exists: Some((keyspace.into(), table.into())),
+        }
+    }
+
+    /// The wire code.
+    pub const fn code(&self) -> ErrorCode {
+        self.error.code()
     }
 }
 
 impl From<ErrorResponse> for DetailedError {
     fn from(e: ErrorResponse) -> Self {
-        DetailedError {
-            code: e.code,
-            message: std::borrow::Cow::Borrowed(e.message),
-            extra: e.extra,
-            already_exists: None,
-        }
+        DetailedError::new(e.error, e.message)
     }
 }

@@ -16,7 +16,7 @@ pub mod response;
 pub mod wire;
 
 pub use compression::Compression;
-pub use error::{DetailedError, ErrorCode, ErrorExtra, ErrorResponse, OperationType, WriteType};
+pub use error::{DbError, DetailedError, ErrorCode, ErrorResponse, OperationType, WriteType};
 pub use frame::{Frame, FrameDecoder, FrameError, FrameHeader, Opcode, HEADER_LEN};
 pub use messages::*;
 pub use preencoded::{PreencodedErrors, PreencodedFrame};

@@ -9,7 +9,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::compression::Compression;
-use crate::error::{ErrorCode, ErrorExtra, ErrorResponse, OperationType, WriteType};
+use crate::error::{DbError, ErrorResponse, OperationType, WriteType};
 use crate::messages::Consistency;
 use crate::response::encode_error;
 
@@ -17,53 +17,50 @@ use crate::response::encode_error;
 pub const OVERLOADED_MESSAGE: &str = "Server is overloaded";
 /// Message of the deadline (timeout) rejections.
 pub const DEADLINE_MESSAGE: &str = "Request deadline passed before execution";
+/// Message of the rejection of a request whose owner shard has stopped.
+pub const SHUTTING_DOWN_MESSAGE: &str = "Server is shutting down";
 /// Message of the per-partition rate-limit rejections.
 pub const RATE_LIMIT_MESSAGE: &str = "Per-partition rate limit reached";
 
 /// Overloaded (0x1001), no body.
-pub const OVERLOADED: ErrorResponse = ErrorResponse::new(ErrorCode::Overloaded, OVERLOADED_MESSAGE);
+pub const OVERLOADED: ErrorResponse = ErrorResponse::new(DbError::Overloaded, OVERLOADED_MESSAGE);
+
+/// Overloaded (0x1001) for a request the stopping node can no longer run.
+pub const SHUTTING_DOWN: ErrorResponse =
+    ErrorResponse::new(DbError::Overloaded, SHUTTING_DOWN_MESSAGE);
 
 /// Write_timeout shaped so that no default retry policy retries it: writeType SIMPLE
 /// (only BATCH_LOG is retried), received 0 of blockfor 1.
 pub const WRITE_DEADLINE: ErrorResponse = ErrorResponse {
-    code: ErrorCode::WriteTimeout,
-    message: DEADLINE_MESSAGE,
-    extra: ErrorExtra::WriteTimeout {
+    error: DbError::WriteTimeout {
         consistency: Consistency::One,
         received: 0,
         block_for: 1,
         write_type: WriteType::Simple,
     },
+    message: DEADLINE_MESSAGE,
 };
 
 /// Read_timeout shaped so that no default retry policy retries it: received 0 < blockfor 1
 /// (policies retry only when enough replicas answered without the data).
 pub const READ_DEADLINE: ErrorResponse = ErrorResponse {
-    code: ErrorCode::ReadTimeout,
-    message: DEADLINE_MESSAGE,
-    extra: ErrorExtra::ReadTimeout {
+    error: DbError::ReadTimeout {
         consistency: Consistency::One,
         received: 0,
         block_for: 1,
         data_present: false,
     },
+    message: DEADLINE_MESSAGE,
 };
 
 /// ScyllaDB's rate-limit error (0xF000) for a connection that negotiated
 /// `SCYLLA_RATE_LIMIT_ERROR`; otherwise Config_error (0x2300), which no default policy retries.
 pub const fn rate_limit_error(op: OperationType, negotiated: bool) -> ErrorResponse {
-    if negotiated {
-        ErrorResponse {
-            code: ErrorCode::RateLimitReached,
-            message: RATE_LIMIT_MESSAGE,
-            extra: ErrorExtra::RateLimit {
-                op,
-                rejected_by_coordinator: true,
-            },
-        }
-    } else {
-        ErrorResponse::new(ErrorCode::ConfigError, RATE_LIMIT_MESSAGE)
-    }
+    let error = DbError::RateLimitReached {
+        op,
+        rejected_by_coordinator: true,
+    };
+    ErrorResponse::new(error.for_client(negotiated), RATE_LIMIT_MESSAGE)
 }
 
 /// Offset of the stream id inside a frame.
@@ -82,10 +79,10 @@ impl PreencodedFrame {
     pub fn new(error: &ErrorResponse) -> PreencodedFrame {
         let mut buf = BytesMut::new();
         encode_error(&mut buf, 0, error, Compression::None);
-        let consistency_offset = match error.extra {
-            ErrorExtra::Unavailable { .. }
-            | ErrorExtra::WriteTimeout { .. }
-            | ErrorExtra::ReadTimeout { .. } => {
+        let consistency_offset = match error.error {
+            DbError::Unavailable { .. }
+            | DbError::WriteTimeout { .. }
+            | DbError::ReadTimeout { .. } => {
                 // header + code int + message string
                 Some(crate::frame::HEADER_LEN + 4 + 2 + error.message.len())
             }
@@ -138,6 +135,8 @@ impl PreencodedFrame {
 pub struct PreencodedErrors {
     /// Overloaded "Server is overloaded".
     pub overloaded: PreencodedFrame,
+    /// Overloaded "Server is shutting down".
+    pub shutting_down: PreencodedFrame,
     /// Write_timeout for a write whose deadline passed.
     pub write_timeout: PreencodedFrame,
     /// Read_timeout for a read whose deadline passed.
@@ -163,6 +162,7 @@ impl PreencodedErrors {
     pub fn new() -> PreencodedErrors {
         PreencodedErrors {
             overloaded: PreencodedFrame::new(&OVERLOADED),
+            shutting_down: PreencodedFrame::new(&SHUTTING_DOWN),
             write_timeout: PreencodedFrame::new(&WRITE_DEADLINE),
             read_timeout: PreencodedFrame::new(&READ_DEADLINE),
             rate_limit_read: PreencodedFrame::new(&rate_limit_error(OperationType::Read, true)),
@@ -215,6 +215,7 @@ mod tests {
         let all = PreencodedErrors::new();
         let cases = [
             (&all.overloaded, OVERLOADED),
+            (&all.shutting_down, SHUTTING_DOWN),
             (&all.write_timeout, WRITE_DEADLINE),
             (&all.read_timeout, READ_DEADLINE),
             (
@@ -281,7 +282,7 @@ mod tests {
         all.write_timeout
             .append_with_consistency(&mut buf, 77, Consistency::LocalQuorum);
         let mut e = WRITE_DEADLINE;
-        e.extra = ErrorExtra::WriteTimeout {
+        e.error = DbError::WriteTimeout {
             consistency: Consistency::LocalQuorum,
             received: 0,
             block_for: 1,

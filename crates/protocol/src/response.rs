@@ -8,7 +8,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use sluice_types::CqlType;
 
 use crate::compression::Compression;
-use crate::error::{DetailedError, ErrorCode, ErrorExtra, ErrorResponse, WriteType};
+use crate::error::{DbError, DetailedError, ErrorResponse, WriteType};
 use crate::frame::{begin_frame, finish_frame, Opcode, EVENT_STREAM};
 use crate::messages::{
     ColumnSpec, Consistency, PreparedMetadata, ResultMessage, Rows, RowsMetadata, SchemaChange,
@@ -403,8 +403,8 @@ pub fn encode_event(buf: &mut BytesMut, event: &Event, compression: Compression)
     finish(buf, start, compression);
 }
 
-/// Writes `<cl><received><blockfor>` with defaults used when an error code demands fields
-/// that its `ErrorExtra` does not carry (keeps the body parseable by every driver).
+/// Writes `<cl><received><blockfor>` with neutral counts, for the failure errors whose
+/// fields Sluice does not track (keeps the body parseable by every driver).
 fn put_default_counts(buf: &mut BytesMut) {
     put_consistency(buf, Consistency::One);
     put_int(buf, 0);
@@ -412,111 +412,88 @@ fn put_default_counts(buf: &mut BytesMut) {
 }
 
 /// Writes the code-specific part of an error body (v4 §9), exactly as drivers parse it.
-fn put_error_extra(
-    buf: &mut BytesMut,
-    code: ErrorCode,
-    extra: &ErrorExtra,
-    already_exists: Option<(&str, &str)>,
-) {
-    match (code, extra) {
-        (
-            ErrorCode::Unavailable,
-            ErrorExtra::Unavailable {
-                consistency,
-                required,
-                alive,
-            },
-        ) => {
-            put_consistency(buf, *consistency);
-            put_int(buf, *required);
-            put_int(buf, *alive);
+fn put_error_fields(buf: &mut BytesMut, error: &DbError, already_exists: Option<(&str, &str)>) {
+    match *error {
+        DbError::Unavailable {
+            consistency,
+            required,
+            alive,
+        } => {
+            put_consistency(buf, consistency);
+            put_int(buf, required);
+            put_int(buf, alive);
         }
-        (
-            ErrorCode::WriteTimeout,
-            ErrorExtra::WriteTimeout {
-                consistency,
-                received,
-                block_for,
-                write_type,
-            },
-        ) => {
-            put_consistency(buf, *consistency);
-            put_int(buf, *received);
-            put_int(buf, *block_for);
+        DbError::WriteTimeout {
+            consistency,
+            received,
+            block_for,
+            write_type,
+        } => {
+            put_consistency(buf, consistency);
+            put_int(buf, received);
+            put_int(buf, block_for);
             put_string(buf, write_type.as_str());
         }
-        (
-            ErrorCode::ReadTimeout,
-            ErrorExtra::ReadTimeout {
-                consistency,
-                received,
-                block_for,
-                data_present,
-            },
-        ) => {
-            put_consistency(buf, *consistency);
-            put_int(buf, *received);
-            put_int(buf, *block_for);
-            buf.put_u8(u8::from(*data_present));
+        DbError::ReadTimeout {
+            consistency,
+            received,
+            block_for,
+            data_present,
+        } => {
+            put_consistency(buf, consistency);
+            put_int(buf, received);
+            put_int(buf, block_for);
+            buf.put_u8(u8::from(data_present));
         }
-        (
-            ErrorCode::RateLimitReached,
-            ErrorExtra::RateLimit {
-                op,
-                rejected_by_coordinator,
-            },
-        ) => {
-            buf.put_u8(*op as u8);
-            buf.put_u8(u8::from(*rejected_by_coordinator));
+        DbError::RateLimitReached {
+            op,
+            rejected_by_coordinator,
+        } => {
+            buf.put_u8(op as u8);
+            buf.put_u8(u8::from(rejected_by_coordinator));
         }
-        (ErrorCode::Unprepared, ErrorExtra::Unprepared { len, id }) => {
-            let len = usize::from(*len).min(id.len());
+        DbError::Unprepared { len, ref id } => {
+            let len = usize::from(len).min(id.len());
             put_short_bytes(buf, &id[..len]);
         }
-        // Codes whose body has fields but whose extra was not given: well-formed defaults.
-        (ErrorCode::Unavailable, _) => put_default_counts(buf),
-        (ErrorCode::WriteTimeout, _) => {
-            put_default_counts(buf);
-            put_string(buf, WriteType::Simple.as_str());
-        }
-        (ErrorCode::ReadTimeout, _) => {
-            put_default_counts(buf);
-            buf.put_u8(0);
-        }
-        (ErrorCode::ReadFailure, _) => {
+        DbError::ReadFailure => {
             put_default_counts(buf);
             put_int(buf, 0);
             buf.put_u8(0);
         }
-        (ErrorCode::WriteFailure, _) => {
+        DbError::WriteFailure => {
             put_default_counts(buf);
             put_int(buf, 0);
             put_string(buf, WriteType::Simple.as_str());
         }
-        (ErrorCode::FunctionFailure, _) => {
+        DbError::FunctionFailure => {
             put_string(buf, "");
             put_string(buf, "");
             put_string_list::<&str>(buf, &[]);
         }
-        (ErrorCode::AlreadyExists, _) => {
+        DbError::AlreadyExists => {
             let (ks, table) = already_exists.unwrap_or(("", ""));
             put_string(buf, ks);
             put_string(buf, table);
         }
-        (ErrorCode::RateLimitReached, _) => {
-            buf.put_u8(0);
-            buf.put_u8(1);
-        }
-        (ErrorCode::Unprepared, _) => put_short_bytes(buf, &[]),
-        _ => {}
+        DbError::ServerError
+        | DbError::ProtocolError
+        | DbError::BadCredentials
+        | DbError::Overloaded
+        | DbError::IsBootstrapping
+        | DbError::TruncateError
+        | DbError::SyntaxError
+        | DbError::Unauthorized
+        | DbError::Invalid
+        | DbError::ConfigError => {}
     }
 }
 
-/// Writes an ERROR body (`<code><message><extra>`) without the frame header.
+/// Writes an ERROR body (`<code><message><fields>`) without the frame header.
 pub fn put_error_body(buf: &mut BytesMut, e: &ErrorResponse) {
-    put_int(buf, e.code as i32);
+    put_int(buf, e.code() as i32);
     put_string(buf, e.message);
-    put_error_extra(buf, e.code, &e.extra, None);
+    put_error_fields(buf, &e.error, None);
 }
 
 /// Appends an ERROR frame for a hot-path error value.
@@ -534,35 +511,28 @@ pub fn encode_detailed_error(
     compression: Compression,
 ) {
     let start = begin_frame(buf, stream, Opcode::Error);
-    put_int(buf, e.code as i32);
+    put_int(buf, e.code() as i32);
     put_string(buf, &e.message);
     let ae = e
         .already_exists
         .as_ref()
         .map(|(ks, t)| (ks.as_str(), t.as_str()));
-    put_error_extra(buf, e.code, &e.extra, ae);
+    put_error_fields(buf, &e.error, ae);
     finish(buf, start, compression);
 }
 
+/// Message of the Unprepared error.
+pub const UNPREPARED_MESSAGE: &str = "Prepared statement not found; re-prepare it";
+
 /// Builds the Unprepared error for an unknown prepared id (echoed, up to 16 bytes).
 pub fn unprepared_error(id: &[u8]) -> ErrorResponse {
-    let mut buf = [0u8; 16];
-    let len = id.len().min(16);
-    buf[..len].copy_from_slice(&id[..len]);
-    ErrorResponse {
-        code: ErrorCode::Unprepared,
-        message: "Prepared statement not found; re-prepare it",
-        extra: ErrorExtra::Unprepared {
-            len: len as u8,
-            id: buf,
-        },
-    }
+    ErrorResponse::new(DbError::unprepared(id), UNPREPARED_MESSAGE)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::OperationType;
+    use crate::error::{ErrorCode, OperationType};
     use crate::frame::{HEADER_LEN, RESPONSE_VERSION};
     use crate::wire::{DecodeError, Reader};
     use bytes::Bytes;
@@ -888,14 +858,13 @@ mod tests {
     #[test]
     fn error_bodies_follow_the_spec() {
         let body = error_body(&ErrorResponse {
-            code: ErrorCode::WriteTimeout,
-            message: "timeout",
-            extra: ErrorExtra::WriteTimeout {
+            error: DbError::WriteTimeout {
                 consistency: Consistency::Quorum,
                 received: 1,
                 block_for: 2,
                 write_type: WriteType::Cas,
             },
+            message: "timeout",
         });
         let mut r = Reader::new(&body);
         assert_eq!(r.read_int().unwrap(), 0x1100);
@@ -906,35 +875,32 @@ mod tests {
         assert_eq!(r.remaining(), 0);
 
         let body = error_body(&ErrorResponse {
-            code: ErrorCode::ReadTimeout,
-            message: "rt",
-            extra: ErrorExtra::ReadTimeout {
+            error: DbError::ReadTimeout {
                 consistency: Consistency::One,
                 received: 0,
                 block_for: 1,
                 data_present: true,
             },
+            message: "rt",
         });
         assert_eq!(&body[body.len() - 11..], &[0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
 
         let body = error_body(&ErrorResponse {
-            code: ErrorCode::RateLimitReached,
-            message: "rl",
-            extra: ErrorExtra::RateLimit {
+            error: DbError::RateLimitReached {
                 op: OperationType::Write,
                 rejected_by_coordinator: true,
             },
+            message: "rl",
         });
         assert_eq!(&body[..], &[0, 0, 0xF0, 0, 0, 2, b'r', b'l', 1, 1]);
 
         let body = error_body(&ErrorResponse {
-            code: ErrorCode::Unavailable,
-            message: "u",
-            extra: ErrorExtra::Unavailable {
+            error: DbError::Unavailable {
                 consistency: Consistency::All,
                 required: 3,
                 alive: 1,
             },
+            message: "u",
         });
         assert_eq!(&body[7..], &[0, 5, 0, 0, 0, 3, 0, 0, 0, 1]);
 
@@ -945,14 +911,13 @@ mod tests {
         assert_eq!(&r.read_short_bytes().unwrap()[..], &[0xAA; 16]);
         assert_eq!(r.remaining(), 0);
 
-        let body = error_body(&ErrorResponse::new(ErrorCode::Overloaded, "busy"));
+        let body = error_body(&ErrorResponse::new(DbError::Overloaded, "busy"));
         assert_eq!(&body[..], &[0, 0, 0x10, 1, 0, 4, b'b', b'u', b's', b'y']);
     }
 
     #[test]
     fn detailed_already_exists_and_defaults() {
-        let mut e = DetailedError::new(ErrorCode::AlreadyExists, format!("Table {} exists", "t"));
-        e.already_exists = Some(("ks".into(), "t".into()));
+        let e = DetailedError::already_exists("ks", "t", format!("Table {} exists", "t"));
         let mut buf = BytesMut::new();
         encode_detailed_error(&mut buf, 1, &e, Compression::None);
         let (_, _, body) = split(buf);
@@ -963,16 +928,29 @@ mod tests {
         assert_eq!(r.read_string().unwrap(), "t");
         assert_eq!(r.remaining(), 0);
 
-        // A code needing fields without its extra still yields a complete body.
-        let body = error_body(&ErrorResponse::new(ErrorCode::WriteTimeout, "w"));
+        // A failure error, whose fields Sluice does not track, still yields a complete body.
+        let body = error_body(&ErrorResponse::new(DbError::WriteFailure, "w"));
         let mut r = Reader::new(&body);
-        r.read_int().unwrap();
+        assert_eq!(r.read_int().unwrap(), 0x1500);
         r.read_string().unwrap();
         r.read_consistency().unwrap();
-        r.read_int().unwrap();
-        r.read_int().unwrap();
+        assert_eq!((r.read_int().unwrap(), r.read_int().unwrap()), (0, 1));
+        assert_eq!(r.read_int().unwrap(), 0);
         assert_eq!(r.read_string().unwrap(), "SIMPLE");
         assert_eq!(r.remaining(), 0);
+    }
+
+    #[test]
+    fn the_code_follows_the_error_and_the_rate_limit_downgrades() {
+        let rl = DbError::RateLimitReached {
+            op: OperationType::Read,
+            rejected_by_coordinator: true,
+        };
+        assert_eq!(rl.code(), ErrorCode::RateLimitReached);
+        assert_eq!(rl.for_client(true), rl);
+        assert_eq!(rl.for_client(false), DbError::ConfigError);
+        assert_eq!(DbError::Invalid.for_client(false), DbError::Invalid);
+        assert_eq!(DbError::unprepared(&[1; 20]).code(), ErrorCode::Unprepared);
     }
 
     #[test]

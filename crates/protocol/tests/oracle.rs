@@ -710,29 +710,29 @@ proptest! {
         let write_type = [WriteType::Simple, WriteType::Batch, WriteType::UnloggedBatch, WriteType::Counter, WriteType::Cas][wt as usize];
         let owt = [OWriteType::Simple, OWriteType::Batch, OWriteType::UnloggedBatch, OWriteType::Counter, OWriteType::Cas][wt as usize].clone();
         let cases: Vec<(ErrorResponse, ErrorCheck)> = vec![
-            (ErrorResponse::new(ErrorCode::Overloaded, "o"), Box::new(|t| matches!(t, ErrorType::Overloaded))),
-            (ErrorResponse::new(ErrorCode::ServerError, "o"), Box::new(|t| matches!(t, ErrorType::Server))),
-            (ErrorResponse::new(ErrorCode::ProtocolError, "o"), Box::new(|t| matches!(t, ErrorType::Protocol))),
-            (ErrorResponse::new(ErrorCode::SyntaxError, "o"), Box::new(|t| matches!(t, ErrorType::Syntax))),
-            (ErrorResponse::new(ErrorCode::Invalid, "o"), Box::new(|t| matches!(t, ErrorType::Invalid))),
-            (ErrorResponse::new(ErrorCode::ConfigError, "o"), Box::new(|t| matches!(t, ErrorType::Config))),
-            (ErrorResponse::new(ErrorCode::BadCredentials, "o"), Box::new(|t| matches!(t, ErrorType::Authentication))),
-            (ErrorResponse::new(ErrorCode::Unauthorized, "o"), Box::new(|t| matches!(t, ErrorType::Unauthorized))),
-            (ErrorResponse::new(ErrorCode::IsBootstrapping, "o"), Box::new(|t| matches!(t, ErrorType::IsBootstrapping))),
-            (ErrorResponse::new(ErrorCode::TruncateError, "o"), Box::new(|t| matches!(t, ErrorType::Truncate))),
-            (ErrorResponse::new(ErrorCode::ReadFailure, "o"), Box::new(|t| matches!(t, ErrorType::ReadFailure(_)))),
-            (ErrorResponse::new(ErrorCode::WriteFailure, "o"), Box::new(|t| matches!(t, ErrorType::WriteFailure(_)))),
-            (ErrorResponse::new(ErrorCode::FunctionFailure, "o"), Box::new(|t| matches!(t, ErrorType::FunctionFailure(_)))),
+            (ErrorResponse::new(DbError::Overloaded, "o"), Box::new(|t| matches!(t, ErrorType::Overloaded))),
+            (ErrorResponse::new(DbError::ServerError, "o"), Box::new(|t| matches!(t, ErrorType::Server))),
+            (ErrorResponse::new(DbError::ProtocolError, "o"), Box::new(|t| matches!(t, ErrorType::Protocol))),
+            (ErrorResponse::new(DbError::SyntaxError, "o"), Box::new(|t| matches!(t, ErrorType::Syntax))),
+            (ErrorResponse::new(DbError::Invalid, "o"), Box::new(|t| matches!(t, ErrorType::Invalid))),
+            (ErrorResponse::new(DbError::ConfigError, "o"), Box::new(|t| matches!(t, ErrorType::Config))),
+            (ErrorResponse::new(DbError::BadCredentials, "o"), Box::new(|t| matches!(t, ErrorType::Authentication))),
+            (ErrorResponse::new(DbError::Unauthorized, "o"), Box::new(|t| matches!(t, ErrorType::Unauthorized))),
+            (ErrorResponse::new(DbError::IsBootstrapping, "o"), Box::new(|t| matches!(t, ErrorType::IsBootstrapping))),
+            (ErrorResponse::new(DbError::TruncateError, "o"), Box::new(|t| matches!(t, ErrorType::Truncate))),
+            (ErrorResponse::new(DbError::ReadFailure, "o"), Box::new(|t| matches!(t, ErrorType::ReadFailure(_)))),
+            (ErrorResponse::new(DbError::WriteFailure, "o"), Box::new(|t| matches!(t, ErrorType::WriteFailure(_)))),
+            (ErrorResponse::new(DbError::FunctionFailure, "o"), Box::new(|t| matches!(t, ErrorType::FunctionFailure(_)))),
             (
-                ErrorResponse { code: ErrorCode::Unavailable, message: "u", extra: ErrorExtra::Unavailable { consistency: cl, required: a, alive: b } },
+                ErrorResponse { error: DbError::Unavailable { consistency: cl, required: a, alive: b }, message: "u" },
                 Box::new(move |t| matches!(t, ErrorType::Unavailable(e) if e.cl == to_oracle_cl(cl) && e.required == a && e.alive == b)),
             ),
             (
-                ErrorResponse { code: ErrorCode::WriteTimeout, message: "w", extra: ErrorExtra::WriteTimeout { consistency: cl, received: a, block_for: b, write_type } },
+                ErrorResponse { error: DbError::WriteTimeout { consistency: cl, received: a, block_for: b, write_type }, message: "w" },
                 Box::new(move |t| matches!(t, ErrorType::WriteTimeout(e) if e.cl == to_oracle_cl(cl) && e.received == a && e.block_for == b && e.write_type == owt)),
             ),
             (
-                ErrorResponse { code: ErrorCode::ReadTimeout, message: "r", extra: ErrorExtra::ReadTimeout { consistency: cl, received: a, block_for: b, data_present: present } },
+                ErrorResponse { error: DbError::ReadTimeout { consistency: cl, received: a, block_for: b, data_present: present }, message: "r" },
                 Box::new(move |t| matches!(t, ErrorType::ReadTimeout(e) if e.cl == to_oracle_cl(cl) && e.received == a && e.block_for == b && e.replica_has_responded() == present)),
             ),
             (
@@ -762,8 +762,7 @@ proptest! {
             prop_assert!(ok(&body.ty), "{:?}", body.ty);
         }
         // Detailed errors: owned message and Already_exists.
-        let mut d = DetailedError::new(ErrorCode::AlreadyExists, msg.clone());
-        d.already_exists = Some((ks.clone(), table.clone()));
+        let d = DetailedError::already_exists(ks.clone(), table.clone(), msg.clone());
         let raw = encoded(|buf| encode_detailed_error(buf, stream, &d, c));
         let ResponseBody::Error(body) = parse_oracle(&raw, stream, OOpcode::Error, c) else { panic!() };
         prop_assert_eq!(body.message, msg);

@@ -1,8 +1,9 @@
-//! [A] Admission: protects the shard, decided from the 9-byte frame header alone.
+//! The shard's admission controller: protects the shard, decided from the 9-byte frame header
+//! alone. The decision point is `pipeline/admit.rs`; this is the state it consults.
 //!
-//! Order of the defences (issue 4):
+//! Order of the defences:
 //!
-//! 1. Backpressure, in `connection.rs`: per-connection and per-shard caps on requests and
+//! 1. Backpressure, in `pipeline/admit.rs`: per-connection and per-shard caps on requests and
 //!    request bytes in flight stop the reader from reading the socket while over a cap, so
 //!    the client queues instead of the server. Nothing is rejected.
 //! 2. Delay-based shedding, here: every execution request (QUERY, EXECUTE, BATCH, PREPARE)
@@ -25,7 +26,7 @@
 //!    even while the queue itself looks short. While overloaded, the queue keeps only what it
 //!    can dispatch within the CoDel target and turns further arrivals away from the header,
 //!    and a connection at its in-flight cap keeps reading and answers the excess `Overloaded`
-//!    instead of pausing (see `connection.rs`): reading and rejecting costs far less than
+//!    instead of pausing (see `pipeline/admit.rs`): reading and rejecting costs far less than
 //!    leaving the excess to time out unseen in the kernel.
 //!
 //! Connection-state requests (OPTIONS, STARTUP, REGISTER, AUTH_RESPONSE) bypass the queue:
@@ -42,21 +43,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use sluice_overload::{
     AdmissionController, AdmissionStats, Arrival, Clock, Deadline, Nanos, SystemClock, Verdict,
 };
 use sluice_protocol::frame::{FrameHeader, Opcode};
-use sluice_protocol::preencoded::PreencodedErrors;
-use sluice_protocol::ErrorResponse;
 use tracing::info;
 
 use crate::metrics::ShardMetrics;
 use crate::shard::ShardCtx;
 use crate::ServerConfig;
-
-/// The `Overloaded` answer (0x1001): no body, static message.
-pub const OVERLOADED: ErrorResponse = sluice_protocol::preencoded::OVERLOADED;
 
 /// Aggregated rejection counts are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(1);
@@ -66,7 +61,7 @@ const LOG_EVERY: Duration = Duration::from_secs(1);
 pub enum Admit {
     /// Go on; wait for the ticket's [`Outcome`] before decoding the body.
     Accept(Ticket),
-    /// Answer `Overloaded` at once ([`ShardAdmission::append_overloaded`]); the body is
+    /// Answer `Overloaded` at once (`pipeline::reply`); the body is
     /// never decoded.
     Reject,
 }
@@ -135,7 +130,6 @@ pub struct ShardAdmission {
     /// The queue's deadline bound: the exact deadline needs the body (`USING TIMEOUT`), so
     /// the queue uses the largest per-kind default; the exact one is checked after decode.
     queue_timeout: Duration,
-    frames: PreencodedErrors,
     admitted: u64,
     counts: Logged,
     logged: Logged,
@@ -179,7 +173,6 @@ impl ShardAdmission {
             last_arrival: (Instant::now(), Nanos::ZERO),
             queue_capacity,
             queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
-            frames: PreencodedErrors::new(),
             admitted: 0,
             counts: Logged::default(),
             logged: Logged::default(),
@@ -333,12 +326,6 @@ impl ShardAdmission {
         metrics.rejected_overloaded.fetch_add(1, Relaxed);
     }
 
-    /// Appends the pre-encoded `Overloaded` frame for `stream` (a copy and a 2-byte patch).
-    #[inline]
-    pub fn append_overloaded(&self, buf: &mut BytesMut, stream: i16) {
-        self.frames.overloaded.append(buf, stream);
-    }
-
     /// Dispatches queued requests while the concurrency limit allows, and wakes the
     /// requests that were dispatched, shed or found expired.
     fn pump(&mut self, now: Nanos, metrics: &ShardMetrics) {
@@ -352,8 +339,8 @@ impl ShardAdmission {
             let next = ctl.dispatch(now, |idx, verdict| {
                 let outcome = match verdict {
                     Verdict::Expired => {
+                        // Counted as expired when it is answered (`pipeline::reply`).
                         counts.expired += 1;
-                        metrics.expired_before_execution.fetch_add(1, Relaxed);
                         Outcome::Expired
                     }
                     Verdict::Shed | Verdict::Serve => {
@@ -454,6 +441,7 @@ impl ShardAdmission {
             match state {
                 SlotState::Running(_) if !sample => ctl.on_turned_away_after_dispatch(),
                 SlotState::Running(start) => {
+                    metrics.latency_samples.fetch_add(1, Relaxed);
                     ctl.on_complete(now.saturating_duration_since(start), now)
                 }
                 SlotState::Queued => {
@@ -561,24 +549,9 @@ impl Admitted {
         .await
     }
 
-    /// Appends the pre-encoded rejection for `outcome` to `buf` (Overloaded for a shed
-    /// request, the typed timeout for an expired one; nothing otherwise). The body was never
-    /// decoded, so read or write is unknown except for BATCH: Read_timeout with 0 of 1
-    /// replicas answered is retried by no default policy, like the Write_timeout.
-    pub fn append_rejection(&self, outcome: Outcome, op: Opcode, buf: &mut BytesMut, stream: i16) {
-        match outcome {
-            Outcome::Shed => self.shard.admission.borrow().append_overloaded(buf, stream),
-            Outcome::Expired => {
-                let a = self.shard.admission.borrow();
-                let frame = if op == Opcode::Batch {
-                    &a.frames.write_timeout
-                } else {
-                    &a.frames.read_timeout
-                };
-                frame.append(buf, stream);
-            }
-            Outcome::Run | Outcome::Dropped => {}
-        }
+    /// True when the request may run now: it bypassed the queue or was dispatched.
+    pub fn is_dispatched(&self) -> bool {
+        self.shard.admission.borrow().is_dispatched(self.ticket)
     }
 }
 
@@ -678,11 +651,6 @@ mod tests {
             a.admit(&header(Opcode::Options, 4), now.into(), 7, &m),
             Admit::Accept(Ticket::BYPASS)
         );
-        let mut buf = BytesMut::new();
-        a.append_overloaded(&mut buf, 0x1234);
-        assert_eq!(&buf[2..4], &[0x12, 0x34]);
-        assert_eq!(buf[4], Opcode::Error as u8);
-        assert_eq!(&buf[9..13], &0x1001i32.to_be_bytes());
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! requests in flight at once (answered out of order, by stream id), and a single writer
 //! that flushes whatever answers have accumulated in one `write_all`.
 //!
-//! The reader runs each request itself until it must wait (group commit, the admission
-//! queue, another shard); only then does the request get a task of its own. An EXECUTE
-//! turned away by its deadline or the rate limiter is answered before that, from its head.
+//! The reader hands each frame to the request pipeline ([`crate::pipeline`]), which runs it
+//! in the reader until it must wait (group commit, the admission queue, another shard); only
+//! then does the request get a task of its own.
 //!
 //! Bounds: at most `max_inflight_per_connection` requests in flight per connection and
 //! `max_inflight_per_shard` per shard (and as many request bytes). Over a cap, the socket is
@@ -24,11 +24,9 @@
 //! behind the frames read before it, counts as queueing for admission. The kernel stamps only
 //! a read's newest byte; the frames before it are spread back towards the earliest their
 //! bytes can have come ([`crate::socket_wait::ReadArrivals`]). Without the stamp, a saturated
-//! shard that still kept its own queue short let its excess age unseen in the socket buffer:
-//! reads past capacity collapsed to a few thousand answers in time a second, with no
-//! `Overloaded` (docs/benchmark.md, seventh session). Without the spread, a reader that runs
-//! its requests itself saw every read as young and shed nothing until deadlines passed
-//! (ninth session).
+//! shard that kept its own queue short let its excess age unseen in the socket buffer;
+//! without the spread, a reader that runs its requests itself saw every read as young and
+//! shed nothing until deadlines passed (docs/benchmark.md records both).
 //! The reader takes its in-flight slots without awaiting while they are free (no cooperative
 //! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
 //! and yields to the shard's other tasks every [`READ_QUANTUM`] frames (a request it ran
@@ -46,19 +44,17 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::{Engine, Session};
-use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, FrameError, Opcode, HEADER_LEN};
-use sluice_protocol::{ErrorCode, ErrorResponse};
+use sluice_protocol::frame::{FrameDecoder, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
 
-use crate::admission::Admit;
-use crate::budget::{Budget, Held};
-use crate::request::Early;
+use crate::budget::Budget;
+use crate::pipeline::admit::{self, Admission};
+use crate::pipeline::{self, reply};
 use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
@@ -117,7 +113,7 @@ impl Outbox {
     }
 
     /// Stops accepting answers and lets the writer finish.
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.set(true);
         self.ready.notify_one();
     }
@@ -144,160 +140,83 @@ pub struct ConnState {
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// Serves one accepted socket until the client closes it, it misbehaves, or shutdown.
+impl ConnState {
+    /// A new connection's state on `shard`: not started, no compression, empty outbox.
+    pub fn new(shard: &ShardCtx) -> ConnState {
+        ConnState {
+            outbox: Rc::new(Outbox::new()),
+            compression: Cell::new(Compression::None),
+            ready: Cell::new(false),
+            opt_ins: Cell::new(StartupOptIns::default()),
+            session: RefCell::new(Session::default()),
+            inflight: Budget::new(shard.config.max_inflight_per_connection),
+            inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
+            events: RefCell::new(None),
+        }
+    }
+}
+
+/// Serves one accepted socket until the client closes it, it misbehaves, or shutdown:
+/// read, take each complete frame, hand it to the pipeline.
 pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     shard.metrics.connections.fetch_add(1, Relaxed);
     let _guard = ConnectionCount(shard.clone());
-    if stream.set_nonblocking(true).is_err() {
-        return;
-    }
-    let Ok(stream) = TcpStream::from_std(stream) else {
+    let Some((mut rd, wr, stamped)) = socket(stream) else {
         return;
     };
-    let peer = stream.peer_addr().ok();
-    // Without stamps the reader still works; admission then sees only the loop lag.
-    let stamped = crate::socket_wait::enable(std::os::fd::AsRawFd::as_raw_fd(&stream)).is_ok();
-    let (mut rd, wr) = stream.into_split();
-    let conn = Rc::new(ConnState {
-        outbox: Rc::new(Outbox::new()),
-        compression: Cell::new(Compression::None),
-        ready: Cell::new(false),
-        opt_ins: Cell::new(StartupOptIns::default()),
-        session: RefCell::new(Session::default()),
-        inflight: Budget::new(shard.config.max_inflight_per_connection),
-        inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
-        events: RefCell::new(None),
-    });
+    let conn = Rc::new(ConnState::new(&shard));
     let writer =
         tokio::task::spawn_local(write_loop(wr, conn.outbox.clone(), shard.engine.clone()));
     let _close_outbox = CloseOnDrop(conn.outbox.clone());
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
-    let conn_id = Rc::as_ptr(&conn) as usize;
-    // When the frames of the last socket read arrived: spread between the earliest its first
-    // byte can have come and the kernel's stamp of its newest (`Arrival::Received`), or
-    // (without stamps) all at the instant of the read (`Arrival::Read`).
-    let connected_at = Instant::now();
-    let mut arrivals = ReadArrivals::all_at(connected_at);
-    let mut last_read = LastRead::connected(connected_at);
-    // The end of the last backpressure pause: bytes that waited in the kernel while the
-    // reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
-    // counts from before it.
-    let mut resumed_at = connected_at;
+    let mut reads = ReadState::new(Instant::now());
     let mut since_yield = 0usize;
-    let mut read_size = READ_CHUNK;
 
     'read: loop {
-        // Pull every complete frame already buffered.
+        // Every complete frame already buffered. The header first: a frame turned away from
+        // it is skipped without taking its body.
         loop {
-            // The header first: a frame turned away from it is skipped without taking its body.
             let header = match decoder.next_header(&mut buf) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
-                    protocol_close(&shard, &conn, e);
+                    reply::protocol_close(&shard, &conn, e);
                     break 'read;
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let mut arrival = arrivals.next_arrival(HEADER_LEN + header.length as usize);
+            let arrival = reads
+                .arrivals
+                .next_arrival(HEADER_LEN + header.length as usize);
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let opcode = header.opcode;
-            // Bytes caps: a frame larger than a cap takes the whole cap (frames are bounded
-            // by max_frame_bytes), so it waits for the scope to drain instead of stalling.
-            let bytes = header.length as usize;
-            let permits = match try_permits(&shard, &conn, bytes) {
-                Some(p) => p,
-                None => {
-                    // Over a cap. Overloaded, read on and turn the excess away from the header
-                    // while the client still reads its answers; otherwise pause the socket.
-                    if !bypasses_caps(opcode)
-                        && conn.outbox.pending() < MAX_OUTBOX_BYTES
-                        && shard.admission.borrow_mut().reject_over_cap(Instant::now())
-                    {
-                        shard
-                            .admission
-                            .borrow_mut()
-                            .count_rejected_over_cap(&shard.metrics);
-                        FrameDecoder::skip_body(&mut buf, &header);
-                        reject_overloaded(&shard, &conn, header.stream);
-                        continue;
-                    }
-                    shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
-                    let p = wait_permits(&shard, &conn, bytes).await;
-                    // Backpressure by design: this frame and those still buffered waited in
-                    // the client's queue, as if unread, not in the shard's; they count from now.
-                    resumed_at = Instant::now();
-                    arrivals = ReadArrivals::all_at(resumed_at);
-                    arrival = Arrival::Read(resumed_at);
-                    p
+            let request = match admit::admit(&shard, &conn, &header, arrival).await {
+                Admission::Admitted(r) => r,
+                Admission::AdmittedAfterPause(r) => {
+                    reads.resumed(r.arrival);
+                    r
                 }
-            };
-            // [A] admission: decided from the 9-byte header alone, before the body is decoded.
-            let admit =
-                shard
-                    .admission
-                    .borrow_mut()
-                    .admit(&header, arrival, conn_id, &shard.metrics);
-            let ticket = match admit {
-                Admit::Accept(t) => t,
-                Admit::Reject => {
+                Admission::Overloaded => {
                     FrameDecoder::skip_body(&mut buf, &header);
-                    reject_overloaded(&shard, &conn, header.stream);
+                    reply::overloaded_from_header(&shard, &conn, header.stream);
                     continue;
                 }
             };
             let frame = FrameDecoder::take_frame(&mut buf, header);
-            shard.metrics.inflight.fetch_add(1, Relaxed);
-            let in_flight = InFlight {
-                shard: shard.clone(),
-                conn: conn.clone(),
-                stream: frame.header.stream,
-                answered: false,
-                _permits: permits,
-            };
-            if bypasses_caps(opcode) {
-                // Connection-state requests are handled in order, inline.
-                crate::request::handle(in_flight, frame, arrival.at(), ticket, None).await;
+            let Some(pending) = pipeline::start(request, frame) else {
                 if conn.outbox.closed.get() {
                     break 'read;
                 }
                 continue;
-            }
-            // [C] and [B] for an EXECUTE that may run now, here: one turned away there is
-            // answered without a task.
-            let (in_flight, early) = if opcode == Opcode::Execute
-                && conn.ready.get()
-                && shard.admission.borrow().is_dispatched(ticket)
-            {
-                match crate::request::precheck_in_reader(in_flight, &frame, arrival.at()) {
-                    Early::Answered => {
-                        shard
-                            .admission
-                            .borrow_mut()
-                            .complete_turned_away(ticket, &shard.metrics);
-                        continue;
-                    }
-                    Early::Spawn(in_flight, early) => (in_flight, early),
-                }
-            } else {
-                (in_flight, None)
             };
-            // Boxed: the request's state machine is ~3 KB, and a task holding it inline
+            // Boxed: the request's state machine is large, and a task holding it inline
             // copies all of it when it is spawned and again when it completes.
-            let request = Box::pin(crate::request::handle(
-                in_flight,
-                frame,
-                arrival.at(),
-                ticket,
-                early,
-            ));
-            if let Some(waiting) = run_until_it_waits(request).await {
+            if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
                 tokio::task::spawn_local(waiting);
             }
             since_yield += INLINE_RUN_WEIGHT;
@@ -307,50 +226,105 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
                 conn.outbox.drained.notified().await;
             }
-            resumed_at = Instant::now();
+            reads.resumed_at = Instant::now();
         }
         if conn.outbox.closed.get() {
             break;
         }
-        make_room(&mut buf, read_size);
+        make_room(&mut buf, reads.size);
         let spare = buf.capacity() - buf.len();
         tokio::select! {
             r = read(&mut rd, &mut buf, stamped) => match r {
+                // The client is gone: nobody waits for the answers, so requests that have not
+                // started executing are dropped.
                 Ok(Read { len: 0, .. }) | Err(_) => {
-                    // The client is gone: nobody waits for the answers, so requests that
-                    // have not started executing are dropped (see `request::execute`).
                     conn.outbox.close();
                     break;
                 }
                 Ok(r) => {
                     let carried = buf.len() - r.len;
-                    arrivals = last_read.next(&r, spare, carried, Instant::now(), resumed_at);
-                    read_size = if r.len >= spare {
-                        (read_size * 2).min(READ_AHEAD)
-                    } else {
-                        READ_CHUNK
-                    };
+                    reads.completed(&r, spare, carried);
                 }
             },
             _ = shutdown.changed() => break,
         }
     }
-    debug!(?peer, "connection closing");
+    close(&shard, &conn).await;
+    let _ = writer.await;
+    buf.advance(buf.len());
+}
+
+/// The socket in non-blocking mode, split, and whether the kernel stamps its reads.
+fn socket(stream: std::net::TcpStream) -> Option<(OwnedReadHalf, OwnedWriteHalf, bool)> {
+    stream.set_nonblocking(true).ok()?;
+    let stream = TcpStream::from_std(stream).ok()?;
+    // Without stamps the reader still works; admission then sees only the loop lag.
+    let stamped = crate::socket_wait::enable(std::os::fd::AsRawFd::as_raw_fd(&stream)).is_ok();
+    let (rd, wr) = stream.into_split();
+    Some((rd, wr, stamped))
+}
+
+/// Ends a connection: drops its queued requests if its client is gone, answers what is in
+/// flight (bounded by the drain timeout), then lets the writer flush and close.
+async fn close(shard: &ShardCtx, conn: &Rc<ConnState>) {
+    debug!("connection closing");
     if conn.outbox.is_closed() {
-        // Nobody waits for the answers of its queued requests: drop them from the queue.
         shard
             .admission
             .borrow_mut()
-            .drop_connection(conn_id, &shard.metrics);
+            .drop_connection(Rc::as_ptr(conn) as usize, &shard.metrics);
     }
     if let Some(events) = conn.events.borrow_mut().take() {
         events.abort();
     }
-    // Answer what is in flight (bounded by the drain timeout), then flush and close.
     let _ = tokio::time::timeout(shard.config.drain_timeout, conn.inflight.drained()).await;
     conn.outbox.close();
-    let _ = writer.await;
-    buf.advance(buf.len());
+}
+
+/// When the frames of the last socket read arrived, and how much the next read takes.
+struct ReadState {
+    /// The frames of the last read: spread between the earliest its first byte can have come
+    /// and the kernel's stamp of its newest (`Arrival::Received`), or (without stamps) all at
+    /// the instant of the read (`Arrival::Read`).
+    arrivals: ReadArrivals,
+    last_read: LastRead,
+    /// The end of the last backpressure pause: bytes that waited in the kernel while the
+    /// reader stopped on purpose waited in the client's queue, not the shard's, so no stamp
+    /// counts from before it.
+    resumed_at: Instant,
+    /// The next read's size.
+    size: usize,
+}
+
+impl ReadState {
+    fn new(connected_at: Instant) -> ReadState {
+        ReadState {
+            arrivals: ReadArrivals::all_at(connected_at),
+            last_read: LastRead::connected(connected_at),
+            resumed_at: connected_at,
+            size: READ_CHUNK,
+        }
+    }
+
+    /// The reader paused over an in-flight cap and resumed at `at`: what is still buffered
+    /// counts from then.
+    fn resumed(&mut self, at: Instant) {
+        self.resumed_at = at;
+        self.arrivals = ReadArrivals::all_at(at);
+    }
+
+    /// A read of `r.len` bytes completed into a buffer that had `spare` bytes free and
+    /// `carried` bytes of an unfinished frame.
+    fn completed(&mut self, r: &Read, spare: usize, carried: usize) {
+        self.arrivals = self
+            .last_read
+            .next(r, spare, carried, Instant::now(), self.resumed_at);
+        self.size = if r.len >= spare {
+            (self.size * 2).min(READ_AHEAD)
+        } else {
+            READ_CHUNK
+        };
+    }
 }
 
 /// Gives `buf` room for a read of `read_size` bytes. The read-ahead depends on it: reserving
@@ -400,39 +374,6 @@ async fn run_until_it_waits<F: Future<Output = ()>>(
     .then_some(request)
 }
 
-/// A request's in-flight slots: its connection's and shard's requests and bytes.
-type Permits = (Held, Held, Held, Held);
-
-/// Connection-state requests (driver heartbeats, handshake) are handled inline, never queued
-/// and never turned away over a cap: rejecting a heartbeat makes a driver drop the connection.
-#[inline]
-fn bypasses_caps(op: Opcode) -> bool {
-    matches!(
-        op,
-        Opcode::Options | Opcode::Startup | Opcode::Register | Opcode::AuthResponse
-    )
-}
-
-/// Takes a request's slots if all four are free now, without awaiting (so without spending
-/// the task's cooperative budget); `None` if a cap is reached (nothing is kept then).
-#[inline]
-fn try_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Option<Permits> {
-    let c = conn.inflight.try_take(1)?;
-    let s = shard.inflight.try_take(1)?;
-    let cbytes = conn.inflight_bytes.try_take(bytes)?;
-    let sbytes = shard.inflight_bytes.try_take(bytes)?;
-    Some((c, s, cbytes, sbytes))
-}
-
-/// Waits for a request's slots, the socket unread meanwhile (backpressure).
-async fn wait_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Permits {
-    let c = conn.inflight.take(1).await;
-    let s = shard.inflight.take(1).await;
-    let cbytes = conn.inflight_bytes.take(bytes).await;
-    let sbytes = shard.inflight_bytes.take(bytes).await;
-    (c, s, cbytes, sbytes)
-}
-
 /// Decrements the shard's connection gauge when the connection task ends (even by panic).
 struct ConnectionCount(Rc<ShardCtx>);
 
@@ -448,88 +389,6 @@ struct CloseOnDrop(Rc<Outbox>);
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
         self.0.close();
-    }
-}
-
-/// A malformed or unsupported frame: answer ProtocolError (or the §1.1 unsupported-version
-/// reply) on its stream, then close this connection only.
-fn protocol_close(shard: &ShardCtx, conn: &ConnState, e: FrameError) {
-    shard.metrics.count_error(ErrorCode::ProtocolError as u32);
-    shard.metrics.protocol_closes.fetch_add(1, Relaxed);
-    conn.outbox.push(|b| e.encode_reply(b));
-    conn.outbox.close();
-}
-
-/// Answers `stream` with the pre-encoded `Overloaded` frame (a copy and a stream-id patch:
-/// no allocation beyond the outbox's capacity, no formatting, no logging).
-pub fn reject_overloaded(shard: &ShardCtx, conn: &ConnState, stream: i16) {
-    shard.metrics.count_overloaded_error();
-    let admission = shard.admission.borrow();
-    conn.outbox.push(|b| admission.append_overloaded(b, stream));
-}
-
-/// Answers `stream` with a static error (no allocation beyond the outbox's capacity).
-pub fn answer_error(shard: &ShardCtx, conn: &ConnState, stream: i16, err: &ErrorResponse) {
-    shard.metrics.count_error(err.code as u32);
-    let compression = conn.compression.get();
-    conn.outbox
-        .push(|b| sluice_protocol::response::encode_error(b, stream, err, compression));
-}
-
-/// A request between admission and its answer: holds the in-flight permits and, if dropped
-/// unanswered (a panic in the request path), answers Server_error so the client's stream
-/// is not left hanging.
-pub struct InFlight {
-    /// The shard.
-    pub shard: Rc<ShardCtx>,
-    /// The connection.
-    pub conn: Rc<ConnState>,
-    /// The request's stream id.
-    pub stream: i16,
-    answered: bool,
-    _permits: Permits,
-}
-
-impl InFlight {
-    /// Writes the answer through `encode`; `ok` tells whether it is a result (for metrics).
-    pub fn answer(mut self, ok: bool, encode: impl FnOnce(&mut BytesMut)) {
-        if ok {
-            self.shard.metrics.served.fetch_add(1, Relaxed);
-        }
-        self.conn.outbox.push(encode);
-        self.answered = true;
-    }
-
-    /// Drops the request unanswered because its client disconnected; nothing is executed.
-    pub fn abandon(mut self) {
-        self.shard.metrics.abandoned.fetch_add(1, Relaxed);
-        self.answered = true;
-    }
-
-    /// Appends a pre-encoded error frame through `encode` (counted as error `code`).
-    pub fn answer_preencoded(mut self, code: ErrorCode, encode: impl FnOnce(&mut BytesMut)) {
-        self.shard.metrics.count_error(code as u32);
-        self.conn.outbox.push(encode);
-        self.answered = true;
-    }
-
-    /// Answers with a static error.
-    pub fn answer_error(mut self, err: &ErrorResponse) {
-        answer_error(&self.shard, &self.conn, self.stream, err);
-        self.answered = true;
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.shard.metrics.inflight.fetch_sub(1, Relaxed);
-        if !self.answered {
-            const INTERNAL: ErrorResponse = ErrorResponse::new(
-                ErrorCode::ServerError,
-                "internal error while serving the request",
-            );
-            answer_error(&self.shard, &self.conn, self.stream, &INTERNAL);
-        }
     }
 }
 

@@ -1,8 +1,8 @@
-//! [B] Per-partition rate limiter of a shard (issue 3).
+//! The per-partition rate limiter of a shard.
 //!
 //! Each shard owns one [`RateLimiter`] (fixed-size table of counters from `sluice-overload`),
-//! reached through `&mut self` with no lock. `request.rs` consults it once per operation,
-//! on the shard that owns the partition:
+//! reached through `&mut self` with no lock. `pipeline/check.rs` consults it once per
+//! operation, on the shard that owns the partition:
 //!
 //! * a single-partition statement is checked on the shard that owns its token: locally when
 //!   the driver is shard-aware, else the check travels with the forwarded execution
@@ -29,8 +29,7 @@ use sluice_overload::{
     Clock, Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig, SystemClock,
     TableLimitSnapshot, TableLimitStats,
 };
-use sluice_protocol::preencoded::{PreencodedErrors, PreencodedFrame, RATE_LIMIT_MESSAGE};
-use sluice_protocol::{DetailedError, ErrorCode, ErrorExtra, OperationType};
+use sluice_protocol::OperationType;
 
 use crate::metrics::ShardMetrics;
 use crate::shard::ShardCtx;
@@ -82,20 +81,6 @@ pub fn protocol_op(op: OpType) -> OperationType {
     }
 }
 
-/// The rejection as a `DetailedError` (no allocation: static message), for the reply of a
-/// forwarded execution; the receiving shard answers it with the pre-encoded frame.
-pub fn rejection(op: OpType) -> DetailedError {
-    DetailedError {
-        code: ErrorCode::RateLimitReached,
-        message: std::borrow::Cow::Borrowed(RATE_LIMIT_MESSAGE),
-        extra: ErrorExtra::RateLimit {
-            op: protocol_op(op),
-            rejected_by_coordinator: true,
-        },
-        already_exists: None,
-    }
-}
-
 /// Folds a table id into the limiter's 32-bit table key (ids are random UUIDs; a collision
 /// only matters for two tables that also share a token).
 #[inline]
@@ -114,7 +99,6 @@ pub struct ShardLimiter {
     rng: u64,
     /// Shard-local view of this shard's per-table counters (bounded by the number of tables).
     tables: HashMap<TableId, Arc<TableLimitStats>>,
-    errors: PreencodedErrors,
     checked: u64,
 }
 
@@ -129,7 +113,6 @@ impl ShardLimiter {
             // xorshift must not start at zero.
             rng: h.finish() | 1,
             tables: HashMap::new(),
-            errors: PreencodedErrors::new(),
             checked: 0,
         }
     }
@@ -188,12 +171,6 @@ impl ShardLimiter {
             Decision::Accept => LimitDecision::Accept,
             Decision::Reject => LimitDecision::Reject(c.op),
         }
-    }
-
-    /// The pre-encoded rejection frame for `op` (`negotiated`: the connection sent
-    /// `SCYLLA_RATE_LIMIT_ERROR` at STARTUP).
-    pub fn rejection_frame(&self, op: OpType, negotiated: bool) -> &PreencodedFrame {
-        self.errors.rate_limit(protocol_op(op), negotiated)
     }
 
     /// Operations accounted by the limiter on this shard (limited tables only).
@@ -421,20 +398,6 @@ mod tests {
         assert_ne!(table_key(&a), table_key(&b));
     }
 
-    #[test]
-    fn rejection_is_the_typed_rate_limit_error_without_allocation() {
-        let e = rejection(OpType::Write);
-        assert_eq!(e.code, ErrorCode::RateLimitReached);
-        assert!(matches!(e.message, std::borrow::Cow::Borrowed(_)));
-        assert_eq!(
-            e.extra,
-            ErrorExtra::RateLimit {
-                op: OperationType::Write,
-                rejected_by_coordinator: true
-            }
-        );
-    }
-
     fn engine() -> (Arc<Engine>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
@@ -589,12 +552,15 @@ mod tests {
         let c = check(&mut l, a);
         assert_eq!(l.check(&c, &e, &metrics), LimitDecision::Accept);
         let mut out = BytesMut::with_capacity(4096);
+        let frames = sluice_protocol::PreencodedErrors::new();
         let before = allocations();
         let mut rejected = 0;
         for stream in 0..50i16 {
             let c = check(&mut l, a);
             if let LimitDecision::Reject(op) = l.check(&c, &e, &metrics) {
-                l.rejection_frame(op, true).append(&mut out, stream);
+                frames
+                    .rate_limit(protocol_op(op), true)
+                    .append(&mut out, stream);
                 rejected += 1;
             }
         }
@@ -602,7 +568,9 @@ mod tests {
         assert!(rejected >= 45, "{rejected} rejected");
         // The typed error for negotiated connections, Config_error otherwise.
         assert_eq!(&out[9..13], &[0, 0, 0xF0, 0]);
-        let config = l.rejection_frame(OpType::Read, false).as_bytes();
+        let config = frames
+            .rate_limit(protocol_op(OpType::Read), false)
+            .as_bytes();
         assert_eq!(&config[9..13], &[0, 0, 0x23, 0]);
 
         // A dropped table's counters go away when the next table registers.

@@ -85,12 +85,15 @@ pub struct ShardMetrics {
     pub loop_lag_us: AtomicI64,
     /// The adaptive limit on requests in execution, at the last probe.
     pub concurrency_limit: AtomicI64,
+    /// Executed requests whose latency fed the adaptive concurrency limit (requests turned
+    /// away after dispatch are not among them).
+    pub latency_samples: AtomicU64,
     /// Admission queue delay histogram: cumulative counts per `QUEUE_DELAY_BUCKETS_US`
     /// upper bound, then +Inf.
     queue_delay_buckets: [AtomicU64; QUEUE_DELAY_BUCKETS_US.len() + 1],
     /// Sum of observed queue delays in microseconds.
     queue_delay_sum_us: AtomicU64,
-    /// [B] per-table accepted/rejected counters of the per-partition rate limiter.
+    /// Per-table accepted/rejected counters of the per-partition rate limiter.
     pub rate_limits: crate::limiter::LimitMetrics,
 }
 
@@ -231,7 +234,7 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         }
     }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 11] = [
+    let simple: [(&str, &str, &str, Getter); 12] = [
         (
             "sluice_admission_queued",
             "gauge",
@@ -264,6 +267,12 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             "gauge",
             "Open client connections.",
             |m| m.connections.load(Relaxed),
+        ),
+        (
+            "sluice_admission_latency_samples_total",
+            "counter",
+            "Executed requests whose latency fed the adaptive concurrency limit.",
+            |m| m.latency_samples.load(Relaxed) as i64,
         ),
         (
             "sluice_cross_shard_forwards_total",

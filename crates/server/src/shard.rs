@@ -12,7 +12,8 @@ use std::thread::JoinHandle;
 
 use bytes::BytesMut;
 use sluice_engine::{Engine, Prepared, RequestContext, Session};
-use sluice_protocol::{DetailedError, QueryParameters, ResultMessage};
+use sluice_protocol::preencoded::PreencodedErrors;
+use sluice_protocol::QueryParameters;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
@@ -20,6 +21,8 @@ use crate::admission::ShardAdmission;
 use crate::budget::Budget;
 use crate::limiter::ShardLimiter;
 use crate::metrics::ShardMetrics;
+use crate::pipeline::execute::Failure;
+use crate::pipeline::reply::Rejection;
 use crate::{listener, ServerConfig, SharedMetrics, IGNORE_MSB};
 
 /// Bound of each shard's queue of new connections.
@@ -37,10 +40,10 @@ pub struct Forwarded {
     pub session: Session,
     /// Deadline and time.
     pub ctx: RequestContext,
-    /// [B] the limiter check to run here, on the owner, before executing.
+    /// The rate limiter's check to run here, on the owner, before executing.
     pub limit: Option<crate::limiter::LimitCheck>,
     /// Where the owner answers.
-    pub reply: oneshot::Sender<(Session, Result<ResultMessage, DetailedError>)>,
+    pub reply: oneshot::Sender<crate::pipeline::execute::ForwardedAnswer>,
 }
 
 /// How other threads reach a shard.
@@ -50,7 +53,7 @@ pub struct ShardHandle {
     pub connections: mpsc::Sender<std::net::TcpStream>,
     /// Executions forwarded from other shards.
     pub forwards: mpsc::Sender<Forwarded>,
-    /// [B] limiter checks of multi-partition operations, for the partitions this shard owns.
+    /// Rate limiter checks of multi-partition operations, for the partitions this shard owns.
     pub limits: mpsc::Sender<crate::limiter::LimitRequest>,
 }
 
@@ -74,10 +77,12 @@ pub struct ShardCtx {
     pub inflight: Rc<Budget>,
     /// Per-shard cap on request bytes in flight.
     pub inflight_bytes: Rc<Budget>,
-    /// [A] per-shard admission state.
+    /// Per-shard admission state.
     pub admission: RefCell<ShardAdmission>,
-    /// [B] per-shard limiter state.
+    /// Per-shard rate limiter state.
     pub limiter: RefCell<ShardLimiter>,
+    /// The rejections' error frames, encoded once (`pipeline::reply` patches the stream id).
+    pub frames: PreencodedErrors,
     /// Becomes true when the node shuts down.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -168,6 +173,7 @@ impl Server {
                         inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
                         admission: RefCell::new(ShardAdmission::new(&config)),
                         limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
+                        frames: PreencodedErrors::new(),
                         config,
                         metrics: m,
                         peers,
@@ -263,7 +269,7 @@ async fn run_shard(
     let _ = tokio::time::timeout(ctx.config.drain_timeout * 2, drain).await;
 }
 
-/// [A] The shard's event-loop lag probe: every `every`, it makes itself ready (a yield) and
+/// The shard's event-loop lag probe for admission: every `every`, it makes itself ready (a yield) and
 /// measures how long it waits to run again. A connection's reader waits as long between its
 /// bytes arriving and being read, a wait no queue of the server sees; admission counts it.
 /// One wake-up per `every`: a few microseconds of CPU per millisecond at most.
@@ -289,23 +295,25 @@ async fn lag_probe(ctx: Rc<ShardCtx>, every: std::time::Duration) {
 fn run_forwarded(ctx: &Rc<ShardCtx>, fwd: Forwarded) {
     ctx.metrics.forwards_in.fetch_add(1, Relaxed);
     let ctx = ctx.clone();
-    // [B] the forwarded single-partition operation is accounted on its owner, once.
+    // The forwarded single-partition operation is rate-limited on its owner, once.
     if let Some(c) = &fwd.limit {
         let d = ctx.limiter.borrow_mut().check(c, &ctx.engine, &ctx.metrics);
         if let crate::limiter::LimitDecision::Reject(op) = d {
+            let rejected = Rejection::RateLimited(op);
             let _ = fwd
                 .reply
-                .send((fwd.session, Err(crate::limiter::rejection(op))));
+                .send((fwd.session, Err(Failure::Rejected(rejected))));
             return;
         }
     }
     tokio::task::spawn_local(async move {
         let mut session = fwd.session;
-        // [C] the engine checks the deadline again before any storage work.
+        // The engine checks the deadline again before any storage work.
         let result = ctx
             .engine
             .execute(&mut session, &fwd.prepared, &fwd.params, &fwd.ctx)
-            .await;
+            .await
+            .map_err(Failure::Error);
         let _ = fwd.reply.send((session, result));
     });
 }

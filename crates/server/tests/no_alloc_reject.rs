@@ -71,13 +71,16 @@ fn overloaded_rejection_from_the_header_allocates_nothing() {
     }
     // The connection's write buffer has its usual spare capacity.
     let mut out = BytesMut::with_capacity(64 << 10);
+    let frames = sluice_protocol::PreencodedErrors::new();
     const N: i16 = 1000;
     let before = allocations();
     for s in 100..100 + N {
         let bytes = header_bytes(s);
         let h = FrameHeader::parse(&bytes, 1 << 20).unwrap();
         match admission.admit(&h, Instant::now().into(), 1, &metrics) {
-            Admit::Reject => admission.append_overloaded(&mut out, h.stream),
+            Admit::Reject => {
+                frames.overloaded.append(&mut out, h.stream);
+            }
             Admit::Accept(_) => panic!("a full queue must reject"),
         }
     }

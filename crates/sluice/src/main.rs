@@ -181,7 +181,7 @@ fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::Se
     s.shard_aware_port = cfg.shard_aware_port;
     s.max_frame_bytes = cfg.max_frame_bytes as u32;
     s.metrics_listen = cfg.metrics_listen;
-    s.timeouts = sluice_server::Timeouts {
+    s.timeouts = sluice_server::DeadlineDefaults {
         read: cfg.read_timeout,
         write: cfg.write_timeout,
         range: cfg.range_timeout,

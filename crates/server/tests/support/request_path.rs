@@ -116,6 +116,7 @@ pub struct Bench {
     session: Session,
     decoder: FrameDecoder,
     admission: ShardAdmission,
+    frames: sluice_protocol::PreencodedErrors,
     metrics: ShardMetrics,
     limiter: RateLimiter,
     table_stats: TableLimitStats,
@@ -149,7 +150,7 @@ impl Bench {
                 // As connection::reject_overloaded does.
                 FrameDecoder::skip_body(&mut self.input, &header);
                 self.metrics.count_overloaded_error();
-                self.admission.append_overloaded(&mut self.out, stream)
+                self.frames.overloaded.append(&mut self.out, stream);
             }
             Admit::Accept(ticket) => {
                 let frame = FrameDecoder::take_frame(&mut self.input, header);
@@ -305,6 +306,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         session: Session::default(),
         decoder: FrameDecoder::new(1 << 20),
         admission: ShardAdmission::new(&config),
+        frames: sluice_protocol::PreencodedErrors::new(),
         metrics: ShardMetrics::default(),
         limiter: RateLimiter::new(RateLimiterConfig::default()),
         table_stats: TableLimitStats::default(),

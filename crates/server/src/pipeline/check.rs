@@ -1,0 +1,215 @@
+//! Every reason to turn a statement away before it runs, cheapest first, in one function
+//! ([`check`]): the client is gone, the statement is unknown, its deadline has passed, the
+//! shard that owns its partition has stopped, or the per-partition rate limiter rejects it.
+//! QUERY, EXECUTE and BATCH all pass through it.
+
+use std::time::{Duration, Instant};
+
+use sluice_engine::{LimitedPartition, OpKind, Prepared};
+use sluice_overload::RequestKind;
+use sluice_protocol::{BatchRequest, Value};
+
+use super::classify::UnknownId;
+use super::reply::Rejection;
+use super::Request;
+use crate::limiter::{op_type, LimitCheck, LimitDecision};
+use crate::shard::ShardCtx;
+
+/// The longest a deadline can be from its arrival: bounds a huge `USING TIMEOUT` so that
+/// the instant arithmetic cannot overflow.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// What [`check`] looks at.
+#[derive(Clone, Copy)]
+pub enum Subject<'a> {
+    /// One statement and its positional values.
+    Single {
+        /// The statement.
+        prepared: &'a Prepared,
+        /// Its positional values (all of them).
+        values: &'a [Value],
+        /// Its bound `USING TIMEOUT`.
+        using_timeout: Option<Duration>,
+    },
+    /// An EXECUTE of an id the statement cache does not hold.
+    Unknown(UnknownId),
+    /// A BATCH.
+    Batch {
+        /// The batch.
+        batch: &'a BatchRequest,
+        /// The smallest `USING TIMEOUT` among its statements.
+        using_timeout: Option<Duration>,
+    },
+}
+
+/// What the rate limiter still has to do for a checked statement.
+pub enum LimitPlan {
+    /// Nothing: no limited table, or accepted here.
+    Done,
+    /// The partition belongs to another shard: its limiter decides there, with the execution.
+    OnOwner(LimitCheck),
+    /// Several partitions, each decided by the shard that owns it ([`ask_owners`]).
+    AskOwners(Vec<LimitedPartition>),
+}
+
+/// A statement that passed [`check`].
+pub struct Checked {
+    /// Its deadline.
+    pub deadline: Instant,
+    /// The shard that owns its single partition, if it has one.
+    pub owner: Option<usize>,
+    /// What the rate limiter still has to decide.
+    pub limit: LimitPlan,
+}
+
+/// The request kind of a statement kind, which selects its default timeout.
+pub fn request_kind(kind: OpKind) -> RequestKind {
+    match kind {
+        OpKind::Read => RequestKind::Read,
+        OpKind::Write => RequestKind::Write,
+        OpKind::Range => RequestKind::Range,
+        OpKind::Schema | OpKind::Other => RequestKind::Other,
+    }
+}
+
+/// The deadline of every QUERY, EXECUTE and BATCH: its arrival plus its `USING TIMEOUT`,
+/// else the server's default for its kind.
+pub fn deadline(
+    shard: &ShardCtx,
+    kind: RequestKind,
+    using_timeout: Option<Duration>,
+    arrival: Instant,
+) -> Instant {
+    let timeout = shard.config.timeouts.timeout_for(kind, using_timeout);
+    arrival + timeout.min(LONGEST_TIMEOUT)
+}
+
+/// Decides whether `request` may run, cheapest reason first. A single partition owned by
+/// this shard is rate-limited here; anything the limiters of other shards decide is left in
+/// [`Checked::limit`].
+pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejection> {
+    debug_assert!(
+        !request.answered,
+        "a request is checked before it is answered"
+    );
+    debug_assert!(
+        request.admitted.is_dispatched(),
+        "a request is checked only once admission lets it run"
+    );
+    let shard = &request.shard;
+    // Nobody is waiting for this answer any more: do not work on it.
+    if request.conn.outbox.is_closed() {
+        return Err(Rejection::ClientGone);
+    }
+    let (kind, using_timeout) = match subject {
+        Subject::Unknown(id) => return Err(Rejection::Unprepared(id)),
+        Subject::Single {
+            prepared,
+            using_timeout,
+            ..
+        } => (request_kind(prepared.kind), using_timeout),
+        Subject::Batch { using_timeout, .. } => (RequestKind::Write, using_timeout),
+    };
+    // Before any routing work, so that an expired request costs the least.
+    let deadline = deadline(shard, kind, using_timeout, request.arrival);
+    if Instant::now() >= deadline {
+        return Err(Rejection::Expired(kind));
+    }
+    match subject {
+        Subject::Single {
+            prepared,
+            values,
+            using_timeout,
+        } => check_single(shard, prepared, values, using_timeout, deadline),
+        Subject::Batch { batch, .. } => {
+            // A batch counts one write per distinct partition of a limited table.
+            let keyspace = request.conn.session.borrow().keyspace.clone();
+            let parts = shard
+                .engine
+                .batch_limited_partitions(keyspace.as_deref(), batch);
+            Ok(Checked {
+                deadline,
+                owner: None,
+                limit: ask_owners_of(parts),
+            })
+        }
+        Subject::Unknown(id) => Err(Rejection::Unprepared(id)),
+    }
+}
+
+/// Routing and the rate limiter of one statement.
+fn check_single(
+    shard: &ShardCtx,
+    prepared: &Prepared,
+    values: &[Value],
+    using_timeout: Option<Duration>,
+    deadline: Instant,
+) -> Result<Checked, Rejection> {
+    let route = shard
+        .engine
+        .route_with_timeout(prepared, values, using_timeout);
+    let owner = route.token.map(|t| shard.owner_of(t));
+    let remote = owner.filter(|&o| o != shard.id);
+    if let Some(o) = remote {
+        if shard.peers.get(o).is_none_or(|p| p.forwards.is_closed()) {
+            return Err(Rejection::ShuttingDown);
+        }
+    }
+    let mut checked = Checked {
+        deadline,
+        owner,
+        limit: LimitPlan::Done,
+    };
+    // The rate limiter counts a partition on the shard that owns it. Tables without a limit
+    // skip all of it.
+    if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
+        checked.limit = ask_owners_of(shard.engine.limited_partitions(prepared, values));
+    } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
+        route.token,
+        route.table,
+        route.rate_limits,
+        op_type(route.kind),
+    ) {
+        if let Some(limit) = rl.for_kind(route.kind) {
+            let mut limiter = shard.limiter.borrow_mut();
+            let check = LimitCheck {
+                table,
+                token,
+                op,
+                limit,
+                random: limiter.draw(),
+            };
+            if remote.is_some() {
+                checked.limit = LimitPlan::OnOwner(check);
+            } else if let LimitDecision::Reject(op) =
+                limiter.check(&check, &shard.engine, &shard.metrics)
+            {
+                return Err(Rejection::RateLimited(op));
+            }
+        }
+    }
+    Ok(checked)
+}
+
+/// The plan for the partitions of a multi-partition operation.
+fn ask_owners_of(parts: Vec<LimitedPartition>) -> LimitPlan {
+    if parts.is_empty() {
+        LimitPlan::Done
+    } else {
+        LimitPlan::AskOwners(parts)
+    }
+}
+
+/// The rate-limiter part of [`check`] that awaits: each partition of a multi-partition
+/// operation is decided by the shard that owns it (this shard's at once, others' through a
+/// round trip, paid only on limited tables).
+pub async fn ask_owners(request: &Request, mut checked: Checked) -> Result<Checked, Rejection> {
+    if let LimitPlan::AskOwners(parts) = &checked.limit {
+        let decision = crate::limiter::check_partitions(&request.shard, parts).await;
+        if let LimitDecision::Reject(op) = decision {
+            return Err(Rejection::RateLimited(op));
+        }
+        checked.limit = LimitPlan::Done;
+    }
+    Ok(checked)
+}

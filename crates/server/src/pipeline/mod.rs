@@ -1,0 +1,203 @@
+//! The request pipeline: one request is one [`Request`] value that flows through plain
+//! functions, one stage per file, in this order:
+//!
+//! ```text
+//! admit.rs     from the 9-byte header: in-flight caps, the shard's admission queue  -> Overloaded
+//! classify.rs  decode the body once: control requests, or one statement shape
+//! control.rs   OPTIONS, STARTUP, REGISTER, AUTH_RESPONSE, PREPARE: connection state
+//! check.rs     every reason to turn a statement away, cheapest first, in one function
+//! execute.rs   on this shard, or forwarded to the shard that owns the partition
+//! reply.rs     every answer: results, errors, and rejections from pre-encoded frames
+//! ```
+//!
+//! Stages that do not wait run in the connection's reader ([`start`]); a request that has to
+//! wait (a queued admission, another shard's limiter or execution, group commit) continues in
+//! [`finish`], which the reader polls once and spawns as a task only if it is still waiting.
+//! A dispatched EXECUTE is checked in [`start`] from its head (id and leading values), so
+//! one turned away by its deadline or the rate limiter costs neither a task nor a full decode.
+
+pub mod admit;
+pub mod check;
+pub mod classify;
+pub mod control;
+pub mod execute;
+pub mod reply;
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_engine::Prepared;
+use sluice_protocol::frame::{Frame, Opcode};
+use sluice_protocol::ExecuteHead;
+
+use crate::admission::{Admitted, Outcome};
+use crate::budget::Held;
+use crate::connection::ConnState;
+use crate::shard::ShardCtx;
+use check::Checked;
+use classify::Classified;
+use reply::Rejection;
+
+/// A request's in-flight units: its connection's and its shard's requests and bytes.
+pub type Permits = (Held, Held, Held, Held);
+
+/// One request between its admission and its answer. Holds its in-flight permits and its
+/// place in the admission queue, both given back when it is dropped; dropped unanswered (a
+/// panic in the request path), it answers Server_error so the client's stream is not left
+/// hanging.
+pub struct Request {
+    /// The shard serving it.
+    pub shard: Rc<ShardCtx>,
+    /// Its connection.
+    pub conn: Rc<ConnState>,
+    /// Its stream id.
+    pub stream: i16,
+    /// Its opcode.
+    pub opcode: Opcode,
+    /// When its frame arrived (see `socket_wait`): the deadline counts from here.
+    pub arrival: Instant,
+    pub(crate) admitted: Admitted,
+    pub(crate) answered: bool,
+    _permits: Permits,
+}
+
+impl Request {
+    /// A request admitted with `admitted` and holding `permits`.
+    pub(crate) fn new(
+        shard: Rc<ShardCtx>,
+        conn: Rc<ConnState>,
+        header: &sluice_protocol::FrameHeader,
+        arrival: Instant,
+        admitted: Admitted,
+        permits: Permits,
+    ) -> Request {
+        shard.metrics.inflight.fetch_add(1, Relaxed);
+        Request {
+            shard,
+            conn,
+            stream: header.stream,
+            opcode: header.opcode,
+            arrival,
+            admitted,
+            answered: false,
+            _permits: permits,
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.shard.metrics.inflight.fetch_sub(1, Relaxed);
+        if !self.answered {
+            reply::internal_error(&self.shard, &self.conn, self.stream);
+        }
+    }
+}
+
+/// What [`start`] leaves to [`finish`].
+pub struct Pending {
+    request: Request,
+    frame: Frame,
+    /// An EXECUTE that passed [`check::check`] in the reader, from its head.
+    early: Option<(Arc<Prepared>, Checked)>,
+}
+
+/// Runs the stages that need no wait, in the reader. Returns what is left, if anything.
+pub fn start(request: Request, frame: Frame) -> Option<Pending> {
+    if control::bypasses_queue(request.opcode) {
+        control::handle_frame(request, frame);
+        return None;
+    }
+    if request.opcode != Opcode::Execute
+        || !request.conn.ready.get()
+        || frame.header.is_compressed()
+        || !request.admitted.is_dispatched()
+    {
+        return Some(Pending {
+            request,
+            frame,
+            early: None,
+        });
+    }
+    // The head is read once, here; the full decode happens only if the request goes on.
+    let mut head = ExecuteHead::default();
+    let known = match head.read(&frame.header, &frame.body) {
+        Ok(()) if head.complete() => request.shard.engine.prepared(&head.id),
+        _ => None,
+    };
+    let Some(prepared) = known else {
+        return Some(Pending {
+            request,
+            frame,
+            early: None,
+        });
+    };
+    let using_timeout = match classify::using_timeout(&request.shard, &prepared, head.values()) {
+        Ok(t) => t,
+        Err(e) => {
+            reply::error(request, &e);
+            return None;
+        }
+    };
+    let subject = check::Subject::Single {
+        prepared: &prepared,
+        values: head.values(),
+        using_timeout,
+    };
+    match check::check(&request, subject) {
+        Ok(checked) => Some(Pending {
+            request,
+            frame,
+            early: Some((prepared, checked)),
+        }),
+        Err(rejection) => {
+            reply::reject(request, rejection);
+            None
+        }
+    }
+}
+
+/// The stages after [`start`]: wait for admission if queued, classify, check, execute and
+/// reply. Polled once in the reader; a task only if it waits.
+pub async fn finish(pending: Pending) {
+    let Pending {
+        request,
+        frame,
+        early,
+    } = pending;
+    match request.admitted.outcome().await {
+        Outcome::Run => {}
+        Outcome::Dropped => return reply::reject(request, Rejection::ClientGone),
+        Outcome::Shed => return reply::reject(request, Rejection::Overloaded),
+        Outcome::Expired => {
+            let kind = classify::kind_of_opcode(request.opcode);
+            return reply::reject(request, Rejection::Expired(kind));
+        }
+    }
+    let (known, early_checked) = match early {
+        Some((prepared, checked)) => (Some(prepared), Some(checked)),
+        None => (None, None),
+    };
+    let statement = match classify::classify(&request, frame, known) {
+        Ok(Classified::Statement(s)) => s,
+        Ok(Classified::Control(c)) => return control::handle(request, c),
+        Err(e) => return reply::error(request, &e),
+    };
+    let checked = match early_checked {
+        Some(c) => c,
+        None => match check::check(&request, statement.subject()) {
+            Ok(c) => c,
+            Err(rejection) => return reply::reject(request, rejection),
+        },
+    };
+    let checked = match check::ask_owners(&request, checked).await {
+        Ok(c) => c,
+        Err(rejection) => return reply::reject(request, rejection),
+    };
+    match execute::execute(&request, statement, checked).await {
+        Ok(result) => reply::result(request, &result),
+        Err(failure) => reply::failure(request, failure),
+    }
+}
