@@ -44,8 +44,9 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::{Engine, Session};
+use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, HEADER_LEN};
+use sluice_protocol::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -100,6 +101,14 @@ impl Outbox {
         }
         encode(&mut self.buf.borrow_mut());
         self.ready.notify_one();
+    }
+
+    /// Moves every answer not yet written into `into` (which must be empty): what the
+    /// writer does before each socket write, for a caller that drains the outbox itself.
+    pub fn take(&self, into: &mut BytesMut) {
+        debug_assert!(into.is_empty(), "answers are taken into an empty buffer");
+        std::mem::swap(&mut *self.buf.borrow_mut(), into);
+        self.drained.notify_one();
     }
 
     /// Bytes not yet handed to the socket.
@@ -195,31 +204,14 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let request = match admit::admit(&shard, &conn, &header, arrival).await {
-                Admission::Admitted(r) => r,
-                Admission::AdmittedAfterPause(r) => {
-                    reads.resumed(r.arrival);
-                    r
-                }
-                Admission::Overloaded => {
-                    FrameDecoder::skip_body(&mut buf, &header);
-                    reply::overloaded_from_header(&shard, &conn, header.stream);
-                    continue;
-                }
-            };
-            let frame = FrameDecoder::take_frame(&mut buf, header);
-            let Some(pending) = pipeline::start(request, frame) else {
-                if conn.outbox.closed.get() {
-                    break 'read;
-                }
-                continue;
-            };
-            // Boxed: the request's state machine is large, and a task holding it inline
-            // copies all of it when it is spawned and again when it completes.
-            if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
-                tokio::task::spawn_local(waiting);
+            let handled = handle_frame(&shard, &conn, &mut buf, header, arrival).await;
+            if let Some(at) = handled.resumed_at {
+                reads.resumed(at);
             }
-            since_yield += INLINE_RUN_WEIGHT;
+            if conn.outbox.closed.get() {
+                break 'read;
+            }
+            since_yield += handled.weight;
         }
         // Do not read more while the answers pile up unread by the client.
         if conn.outbox.pending() > MAX_OUTBOX_BYTES {
@@ -252,6 +244,54 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     close(&shard, &conn).await;
     let _ = writer.await;
     buf.advance(buf.len());
+}
+
+/// What became of one frame handed to the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handled {
+    /// The reader paused over an in-flight cap before admitting it and resumed then.
+    pub resumed_at: Option<Instant>,
+    /// What it counts towards [`READ_QUANTUM`] beyond its frame.
+    pub weight: usize,
+}
+
+/// Hands the frame whose `header` was just read from `buf` to the pipeline: admission from
+/// the header (the body is skipped if it is turned away), then every stage that runs in the
+/// reader; a request that has to wait is spawned as a task.
+pub async fn handle_frame(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    header: FrameHeader,
+    arrival: Arrival<Instant>,
+) -> Handled {
+    let mut handled = Handled {
+        resumed_at: None,
+        weight: 0,
+    };
+    let request = match admit::admit(shard, conn, &header, arrival).await {
+        Admission::Admitted(r) => r,
+        Admission::AdmittedAfterPause(r) => {
+            handled.resumed_at = Some(r.arrival);
+            r
+        }
+        Admission::Overloaded => {
+            FrameDecoder::skip_body(buf, &header);
+            reply::overloaded_from_header(shard, conn, header.stream);
+            return handled;
+        }
+    };
+    let frame = FrameDecoder::take_frame(buf, header);
+    let Some(pending) = pipeline::start(request, frame) else {
+        return handled;
+    };
+    // Boxed: the request's state machine is large, and a task holding it inline copies all
+    // of it when it is spawned and again when it completes.
+    if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
+        tokio::task::spawn_local(waiting);
+    }
+    handled.weight = INLINE_RUN_WEIGHT;
+    handled
 }
 
 /// The socket in non-blocking mode, split, and whether the kernel stamps its reads.

@@ -88,10 +88,85 @@ pub struct ShardCtx {
 }
 
 impl ShardCtx {
+    /// Shard `id` of `nr_shards`: its admission, limiter and in-flight budgets, fresh.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        nr_shards: usize,
+        engine: Arc<Engine>,
+        config: Arc<ServerConfig>,
+        metrics: Arc<ShardMetrics>,
+        peers: Arc<Vec<ShardHandle>>,
+        shard_aware_port: Option<u16>,
+        shutdown: watch::Receiver<bool>,
+    ) -> ShardCtx {
+        let options =
+            crate::supported::supported_options(id, nr_shards, shard_aware_port, &config.host_id);
+        let mut supported = BytesMut::new();
+        sluice_protocol::response::encode_supported(&mut supported, 0, &options);
+        ShardCtx {
+            id,
+            nr_shards,
+            engine,
+            inflight: Budget::new(config.max_inflight_per_shard),
+            inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
+            admission: RefCell::new(ShardAdmission::new(&config)),
+            limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
+            frames: PreencodedErrors::new(),
+            config,
+            metrics,
+            peers,
+            supported,
+            shutdown,
+        }
+    }
+
+    /// A node's only shard, outside any thread or listener: the request pipeline over an
+    /// in-memory connection (instruction counts, allocation and invariant tests). Must be
+    /// used on a current-thread runtime inside a `LocalSet`; the returned [`Standalone`]
+    /// keeps its channels open.
+    pub fn standalone(config: ServerConfig, engine: Arc<Engine>) -> (Rc<ShardCtx>, Standalone) {
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (connections, connections_rx) = mpsc::channel(1);
+        let (forwards, forwards_rx) = mpsc::channel(1);
+        let (limits, limits_rx) = mpsc::channel(1);
+        let peers = Arc::new(vec![ShardHandle {
+            connections,
+            forwards,
+            limits,
+        }]);
+        let metrics = Arc::new(ShardMetrics::default());
+        let ctx = ShardCtx::new(
+            0,
+            1,
+            engine,
+            Arc::new(config),
+            metrics,
+            peers,
+            None,
+            shutdown_rx,
+        );
+        let standalone = Standalone {
+            _shutdown: shutdown_tx,
+            _connections: connections_rx,
+            _forwards: forwards_rx,
+            _limits: limits_rx,
+        };
+        (Rc::new(ctx), standalone)
+    }
+
     /// The shard that owns `token`.
     pub fn owner_of(&self, token: i64) -> usize {
         sluice_types::token::shard_of(token, self.nr_shards as u32, IGNORE_MSB) as usize
     }
+}
+
+/// What keeps a [`ShardCtx::standalone`] shard's channels open.
+pub struct Standalone {
+    _shutdown: watch::Sender<bool>,
+    _connections: mpsc::Receiver<std::net::TcpStream>,
+    _forwards: mpsc::Receiver<Forwarded>,
+    _limits: mpsc::Receiver<crate::limiter::LimitRequest>,
 }
 
 /// A running node: shard threads plus the listener thread.
@@ -154,32 +229,17 @@ impl Server {
                         }
                     };
                     let local = tokio::task::LocalSet::new();
-                    let supported = {
-                        let opts = crate::supported::supported_options(
-                            id,
-                            n,
-                            shard_aware_addr.map(|a| a.port()),
-                            &config.host_id,
-                        );
-                        let mut buf = BytesMut::new();
-                        sluice_protocol::response::encode_supported(&mut buf, 0, &opts);
-                        buf
-                    };
-                    let ctx = Rc::new(ShardCtx {
+                    let shard_aware_port = shard_aware_addr.map(|a| a.port());
+                    let ctx = Rc::new(ShardCtx::new(
                         id,
-                        nr_shards: n,
+                        n,
                         engine,
-                        inflight: Budget::new(config.max_inflight_per_shard),
-                        inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
-                        admission: RefCell::new(ShardAdmission::new(&config)),
-                        limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
-                        frames: PreencodedErrors::new(),
                         config,
-                        metrics: m,
+                        m,
                         peers,
-                        supported,
+                        shard_aware_port,
                         shutdown,
-                    });
+                    ));
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;
             threads.push(t);
