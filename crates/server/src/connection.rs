@@ -38,15 +38,15 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use sluice_engine::{Engine, Session};
+use sluice_engine::Session;
 use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
+use sluice_storage::AckBarrier;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -174,8 +174,11 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         return;
     };
     let conn = Rc::new(ConnState::new(&shard));
-    let writer =
-        tokio::task::spawn_local(write_loop(wr, conn.outbox.clone(), shard.engine.clone()));
+    let writer = tokio::task::spawn_local(write_loop(
+        wr,
+        conn.outbox.clone(),
+        shard.ack_barrier.clone(),
+    ));
     let _close_outbox = CloseOnDrop(conn.outbox.clone());
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
@@ -435,7 +438,7 @@ impl Drop for CloseOnDrop {
 /// Drains the outbox into the socket: every wake-up writes everything accumulated so far in
 /// one `write_all` (answers flushed in batches).
 ///
-/// Before each write it runs storage's acknowledgement barrier (`Storage::ack_barrier`): in
+/// Before each write it flushes storage's acknowledgement barrier ([`AckBarrier`]): in
 /// Periodic mode a write is answered once its journal buffer is in the OS, and the requests
 /// leave that to this barrier (`RequestContext::ack_barrier`), so that a write ends in the
 /// reader that ran it instead of waiting for the rest of the event-loop turn in a task of its
@@ -443,7 +446,7 @@ impl Drop for CloseOnDrop {
 /// which flushes everything applied before it, covers them all with one `write(2)` per store.
 /// If the journal cannot be written, no answer of the batch is sent and the connection
 /// closes: its client cannot be told which writes stand.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, engine: Arc<Engine>) {
+async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, ack_barrier: AckBarrier) {
     let mut spare = BytesMut::with_capacity(READ_CHUNK);
     loop {
         if out.buf.borrow().is_empty() {
@@ -454,7 +457,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, engine: Arc<Engine>
             continue;
         }
         std::mem::swap(&mut *out.buf.borrow_mut(), &mut spare);
-        let result = match engine.storage().ack_barrier() {
+        let result = match ack_barrier.flush() {
             Ok(()) => wr.write_all(&spare).await,
             Err(e) => {
                 tracing::error!(error = %e, "journal write failed; closing the connection unanswered");
@@ -556,7 +559,7 @@ mod tests {
             let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
             let config =
                 ServerConfig::new("127.0.0.1:0".parse().unwrap(), shards, host.to_string());
-            let server = Server::start(config, engine).unwrap();
+            let server = Server::start(config, engine, storage.ack_barrier()).unwrap();
             TestNode {
                 server: Some(server),
                 storage,

@@ -14,6 +14,7 @@ use bytes::BytesMut;
 use sluice_engine::{Engine, Prepared, RequestContext, Session};
 use sluice_protocol::preencoded::PreencodedErrors;
 use sluice_protocol::QueryParameters;
+use sluice_storage::AckBarrier;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
@@ -85,6 +86,9 @@ pub struct ShardCtx {
     pub frames: PreencodedErrors,
     /// Becomes true when the node shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// Storage's acknowledgement barrier: each connection's writer flushes it before it
+    /// writes answers, so requests may be answered as soon as their writes are applied.
+    pub ack_barrier: AckBarrier,
 }
 
 impl ShardCtx {
@@ -99,6 +103,7 @@ impl ShardCtx {
         peers: Arc<Vec<ShardHandle>>,
         shard_aware_port: Option<u16>,
         shutdown: watch::Receiver<bool>,
+        ack_barrier: AckBarrier,
     ) -> ShardCtx {
         let options =
             crate::supported::supported_options(id, nr_shards, shard_aware_port, &config.host_id);
@@ -118,6 +123,7 @@ impl ShardCtx {
             peers,
             supported,
             shutdown,
+            ack_barrier,
         }
     }
 
@@ -125,7 +131,11 @@ impl ShardCtx {
     /// in-memory connection (instruction counts, allocation and invariant tests). Must be
     /// used on a current-thread runtime inside a `LocalSet`; the returned [`Standalone`]
     /// keeps its channels open.
-    pub fn standalone(config: ServerConfig, engine: Arc<Engine>) -> (Rc<ShardCtx>, Standalone) {
+    pub fn standalone(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        ack_barrier: AckBarrier,
+    ) -> (Rc<ShardCtx>, Standalone) {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (connections, connections_rx) = mpsc::channel(1);
         let (forwards, forwards_rx) = mpsc::channel(1);
@@ -145,6 +155,7 @@ impl ShardCtx {
             peers,
             None,
             shutdown_rx,
+            ack_barrier,
         );
         let standalone = Standalone {
             _shutdown: shutdown_tx,
@@ -180,8 +191,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listeners and starts the shards. Fails only at start-up (bind errors).
-    pub fn start(config: ServerConfig, engine: Arc<Engine>) -> io::Result<Server> {
+    /// Binds the listeners and starts the shards, which flush `ack_barrier` before they write
+    /// answers. Fails only at start-up (bind errors).
+    pub fn start(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        ack_barrier: AckBarrier,
+    ) -> io::Result<Server> {
         let config = Arc::new(config);
         let n = config.shards.max(1);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -215,6 +231,7 @@ impl Server {
             let peers = peers.clone();
             let m = metrics[id].clone();
             let shutdown = shutdown_rx.clone();
+            let ack_barrier = ack_barrier.clone();
             let t = std::thread::Builder::new()
                 .name(format!("sluice-shard-{id}"))
                 .spawn(move || {
@@ -239,6 +256,7 @@ impl Server {
                         peers,
                         shard_aware_port,
                         shutdown,
+                        ack_barrier,
                     ));
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;

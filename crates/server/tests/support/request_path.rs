@@ -143,7 +143,7 @@ impl Wire {
         self.unflushed += self.last.len();
         if self.unflushed > BARRIER_EVERY {
             self.unflushed = 0;
-            shard.engine.storage().ack_barrier().expect("ack barrier");
+            shard.ack_barrier.flush().expect("ack barrier");
         }
         self.last[4]
     }
@@ -207,6 +207,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     })
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
+    let ack_barrier = storage.ack_barrier();
     let engine = Engine::open(storage, info).expect("engine");
     let config = if path == "overloaded" {
         // One execution slot and a one-request queue, both taken: every frame is shed.
@@ -221,7 +222,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     let local = tokio::task::LocalSet::new();
     let (shard, standalone) = {
         let _entered = rt.enter();
-        ShardCtx::standalone(config, engine)
+        ShardCtx::standalone(config, engine, ack_barrier)
     };
     let conn = Rc::new(ConnState::new(&shard));
     // As after STARTUP, uncompressed.
