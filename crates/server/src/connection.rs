@@ -122,7 +122,7 @@ impl Outbox {
     }
 
     /// Stops accepting answers and lets the writer finish.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.closed.set(true);
         self.ready.notify_one();
     }

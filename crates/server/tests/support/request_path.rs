@@ -41,7 +41,8 @@ use sluice_server::connection::{handle_frame, ConnState};
 use sluice_server::shard::{ShardCtx, Standalone};
 use sluice_server::ServerConfig;
 
-fn query_frame(stream: i16, text: &str) -> Vec<u8> {
+/// A QUERY frame at consistency ONE, without values.
+pub fn query_frame(stream: i16, text: &str) -> Vec<u8> {
     let mut body = (text.len() as u32).to_be_bytes().to_vec();
     body.extend_from_slice(text.as_bytes());
     body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
@@ -69,7 +70,7 @@ fn scattered_partitions() -> impl Iterator<Item = i64> {
 }
 
 /// An EXECUTE frame for prepared `id` binding two ints (the drivers' path for writes).
-fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
+pub fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
     execute_frame_with(stream, id, &[&k.to_be_bytes(), &v.to_be_bytes()])
 }
 
@@ -119,6 +120,47 @@ pub struct Wire {
 }
 
 impl Wire {
+    /// Hands every frame to the pipeline without waiting for answers, as a pipelining
+    /// client's frames arrive in one read.
+    pub async fn send(&mut self, frames: &[Vec<u8>]) {
+        for frame in frames {
+            self.input.extend_from_slice(frame);
+            let Ok(Some(header)) = self.decoder.next_header(&mut self.input) else {
+                panic!("bad frame");
+            };
+            let arrival = Arrival::Read(Instant::now());
+            handle_frame(&self.shard, &self.conn, &mut self.input, header, arrival).await;
+        }
+    }
+
+    /// Waits (at most 20 s) for `n` answers; returns each one's opcode and, for an error,
+    /// its code.
+    pub async fn answers(&mut self, n: usize) -> Vec<(u8, Option<u32>)> {
+        let mut got = Vec::with_capacity(n);
+        let mut pending = BytesMut::new();
+        let mut taken = BytesMut::new();
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while got.len() < n {
+            assert!(Instant::now() < give_up, "{} of {n} answers", got.len());
+            self.conn.outbox.take(&mut taken);
+            pending.extend_from_slice(&taken);
+            taken.clear();
+            while pending.len() >= 9 {
+                let len = u32::from_be_bytes([pending[5], pending[6], pending[7], pending[8]]);
+                if pending.len() < 9 + len as usize {
+                    break;
+                }
+                let f = pending.split_to(9 + len as usize);
+                let code = (f[4] == 0).then(|| u32::from_be_bytes([f[9], f[10], f[11], f[12]]));
+                got.push((f[4], code));
+            }
+            if got.len() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        got
+    }
+
     /// One frame through the pipeline; returns the opcode of its answer.
     pub async fn one(&mut self, frame: &[u8]) -> u8 {
         self.input.extend_from_slice(frame);
@@ -150,6 +192,26 @@ impl Wire {
 }
 
 impl Bench {
+    /// Runs `f` on the shard's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.local.block_on(&self.rt, f)
+    }
+
+    /// Another connection to the same shard.
+    pub fn new_wire(&self) -> Wire {
+        let conn = Rc::new(ConnState::new(&self.wire.shard));
+        conn.ready.set(true);
+        Wire {
+            shard: self.wire.shard.clone(),
+            conn,
+            decoder: FrameDecoder::new(1 << 20),
+            input: BytesMut::new(),
+            last: BytesMut::new(),
+            unflushed: 0,
+            late: false,
+        }
+    }
+
     /// One frame through the pipeline; returns the opcode of its answer.
     pub fn one(&mut self, frame: &[u8]) -> u8 {
         let Bench {
@@ -195,7 +257,8 @@ pub fn fixed_admission_config(queue: usize, limit: u32) -> ServerConfig {
 /// A bench for `path` with its schema (and for the read paths, its data) in place, the
 /// EXECUTE frames to send in turn (one, except for the reads: one per partition, in a
 /// scattered order) and the opcode of the answer that path gives.
-pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
+/// A standalone shard with `config`, one connection, and the schema every path uses.
+pub fn bench_with(config: ServerConfig) -> (Bench, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
         path: dir.path().join("db"),
@@ -209,12 +272,6 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
     let ack_barrier = storage.ack_barrier();
     let engine = Engine::open(storage, info).expect("engine");
-    let config = if path == "overloaded" {
-        // One execution slot and a one-request queue, both taken: every frame is shed.
-        fixed_admission_config(1, 1)
-    } else {
-        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
-    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -253,6 +310,17 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     {
         assert_eq!(b.one(&query_frame(i as i16, ddl)), Opcode::Result as u8);
     }
+    (b, dir)
+}
+
+pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
+    let config = if path == "overloaded" {
+        // One execution slot and a one-request queue, both taken: every frame is shed.
+        fixed_admission_config(1, 1)
+    } else {
+        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
+    };
+    let (mut b, dir) = bench_with(config);
     if path == "read" || path == "read_tables" {
         let frames = b.read_frames(path == "read_tables");
         return (b, dir, frames, Opcode::Result as u8);
