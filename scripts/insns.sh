@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Instructions per request on the in-process request path, by outcome, under callgrind:
+# Instructions per request on the real request pipeline over an in-memory connection
+# (crates/server/tests/support/request_path.rs), by outcome, under callgrind:
 # each path runs N and 2N iterations and the difference / N is its per-request cost (start-up
 # and warm-up cancel out). Only the measured loop's own thread counts (--toggle-collect), not
 # storage's background threads. Prints each path and its ratio to the served single-partition write.
-# Goals (issue 4): overloaded <= 2%, rate_limited and expired <= 10%. served_limited is a
+# Goals: overloaded <= 2%, rate_limited and expired <= 10%. served_limited is a
 # served write on a table with a limit it never reaches: the limiter's accounting cost.
 # read and read_tables are single-partition reads of 10,000 partitions, from the memtable and
 # from 4 disk tables: what a read costs, for changes to the read path.

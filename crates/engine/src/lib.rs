@@ -126,9 +126,10 @@ pub struct RequestContext {
     pub deadline: Option<Instant>,
     /// "Now" in microseconds since the epoch (write timestamps, TTL expiry).
     pub now_micros: i64,
-    /// The caller runs `Storage::ack_barrier` before it writes the answer to its client, so a
-    /// write that the barrier makes durable (Periodic mode) answers without waiting for it.
-    pub ack_barrier: bool,
+    /// Present when the caller flushes the storage's `AckBarrier` before it writes the answer
+    /// to its client: a write that the barrier makes durable (Periodic mode) then answers
+    /// without waiting for it.
+    pub ack_barrier: Option<sluice_storage::AckBarrierHeld>,
 }
 
 impl RequestContext {
@@ -137,7 +138,7 @@ impl RequestContext {
         RequestContext {
             deadline: None,
             now_micros: now_micros(),
-            ack_barrier: false,
+            ack_barrier: None,
         }
     }
 }

@@ -997,7 +997,7 @@ async fn deadline_passed_is_a_timeout_and_writes_nothing() {
     let ctx = RequestContext {
         deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
         now_micros: crate::now_micros(),
-        ack_barrier: false,
+        ack_barrier: None,
     };
     let e = h
         .engine
@@ -1311,7 +1311,7 @@ async fn batches() {
     let late = RequestContext {
         deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
         now_micros: crate::now_micros(),
-        ack_barrier: false,
+        ack_barrier: None,
     };
     let b3 = BatchRequest {
         entries: vec![BatchEntry {

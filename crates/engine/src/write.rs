@@ -655,13 +655,13 @@ pub(crate) async fn execute_writes(
 }
 
 /// Applies `muts` and waits until they are durable, or only until they are applied when the
-/// caller's acknowledgement barrier will make them durable (`ack_barrier`, see
+/// caller's acknowledgement barrier will make them durable (see
 /// [`RequestContext::ack_barrier`]).
 async fn apply(
     engine: &Engine,
     entries: &[(&WritePlan, &Binder<'_>)],
     muts: Vec<Mutation>,
-    ack_barrier: bool,
+    ack_barrier: Option<sluice_storage::AckBarrierHeld>,
 ) -> Result<(), DetailedError> {
     let layouts: Vec<&TableLayout> = muts
         .iter()
@@ -675,8 +675,10 @@ async fn apply(
         .ok_or_else(|| invalid("Mutation for an unknown table"))?;
     let batch: Vec<(&TableLayout, Mutation)> = layouts.into_iter().zip(muts).collect();
     let ticket = engine.storage.apply(&batch).map_err(storage_error)?;
-    if ack_barrier && engine.storage.durable_at_ack_barrier(&ticket) {
-        return Ok(());
+    if let Some(held) = ack_barrier {
+        if engine.storage.durable_at_ack_barrier(&ticket, held) {
+            return Ok(());
+        }
     }
     engine
         .storage

@@ -5,8 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use sluice_overload::admission::{AdmissionConfig, AdmissionController, Codel, CodelConfig};
 use sluice_overload::{
-    ConnBudget, Deadline, InflightBudget, InflightCaps, LimitKey, Nanos, OpType, RateLimiter,
-    RateLimiterConfig, TableLimitStats,
+    Deadline, LimitKey, Nanos, OpType, RateLimiter, RateLimiterConfig, TableLimitStats,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -128,15 +127,6 @@ fn admission(c: &mut Criterion) {
         })
     });
 
-    let budget = InflightBudget::new(InflightCaps::default());
-    let conn = ConnBudget::default();
-    g.bench_function("inflight/acquire_release", |b| {
-        b.iter(|| {
-            let ok = budget.try_acquire(&conn, black_box(200)).is_ok();
-            budget.release(&conn, 200);
-            ok
-        })
-    });
     g.finish();
 }
 

@@ -1,10 +1,10 @@
-//! Per-shard admission control: backpressure budgets, CoDel-style delay-based shedding, an
+//! Per-shard admission control: CoDel-style delay-based shedding, an
 //! overloaded bound on the queue, and an adaptive concurrency limit on requests in execution.
 //!
-//! The request path this is built for (see `DESIGN.md`, admission point A):
+//! The request path this is built for (the server's `pipeline/admit.rs`):
 //!
 //! ```text
-//! socket ─► InflightBudget (stop reading when over its caps)
+//! socket ─► in-flight caps (the server's `budget.rs`: stop reading when over them)
 //!        ─► AdmissionQueue (bounded; Codel decides from the requests' ages alone)
 //!        ─► ConcurrencyLimit (dispatch only while in execution < adaptive limit)
 //!        ─► execute ─► on_complete (latency sample feeds the limit)
@@ -38,7 +38,6 @@
 
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -855,126 +854,6 @@ impl<T> AdmissionController<T> {
     }
 }
 
-/// Caps on bytes and requests in flight (read from the socket, not yet answered).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct InflightCaps {
-    /// Requests per connection (1024).
-    pub conn_requests: u32,
-    /// Request bytes per connection (8 MiB).
-    pub conn_bytes: u64,
-    /// Requests per shard (16,384).
-    pub shard_requests: u32,
-    /// Request bytes per shard (128 MiB).
-    pub shard_bytes: u64,
-}
-
-impl Default for InflightCaps {
-    fn default() -> Self {
-        InflightCaps {
-            conn_requests: 1024,
-            conn_bytes: 8 << 20,
-            shard_requests: 16_384,
-            shard_bytes: 128 << 20,
-        }
-    }
-}
-
-/// Why a connection must stop reading.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Backpressure {
-    /// The connection is over its own caps.
-    Connection,
-    /// The shard is over its caps.
-    Shard,
-}
-
-/// One connection's in-flight requests and bytes (shard-local, hence `Cell`).
-#[derive(Debug, Default)]
-pub struct ConnBudget {
-    requests: Cell<u32>,
-    bytes: Cell<u64>,
-}
-
-impl ConnBudget {
-    /// Requests of this connection in flight.
-    pub fn requests(&self) -> u32 {
-        self.requests.get()
-    }
-
-    /// Request bytes of this connection in flight.
-    pub fn bytes(&self) -> u64 {
-        self.bytes.get()
-    }
-}
-
-/// A shard's in-flight totals and caps. Shard-local (not `Sync`): the connections of a shard
-/// run on its single thread and share it by reference.
-#[derive(Debug, Default)]
-pub struct InflightBudget {
-    caps: InflightCaps,
-    requests: Cell<u32>,
-    bytes: Cell<u64>,
-}
-
-impl InflightBudget {
-    /// A budget with the given caps.
-    pub fn new(caps: InflightCaps) -> InflightBudget {
-        InflightBudget {
-            caps,
-            requests: Cell::new(0),
-            bytes: Cell::new(0),
-        }
-    }
-
-    /// Takes a request of `bytes` into flight, or says why the connection must stop reading.
-    /// A request is always allowed when nothing of its scope is in flight, so one frame larger
-    /// than a byte cap cannot stall a connection forever (frame size is bounded elsewhere).
-    #[inline]
-    pub fn try_acquire(&self, conn: &ConnBudget, bytes: u64) -> Result<(), Backpressure> {
-        let (cr, cb) = (conn.requests.get(), conn.bytes.get());
-        if cr > 0 && (cr >= self.caps.conn_requests || cb + bytes > self.caps.conn_bytes) {
-            return Err(Backpressure::Connection);
-        }
-        let (sr, sb) = (self.requests.get(), self.bytes.get());
-        if sr > 0 && (sr >= self.caps.shard_requests || sb + bytes > self.caps.shard_bytes) {
-            return Err(Backpressure::Shard);
-        }
-        conn.requests.set(cr + 1);
-        conn.bytes.set(cb + bytes);
-        self.requests.set(sr + 1);
-        self.bytes.set(sb + bytes);
-        Ok(())
-    }
-
-    /// Returns a request of `bytes` taken by [`InflightBudget::try_acquire`] (it was answered).
-    #[inline]
-    pub fn release(&self, conn: &ConnBudget, bytes: u64) {
-        conn.requests.set(conn.requests.get().saturating_sub(1));
-        conn.bytes.set(conn.bytes.get().saturating_sub(bytes));
-        self.requests.set(self.requests.get().saturating_sub(1));
-        self.bytes.set(self.bytes.get().saturating_sub(bytes));
-    }
-
-    /// True while `conn` may read more from its socket (both it and the shard under caps).
-    #[inline]
-    pub fn should_read(&self, conn: &ConnBudget) -> bool {
-        conn.requests.get() < self.caps.conn_requests
-            && conn.bytes.get() < self.caps.conn_bytes
-            && self.requests.get() < self.caps.shard_requests
-            && self.bytes.get() < self.caps.shard_bytes
-    }
-
-    /// Requests in flight on the shard.
-    pub fn requests(&self) -> u32 {
-        self.requests.get()
-    }
-
-    /// Request bytes in flight on the shard.
-    pub fn bytes(&self) -> u64 {
-        self.bytes.get()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1500,31 +1379,5 @@ mod tests {
         // 200,000/s dispatch 100 in 500 us: within 15 ms of the jump the limit says so, where
         // a rate measured once per CoDel interval (100 ms) would still be at the minimum.
         assert_eq!(a.concurrency_limit(), 100);
-    }
-
-    #[test]
-    fn inflight_budget_caps_and_backpressure() {
-        let b = InflightBudget::new(InflightCaps {
-            conn_requests: 2,
-            conn_bytes: 1_000,
-            shard_requests: 3,
-            shard_bytes: 10_000,
-        });
-        let (c1, c2) = (ConnBudget::default(), ConnBudget::default());
-        assert_eq!(b.try_acquire(&c1, 5_000), Ok(()), "first frame always fits");
-        assert_eq!(b.try_acquire(&c1, 10), Err(Backpressure::Connection));
-        assert!(!b.should_read(&c1));
-        assert_eq!(b.try_acquire(&c2, 10), Ok(()));
-        assert_eq!(b.try_acquire(&c2, 10), Ok(()));
-        assert!(!b.should_read(&c2), "shard at its request cap");
-        b.release(&c1, 5_000);
-        assert!(b.should_read(&c1));
-        assert_eq!(b.try_acquire(&c1, 10), Ok(()));
-        assert_eq!(b.try_acquire(&c2, 10), Err(Backpressure::Connection));
-        b.release(&c2, 10);
-        assert_eq!(
-            (b.requests(), b.bytes(), c2.requests(), c2.bytes()),
-            (2, 20, 1, 10)
-        );
     }
 }

@@ -73,15 +73,6 @@ impl DeadlineDefaults {
     }
 }
 
-/// The deadline of a request with the default timeouts (see [`DeadlineDefaults::deadline_for`]).
-pub fn deadline_for(
-    kind: RequestKind,
-    using_timeout: Option<Duration>,
-    arrival: Nanos,
-) -> Deadline {
-    DeadlineDefaults::default().deadline_for(kind, using_timeout, arrival)
-}
-
 /// An absolute instant (on the monotonic clock) after which nobody waits for the answer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Deadline(pub Nanos);
@@ -124,6 +115,10 @@ impl Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn deadline_for(kind: RequestKind, using: Option<Duration>, arrival: Nanos) -> Deadline {
+        DeadlineDefaults::default().deadline_for(kind, using, arrival)
+    }
 
     #[test]
     fn defaults_per_kind() {

@@ -11,16 +11,14 @@
 //! use std::time::Duration;
 //!
 //! let clock = SystemClock::new();
-//! let budget = InflightBudget::new(InflightCaps::default());
-//! let conn = ConnBudget::default();
+//! let deadlines = DeadlineDefaults::default();
 //! let mut admission = AdmissionController::<u16>::new(AdmissionConfig::default());
 //! let mut limiter = RateLimiter::new(RateLimiterConfig::default());
 //! let table_stats = TableLimitStats::default();
 //!
-//! // Frame header read (stream id 7, 120-byte body): backpressure, deadline, queue.
-//! assert!(budget.try_acquire(&conn, 120).is_ok()); // Err: stop reading this socket
+//! // Frame header read (stream id 7): deadline, queue.
 //! let arrival = clock.now();
-//! let deadline = deadline_for(RequestKind::Write, Some(Duration::from_millis(10)), arrival);
+//! let deadline = deadlines.deadline_for(RequestKind::Write, Some(Duration::from_millis(10)), arrival);
 //! admission.enqueue(7, arrival, deadline).expect("full: answer Overloaded from the header");
 //!
 //! // Worker: take the next request; shed and expired ones are answered without decoding.
@@ -34,7 +32,6 @@
 //! assert_eq!(d, Decision::Accept);
 //! // ... execute, answer, then:
 //! admission.on_complete(clock.now().saturating_duration_since(arrival), clock.now());
-//! budget.release(&conn, 120);
 //! # let _ = q;
 //! ```
 
@@ -45,12 +42,11 @@ pub mod rate_limit;
 pub mod sim;
 
 pub use admission::{
-    AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Backpressure, Codel,
-    CodelConfig, ConcurrencyLimit, ConcurrencyLimitConfig, ConnBudget, InflightBudget,
-    InflightCaps, Queued, Verdict,
+    AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Codel, CodelConfig,
+    ConcurrencyLimit, ConcurrencyLimitConfig, Queued, Verdict,
 };
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
-pub use deadline::{deadline_for, Deadline, DeadlineDefaults, RequestKind};
+pub use deadline::{Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{
     Acceptance, ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter,
     RateLimiterConfig, TableLimitSnapshot, TableLimitStats,

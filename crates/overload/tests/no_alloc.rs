@@ -2,8 +2,7 @@
 
 use sluice_overload::admission::{AdmissionConfig, AdmissionController};
 use sluice_overload::{
-    ConnBudget, Deadline, Decision, InflightBudget, InflightCaps, LimitKey, Nanos, OpType,
-    RateLimiter, RateLimiterConfig, TableLimitStats,
+    Deadline, Decision, LimitKey, Nanos, OpType, RateLimiter, RateLimiterConfig, TableLimitStats,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -54,8 +53,6 @@ fn request_path_decisions_do_not_allocate() {
         queue_capacity: 64,
         ..AdmissionConfig::default()
     });
-    let budget = InflightBudget::new(InflightCaps::default());
-    let conn = ConnBudget::default();
 
     // The counter sees this thread's allocations.
     let probe = allocs();
@@ -95,9 +92,6 @@ fn request_path_decisions_do_not_allocate() {
 
         // Admission: fill past capacity (rejections), dispatch, complete.
         let now = Nanos(t);
-        if budget.try_acquire(&conn, 300).is_ok() {
-            budget.release(&conn, 300);
-        }
         let _ = ctl.enqueue(i as u32, now, Deadline(Nanos(t + 20_000_000)));
         if i % 3 == 0 {
             if let Some(q) = ctl.dispatch(now, |_, _| rejected += 1) {

@@ -4,7 +4,8 @@
 //! encoded straight into the connection's write buffer ([`response`]); hot-path error
 //! frames are built once and copied with the stream id patched ([`preencoded`]).
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod compression;
 pub mod error;

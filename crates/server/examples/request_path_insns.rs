@@ -1,9 +1,10 @@
-//! Drives the in-process request path, frame bytes in and response bytes out (no sockets),
-//! for one of four outcomes, N times; `scripts/insns.sh` runs it under callgrind with N and
-//! 2N iterations and subtracts, which leaves the per-request instruction count.
+//! Drives the real request pipeline over an in-memory connection, frame bytes in and answer
+//! bytes out (no sockets), for one outcome, N times; `scripts/insns.sh` runs it under
+//! callgrind with N and 2N iterations and subtracts, which leaves the per-request
+//! instruction count.
 //!
-//! The path itself lives in `tests/support/request_path.rs`, shared with the test that
-//! proves the rejections allocate nothing.
+//! The driver lives in `tests/support/request_path.rs`, shared with the test that proves
+//! the rejections allocate nothing.
 //!
 //! Usage: `request_path_insns <served|served_limited|overloaded|rate_limited|expired|write|read|read_tables> <N>`.
 
@@ -20,9 +21,7 @@ fn main() {
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let (mut b, _dir, frames, expected) = support::setup(&path);
     // Warm-up: statement cache, limiter state, buffers.
-    for frame in frames.iter().cycle().take(200) {
-        b.one(frame, &path);
-    }
+    b.run(&frames, 200, |_| {});
     let wrong = measured(&mut b, &frames, n, &path, expected);
     // A few stray outcomes are tolerated (e.g. the limiter admitting one write per second);
     // more would mean the path measured is not the one named.
@@ -47,11 +46,8 @@ fn measured(
     path: &str,
     expected: u8,
 ) -> usize {
+    let _ = path;
     let mut wrong = 0usize;
-    for frame in frames.iter().cycle().take(n) {
-        if b.one(frame, path) != expected {
-            wrong += 1;
-        }
-    }
+    b.run(frames, n, |op| wrong += usize::from(op != expected));
     wrong
 }

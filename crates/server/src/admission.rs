@@ -272,6 +272,11 @@ impl ShardAdmission {
     /// Gives slot `idx` to an admitted request of connection `conn`.
     fn occupy(&mut self, idx: u32, conn: usize, state: SlotState) {
         if let Some(slot) = self.slots.get_mut(idx as usize) {
+            debug_assert_eq!(
+                slot.state,
+                SlotState::Free,
+                "a slot is given to one request"
+            );
             slot.state = state;
             slot.conn = conn;
             slot.waker = None;
@@ -432,6 +437,7 @@ impl ShardAdmission {
             return;
         };
         let state = slot.state;
+        debug_assert_ne!(state, SlotState::Free, "a ticket is released once");
         slot.state = SlotState::Free;
         slot.waker = None;
         // The clock is needed for a latency sample and to dispatch what waits.
@@ -453,6 +459,10 @@ impl ShardAdmission {
         if state != SlotState::Free {
             self.free.push(idx);
         }
+        debug_assert!(
+            self.free.len() <= self.slots.len(),
+            "more free slots than slots"
+        );
         self.pump(now, metrics);
     }
 
@@ -484,6 +494,17 @@ impl ShardAdmission {
     /// Requests waiting in the queue.
     pub fn queued(&self) -> usize {
         self.ctl.as_ref().map_or(0, |c| c.queued())
+    }
+
+    /// Requests that hold an admission slot (queued, running, or answered from the queue and
+    /// not yet released): zero once every admitted request has been released.
+    pub fn slots_in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Requests the controller counts as executing.
+    pub fn executing(&self) -> u32 {
+        self.ctl.as_ref().map_or(0, |c| c.inflight())
     }
 
     /// The controller's counters (zero when admission is off).
@@ -557,9 +578,16 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        if !self.released.replace(true) {
-            if let Ok(mut a) = self.shard.admission.try_borrow_mut() {
-                a.release(self.ticket, self.sampled.get(), &self.shard.metrics);
+        if self.released.replace(true) {
+            return;
+        }
+        // Admission is borrowed only inside its own methods, which never drop a request, so
+        // the borrow cannot be busy here; if it were, the slot would leak for the shard's life.
+        match self.shard.admission.try_borrow_mut() {
+            Ok(mut a) => a.release(self.ticket, self.sampled.get(), &self.shard.metrics),
+            Err(_) => {
+                debug_assert!(false, "admission busy while a request is released");
+                tracing::error!("admission busy while a request is released: its slot leaks");
             }
         }
     }

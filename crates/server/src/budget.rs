@@ -91,6 +91,10 @@ impl Budget {
             return None;
         }
         self.used.set(used + units);
+        debug_assert!(
+            self.used.get() <= self.cap,
+            "a budget never exceeds its cap"
+        );
         Some(Held {
             budget: self.clone(),
             units,
@@ -102,6 +106,10 @@ impl Drop for Held {
     #[inline]
     fn drop(&mut self) {
         let b = &self.budget;
+        debug_assert!(
+            b.used.get() >= self.units,
+            "a budget gives back what was taken"
+        );
         b.used.set(b.used.get() - self.units);
         if b.watchers.get() > 0 {
             b.freed.notify_waiters();
@@ -129,6 +137,7 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let b = self.budget;
+        debug_assert!(b.watchers.get() > 0 && (!self.taker || b.waiters.get() > 0));
         b.watchers.set(b.watchers.get() - 1);
         if self.taker {
             b.waiters.set(b.waiters.get() - 1);

@@ -38,14 +38,15 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use sluice_engine::{Engine, Session};
+use sluice_engine::Session;
+use sluice_overload::Arrival;
 use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{FrameDecoder, HEADER_LEN};
+use sluice_protocol::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
+use sluice_storage::AckBarrier;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -102,6 +103,14 @@ impl Outbox {
         self.ready.notify_one();
     }
 
+    /// Moves every answer not yet written into `into` (which must be empty): what the
+    /// writer does before each socket write, for a caller that drains the outbox itself.
+    pub fn take(&self, into: &mut BytesMut) {
+        debug_assert!(into.is_empty(), "answers are taken into an empty buffer");
+        std::mem::swap(&mut *self.buf.borrow_mut(), into);
+        self.drained.notify_one();
+    }
+
     /// Bytes not yet handed to the socket.
     pub fn pending(&self) -> usize {
         self.buf.borrow().len()
@@ -113,7 +122,7 @@ impl Outbox {
     }
 
     /// Stops accepting answers and lets the writer finish.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.closed.set(true);
         self.ready.notify_one();
     }
@@ -165,8 +174,11 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         return;
     };
     let conn = Rc::new(ConnState::new(&shard));
-    let writer =
-        tokio::task::spawn_local(write_loop(wr, conn.outbox.clone(), shard.engine.clone()));
+    let writer = tokio::task::spawn_local(write_loop(
+        wr,
+        conn.outbox.clone(),
+        shard.ack_barrier.clone(),
+    ));
     let _close_outbox = CloseOnDrop(conn.outbox.clone());
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
@@ -195,31 +207,14 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let request = match admit::admit(&shard, &conn, &header, arrival).await {
-                Admission::Admitted(r) => r,
-                Admission::AdmittedAfterPause(r) => {
-                    reads.resumed(r.arrival);
-                    r
-                }
-                Admission::Overloaded => {
-                    FrameDecoder::skip_body(&mut buf, &header);
-                    reply::overloaded_from_header(&shard, &conn, header.stream);
-                    continue;
-                }
-            };
-            let frame = FrameDecoder::take_frame(&mut buf, header);
-            let Some(pending) = pipeline::start(request, frame) else {
-                if conn.outbox.closed.get() {
-                    break 'read;
-                }
-                continue;
-            };
-            // Boxed: the request's state machine is large, and a task holding it inline
-            // copies all of it when it is spawned and again when it completes.
-            if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
-                tokio::task::spawn_local(waiting);
+            let handled = handle_frame(&shard, &conn, &mut buf, header, arrival).await;
+            if let Some(at) = handled.resumed_at {
+                reads.resumed(at);
             }
-            since_yield += INLINE_RUN_WEIGHT;
+            if conn.outbox.closed.get() {
+                break 'read;
+            }
+            since_yield += handled.weight;
         }
         // Do not read more while the answers pile up unread by the client.
         if conn.outbox.pending() > MAX_OUTBOX_BYTES {
@@ -252,6 +247,54 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     close(&shard, &conn).await;
     let _ = writer.await;
     buf.advance(buf.len());
+}
+
+/// What became of one frame handed to the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handled {
+    /// The reader paused over an in-flight cap before admitting it and resumed then.
+    pub resumed_at: Option<Instant>,
+    /// What it counts towards [`READ_QUANTUM`] beyond its frame.
+    pub weight: usize,
+}
+
+/// Hands the frame whose `header` was just read from `buf` to the pipeline: admission from
+/// the header (the body is skipped if it is turned away), then every stage that runs in the
+/// reader; a request that has to wait is spawned as a task.
+pub async fn handle_frame(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    header: FrameHeader,
+    arrival: Arrival<Instant>,
+) -> Handled {
+    let mut handled = Handled {
+        resumed_at: None,
+        weight: 0,
+    };
+    let request = match admit::admit(shard, conn, &header, arrival).await {
+        Admission::Admitted(r) => r,
+        Admission::AdmittedAfterPause(r) => {
+            handled.resumed_at = Some(r.arrival);
+            r
+        }
+        Admission::Overloaded => {
+            FrameDecoder::skip_body(buf, &header);
+            reply::overloaded_from_header(shard, conn, header.stream);
+            return handled;
+        }
+    };
+    let frame = FrameDecoder::take_frame(buf, header);
+    let Some(pending) = pipeline::start(request, frame) else {
+        return handled;
+    };
+    // Boxed: the request's state machine is large, and a task holding it inline copies all
+    // of it when it is spawned and again when it completes.
+    if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
+        tokio::task::spawn_local(waiting);
+    }
+    handled.weight = INLINE_RUN_WEIGHT;
+    handled
 }
 
 /// The socket in non-blocking mode, split, and whether the kernel stamps its reads.
@@ -395,7 +438,7 @@ impl Drop for CloseOnDrop {
 /// Drains the outbox into the socket: every wake-up writes everything accumulated so far in
 /// one `write_all` (answers flushed in batches).
 ///
-/// Before each write it runs storage's acknowledgement barrier (`Storage::ack_barrier`): in
+/// Before each write it flushes storage's acknowledgement barrier ([`AckBarrier`]): in
 /// Periodic mode a write is answered once its journal buffer is in the OS, and the requests
 /// leave that to this barrier (`RequestContext::ack_barrier`), so that a write ends in the
 /// reader that ran it instead of waiting for the rest of the event-loop turn in a task of its
@@ -403,7 +446,7 @@ impl Drop for CloseOnDrop {
 /// which flushes everything applied before it, covers them all with one `write(2)` per store.
 /// If the journal cannot be written, no answer of the batch is sent and the connection
 /// closes: its client cannot be told which writes stand.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, engine: Arc<Engine>) {
+async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, ack_barrier: AckBarrier) {
     let mut spare = BytesMut::with_capacity(READ_CHUNK);
     loop {
         if out.buf.borrow().is_empty() {
@@ -414,7 +457,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, engine: Arc<Engine>
             continue;
         }
         std::mem::swap(&mut *out.buf.borrow_mut(), &mut spare);
-        let result = match engine.storage().ack_barrier() {
+        let result = match ack_barrier.flush() {
             Ok(()) => wr.write_all(&spare).await,
             Err(e) => {
                 tracing::error!(error = %e, "journal write failed; closing the connection unanswered");
@@ -516,7 +559,7 @@ mod tests {
             let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
             let config =
                 ServerConfig::new("127.0.0.1:0".parse().unwrap(), shards, host.to_string());
-            let server = Server::start(config, engine).unwrap();
+            let server = Server::start(config, engine, storage.ack_barrier()).unwrap();
             TestNode {
                 server: Some(server),
                 storage,

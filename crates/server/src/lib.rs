@@ -8,6 +8,9 @@
 //! Each shard is an OS thread running a current-thread tokio runtime with a `LocalSet`, so
 //! per-shard state lives in `Rc`/`RefCell` without locks; shards talk through bounded channels.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod admission;
 pub mod budget;
 pub mod connection;

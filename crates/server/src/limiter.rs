@@ -99,6 +99,9 @@ pub struct ShardLimiter {
     rng: u64,
     /// Shard-local view of this shard's per-table counters (bounded by the number of tables).
     tables: HashMap<TableId, Arc<TableLimitStats>>,
+    /// The table of the last operation and its counters: a hot table is checked again and
+    /// again, and this spares the hashing of its id.
+    last_table: Option<(TableId, Arc<TableLimitStats>)>,
     checked: u64,
 }
 
@@ -113,6 +116,7 @@ impl ShardLimiter {
             // xorshift must not start at zero.
             rng: h.finish() | 1,
             tables: HashMap::new(),
+            last_table: None,
             checked: 0,
         }
     }
@@ -153,15 +157,22 @@ impl ShardLimiter {
             op: c.op,
         };
         let wall = self.clock.wall();
-        let stats = match self.tables.get(&c.table) {
-            Some(s) => s,
-            None => {
-                // First operation on this table on this shard: register its counters, and
-                // forget dropped tables so that both maps stay bounded by the schema.
-                let s = metrics.rate_limits.register(engine, &c.table);
-                let live = &metrics.rate_limits;
-                self.tables.retain(|id, _| live.contains(id));
-                self.tables.entry(c.table).or_insert(s)
+        let stats = match &mut self.last_table {
+            Some((id, stats)) if *id == c.table => stats,
+            last => {
+                let stats = match self.tables.get(&c.table) {
+                    Some(s) => s.clone(),
+                    None => {
+                        // First operation on this table on this shard: register its counters,
+                        // and forget dropped tables so that both maps stay bounded by the
+                        // schema.
+                        let s = metrics.rate_limits.register(engine, &c.table);
+                        let live = &metrics.rate_limits;
+                        self.tables.retain(|id, _| live.contains(id));
+                        self.tables.entry(c.table).or_insert(s).clone()
+                    }
+                };
+                &mut last.insert((c.table, stats)).1
             }
         };
         match self

@@ -14,6 +14,7 @@ use bytes::BytesMut;
 use sluice_engine::{Engine, Prepared, RequestContext, Session};
 use sluice_protocol::preencoded::PreencodedErrors;
 use sluice_protocol::QueryParameters;
+use sluice_storage::AckBarrier;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info};
 
@@ -85,13 +86,98 @@ pub struct ShardCtx {
     pub frames: PreencodedErrors,
     /// Becomes true when the node shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// Storage's acknowledgement barrier: each connection's writer flushes it before it
+    /// writes answers, so requests may be answered as soon as their writes are applied.
+    pub ack_barrier: AckBarrier,
 }
 
 impl ShardCtx {
+    /// Shard `id` of `nr_shards`: its admission, limiter and in-flight budgets, fresh.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        nr_shards: usize,
+        engine: Arc<Engine>,
+        config: Arc<ServerConfig>,
+        metrics: Arc<ShardMetrics>,
+        peers: Arc<Vec<ShardHandle>>,
+        shard_aware_port: Option<u16>,
+        shutdown: watch::Receiver<bool>,
+        ack_barrier: AckBarrier,
+    ) -> ShardCtx {
+        let options =
+            crate::supported::supported_options(id, nr_shards, shard_aware_port, &config.host_id);
+        let mut supported = BytesMut::new();
+        sluice_protocol::response::encode_supported(&mut supported, 0, &options);
+        ShardCtx {
+            id,
+            nr_shards,
+            engine,
+            inflight: Budget::new(config.max_inflight_per_shard),
+            inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
+            admission: RefCell::new(ShardAdmission::new(&config)),
+            limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
+            frames: PreencodedErrors::new(),
+            config,
+            metrics,
+            peers,
+            supported,
+            shutdown,
+            ack_barrier,
+        }
+    }
+
+    /// A node's only shard, outside any thread or listener: the request pipeline over an
+    /// in-memory connection (instruction counts, allocation and invariant tests). Must be
+    /// used on a current-thread runtime inside a `LocalSet`; the returned [`Standalone`]
+    /// keeps its channels open.
+    pub fn standalone(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        ack_barrier: AckBarrier,
+    ) -> (Rc<ShardCtx>, Standalone) {
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (connections, connections_rx) = mpsc::channel(1);
+        let (forwards, forwards_rx) = mpsc::channel(1);
+        let (limits, limits_rx) = mpsc::channel(1);
+        let peers = Arc::new(vec![ShardHandle {
+            connections,
+            forwards,
+            limits,
+        }]);
+        let metrics = Arc::new(ShardMetrics::default());
+        let ctx = ShardCtx::new(
+            0,
+            1,
+            engine,
+            Arc::new(config),
+            metrics,
+            peers,
+            None,
+            shutdown_rx,
+            ack_barrier,
+        );
+        let standalone = Standalone {
+            _shutdown: shutdown_tx,
+            _connections: connections_rx,
+            _forwards: forwards_rx,
+            _limits: limits_rx,
+        };
+        (Rc::new(ctx), standalone)
+    }
+
     /// The shard that owns `token`.
     pub fn owner_of(&self, token: i64) -> usize {
         sluice_types::token::shard_of(token, self.nr_shards as u32, IGNORE_MSB) as usize
     }
+}
+
+/// What keeps a [`ShardCtx::standalone`] shard's channels open.
+pub struct Standalone {
+    _shutdown: watch::Sender<bool>,
+    _connections: mpsc::Receiver<std::net::TcpStream>,
+    _forwards: mpsc::Receiver<Forwarded>,
+    _limits: mpsc::Receiver<crate::limiter::LimitRequest>,
 }
 
 /// A running node: shard threads plus the listener thread.
@@ -105,8 +191,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listeners and starts the shards. Fails only at start-up (bind errors).
-    pub fn start(config: ServerConfig, engine: Arc<Engine>) -> io::Result<Server> {
+    /// Binds the listeners and starts the shards, which flush `ack_barrier` before they write
+    /// answers. Fails only at start-up (bind errors).
+    pub fn start(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        ack_barrier: AckBarrier,
+    ) -> io::Result<Server> {
         let config = Arc::new(config);
         let n = config.shards.max(1);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -140,6 +231,7 @@ impl Server {
             let peers = peers.clone();
             let m = metrics[id].clone();
             let shutdown = shutdown_rx.clone();
+            let ack_barrier = ack_barrier.clone();
             let t = std::thread::Builder::new()
                 .name(format!("sluice-shard-{id}"))
                 .spawn(move || {
@@ -154,32 +246,18 @@ impl Server {
                         }
                     };
                     let local = tokio::task::LocalSet::new();
-                    let supported = {
-                        let opts = crate::supported::supported_options(
-                            id,
-                            n,
-                            shard_aware_addr.map(|a| a.port()),
-                            &config.host_id,
-                        );
-                        let mut buf = BytesMut::new();
-                        sluice_protocol::response::encode_supported(&mut buf, 0, &opts);
-                        buf
-                    };
-                    let ctx = Rc::new(ShardCtx {
+                    let shard_aware_port = shard_aware_addr.map(|a| a.port());
+                    let ctx = Rc::new(ShardCtx::new(
                         id,
-                        nr_shards: n,
+                        n,
                         engine,
-                        inflight: Budget::new(config.max_inflight_per_shard),
-                        inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
-                        admission: RefCell::new(ShardAdmission::new(&config)),
-                        limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
-                        frames: PreencodedErrors::new(),
                         config,
-                        metrics: m,
+                        m,
                         peers,
-                        supported,
+                        shard_aware_port,
                         shutdown,
-                    });
+                        ack_barrier,
+                    ));
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;
             threads.push(t);

@@ -64,7 +64,7 @@ impl TestNode {
         let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
         let mut c = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, host.to_string());
         config(&mut c);
-        let server = Server::start(c, engine).unwrap();
+        let server = Server::start(c, engine, storage.ack_barrier()).unwrap();
         TestNode {
             server: Some(server),
             storage,

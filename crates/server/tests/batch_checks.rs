@@ -37,7 +37,7 @@ impl Node {
         let info = sluice_engine::NodeInfo::single([127, 0, 0, 1].into(), 9042, host);
         let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
         let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, host.to_string());
-        let server = Server::start(config, engine).unwrap();
+        let server = Server::start(config, engine, storage.ack_barrier()).unwrap();
         Node {
             server: Some(server),
             storage,

@@ -125,8 +125,12 @@ fn serve(args: ServeArgs) -> Result<()> {
     let engine = sluice_engine::Engine::open(storage.clone(), node_info(&cfg, host_id))
         .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
 
-    let server = sluice_server::Server::start(server_config(&cfg, host_id), engine.clone())
-        .context("cannot start the server")?;
+    let server = sluice_server::Server::start(
+        server_config(&cfg, host_id),
+        engine.clone(),
+        storage.ack_barrier(),
+    )
+    .context("cannot start the server")?;
     info!(
         listen = %server.local_addr(),
         shard_aware = ?server.shard_aware_addr(),

@@ -16,7 +16,7 @@ mod superseded_tests;
 mod tests;
 
 pub use model::*;
-pub use storage::{CommitTicket, Storage};
+pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
 pub use store::MAX_DEAD_ROWS_PER_READ;
 
 use bytes::Bytes;

@@ -32,6 +32,37 @@ const BATCHLOG_PREFIX: &[u8] = b"batchlog/";
 /// Most stores a data directory may have (a sanity bound on the `STORES` file).
 const MAX_STORES: usize = 1024;
 
+/// The acknowledgement barrier of Periodic mode, given to the server at start: before each
+/// socket write of answers it flushes every store's journal buffer to the OS, so every write
+/// applied before it survives the process being killed.
+#[derive(Clone)]
+pub struct AckBarrier {
+    inner: Arc<Shared>,
+}
+
+/// Proof, carried by a request, that its caller holds the [`AckBarrier`] and flushes it
+/// before it answers: only a barrier makes one ([`AckBarrier::held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckBarrierHeld(());
+
+impl AckBarrier {
+    /// Moves every store's journal buffer to the OS (one `write(2)` per store with writes
+    /// not there yet, none otherwise). One flush per batch of answers makes it a group flush,
+    /// whatever the writes in the batch. In Batch mode it does nothing, since answers there
+    /// wait for the fsync itself.
+    pub fn flush(&self) -> Result<(), StorageError> {
+        for store in self.inner.stores.iter() {
+            store.flush_journal_to_os()?;
+        }
+        Ok(())
+    }
+
+    /// The proof that the caller flushes this barrier before it answers.
+    pub fn held(&self) -> AckBarrierHeld {
+        AckBarrierHeld(())
+    }
+}
+
 /// The row store. Cheap to clone; all clones share the same stores.
 #[derive(Clone)]
 pub struct Storage {
@@ -229,31 +260,27 @@ impl Storage {
         }
     }
 
-    /// True when `ticket` needs nothing more than an [`ack_barrier`](Self::ack_barrier) before
-    /// its write may be acknowledged: in Periodic mode, a write to one store is as durable as
-    /// the mode makes it once its journal buffer is in the OS, and a barrier moves it there.
-    /// A caller that runs the barrier before it writes any answer to its client can then
-    /// answer without awaiting [`wait_durable`](Self::wait_durable), so that the request ends
-    /// where it ran instead of waiting for the rest of the event-loop turn. A batch that spans
-    /// stores still waits: its batchlog record goes only once every part is in the OS.
-    pub fn durable_at_ack_barrier(&self, ticket: &CommitTicket) -> bool {
+    /// True when `ticket` needs nothing more than an [`AckBarrier`] flush before its write
+    /// may be acknowledged: in Periodic mode, a write to one store is as durable as the mode
+    /// makes it once its journal buffer is in the OS, and the barrier moves it there. A caller
+    /// that holds the barrier ([`AckBarrierHeld`]) and flushes it before it writes any answer
+    /// to its client can then answer without awaiting [`wait_durable`](Self::wait_durable),
+    /// so that the request ends where it ran instead of waiting for the rest of the event-loop
+    /// turn. A batch that spans stores still waits: its batchlog record goes only once every
+    /// part is in the OS.
+    pub fn durable_at_ack_barrier(&self, ticket: &CommitTicket, _held: AckBarrierHeld) -> bool {
         match ticket.0 {
             Ticket::One { store, .. } => self.inner.stores[store].journal_in_os_is_durable(),
             Ticket::Many { .. } => false,
         }
     }
 
-    /// The acknowledgement barrier of Periodic mode: moves every store's journal buffer to the
-    /// OS (one `write(2)` per store with writes not there yet, none otherwise), so that every
-    /// write applied before the call survives the process being killed. A server calls it
-    /// before each socket write of answers (see [`durable_at_ack_barrier`](Self::durable_at_ack_barrier)),
-    /// which makes it a group flush: one per batch of answers, whatever the writes in it. In
-    /// Batch mode it does nothing, since answers there wait for the fsync itself.
-    pub fn ack_barrier(&self) -> Result<(), StorageError> {
-        for store in self.inner.stores.iter() {
-            store.flush_journal_to_os()?;
+    /// The acknowledgement barrier, for the server that answers the clients: it flushes it
+    /// before each socket write of answers.
+    pub fn ack_barrier(&self) -> AckBarrier {
+        AckBarrier {
+            inner: self.inner.clone(),
         }
-        Ok(())
     }
 
     /// Replays the batchlog records found in any store, then removes them.

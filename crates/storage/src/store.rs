@@ -11,7 +11,7 @@
 //! Durability: `commit` appends each batch to fjall's journal buffer without a system call.
 //! A write is acknowledged only once the buffer holding it is in the OS (so that it survives
 //! the process being killed): in `Periodic` mode either the server's acknowledgement barrier
-//! flushes it before the socket write that carries the answer (`Storage::ack_barrier`, one
+//! flushes it before the socket write that carries the answer (`AckBarrier::flush`, one
 //! `write(2)` for every write answered in that batch), or, for a caller without one, the first
 //! waiter of an event-loop turn flushes it after the turn's other writes have been appended
 //! (`wait_durable` yields once first); in `Batch` mode the sync thread flushes it before each

@@ -59,12 +59,12 @@ pub struct UnknownId {
 impl UnknownId {
     /// The id of `id` (truncated to 16 bytes).
     pub fn new(id: &[u8]) -> UnknownId {
-        match DbError::unprepared(id) {
-            DbError::Unprepared { len, id } => UnknownId { len, id },
-            _ => UnknownId {
-                len: 0,
-                id: [0; 16],
-            },
+        let len = id.len().min(16);
+        let mut buf = [0u8; 16];
+        buf[..len].copy_from_slice(&id[..len]);
+        UnknownId {
+            len: len as u8,
+            id: buf,
         }
     }
 }

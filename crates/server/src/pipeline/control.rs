@@ -85,6 +85,7 @@ pub fn handle(request: Request, control: Control) {
             reply::control(request, sluice_protocol::response::encode_ready);
         }
         Control::Prepare(query) => {
+            // Validated by `classify`; an empty text would only fail to parse.
             let text = std::str::from_utf8(&query).unwrap_or_default();
             let keyspace = conn.session.borrow().keyspace.clone();
             match shard.engine.prepare(keyspace.as_deref(), text) {

@@ -50,9 +50,9 @@ pub async fn execute(
     let ctx = RequestContext {
         deadline: Some(checked.deadline),
         now_micros: sluice_engine::now_micros(),
-        // The connection's writer runs the barrier before it sends any answer (a request
+        // The connection's writer flushes the barrier before it sends any answer (a request
         // forwarded to another shard is answered through this connection's writer too).
-        ack_barrier: true,
+        ack_barrier: Some(shard.ack_barrier.held()),
     };
     let mut session = conn.session.borrow().clone();
     match statement {

@@ -137,7 +137,7 @@ pub fn start(request: Request, frame: Frame) -> Option<Pending> {
     let using_timeout = match classify::using_timeout(&request.shard, &prepared, head.values()) {
         Ok(t) => t,
         Err(e) => {
-            reply::error(request, &e);
+            reply::refuse(request, &e);
             return None;
         }
     };
@@ -183,7 +183,7 @@ pub async fn finish(pending: Pending) {
     let statement = match classify::classify(&request, frame, known) {
         Ok(Classified::Statement(s)) => s,
         Ok(Classified::Control(c)) => return control::handle(request, c),
-        Err(e) => return reply::error(request, &e),
+        Err(e) => return reply::refuse(request, &e),
     };
     let checked = match early_checked {
         Some(c) => c,

@@ -68,6 +68,13 @@ pub fn failure(request: Request, failure: Failure) {
     }
 }
 
+/// Answers an error found before the request ran (it could not be decoded or analysed): like
+/// [`error`], but its release is no latency sample.
+pub fn refuse(request: Request, e: &DetailedError) {
+    request.admitted.turned_away();
+    error(request, e);
+}
+
 /// Answers an error with a message built for the user.
 pub fn error(mut request: Request, e: &DetailedError) {
     let metrics = &request.shard.metrics;

@@ -1,18 +1,18 @@
-//! The in-process request path, frame bytes in and response bytes out (no sockets), for one
-//! of the outcomes below: shared by `examples/request_path_insns.rs` (instruction counts under
-//! callgrind) and `tests/no_alloc_reject.rs` (allocations per rejection).
+//! The real request pipeline over an in-memory connection, frame bytes in and answer bytes
+//! out (no sockets), for one of the outcomes below: shared by `examples/request_path_insns.rs`
+//! (instruction counts under callgrind) and `tests/no_alloc_reject.rs` (allocations per
+//! rejection). Each frame goes through `connection::handle_frame`, as the connection's reader
+//! hands it over, on a standalone shard (`ShardCtx::standalone`); the answers are taken from
+//! the connection's outbox as its writer would. Writes are EXECUTEs of a prepared statement
+//! with two bound ints, as drivers send them.
 //!
-//! The steps are the ones the server runs (`connection.rs` then `request.rs`), called
-//! through the same public functions. Writes are EXECUTEs of a prepared statement with two
-//! bound ints, as drivers send them.
-//!
-//! - `served`: header decode, [A] admission (queue, dispatch, completion), body decode,
-//!   prepared statement lookup, deadline check, route, engine execute (periodic durability,
-//!   so no fsync), RESULT encoded into the write buffer.
-//! - `overloaded`: header decode, [A] admission finds the queue full, the pre-encoded
-//!   `Overloaded` frame is appended. The body is never decoded.
+//! - `served`: admission from the header (queue, dispatch, completion), the EXECUTE checked
+//!   from its head, body decode, route, engine execute (periodic durability, so no fsync),
+//!   RESULT encoded into the outbox.
+//! - `overloaded`: admission finds the queue full; the pre-encoded `Overloaded` frame is
+//!   appended. The body is never decoded.
 //! - `rate_limited`: like `served` up to the route, from the statement id and the leading
-//!   values only, then the per-partition limiter [B] rejects and the pre-encoded rate-limit
+//!   values only, then the per-partition rate limiter rejects and the pre-encoded rate-limit
 //!   frame is appended. The rest of the body is never decoded.
 //! - `served_limited`: `served` on a table with a write limit it never reaches: the
 //!   limiter accounts every write (what a limit costs; a table without one skips it).
@@ -29,38 +29,20 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use sluice_engine::{Engine, NodeInfo, RequestContext, Session};
-use sluice_overload::{
-    Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig, TableLimitStats,
-};
-use sluice_protocol::compression::Compression;
-use sluice_protocol::frame::{Frame, FrameDecoder, Opcode};
-use sluice_protocol::preencoded::PreencodedErrors;
-use sluice_protocol::{decode_request, ExecuteHead, OperationType, Request};
-use sluice_server::admission::{Admit, ShardAdmission};
-use sluice_server::metrics::ShardMetrics;
+use sluice_engine::{Engine, NodeInfo};
+use sluice_overload::Arrival;
+use sluice_protocol::frame::{FrameDecoder, Opcode};
+use sluice_server::admission::Admit;
+use sluice_server::connection::{handle_frame, ConnState};
+use sluice_server::shard::{ShardCtx, Standalone};
 use sluice_server::ServerConfig;
 
-/// Polls a future that completes without waiting on I/O (local storage, no fsync).
-fn block_on<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::yield_now();
-    }
-}
-
-fn query_frame(stream: i16, text: &str) -> Vec<u8> {
+/// A QUERY frame at consistency ONE, without values.
+pub fn query_frame(stream: i16, text: &str) -> Vec<u8> {
     let mut body = (text.len() as u32).to_be_bytes().to_vec();
     body.extend_from_slice(text.as_bytes());
     body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
@@ -88,7 +70,7 @@ fn scattered_partitions() -> impl Iterator<Item = i64> {
 }
 
 /// An EXECUTE frame for prepared `id` binding two ints (the drivers' path for writes).
-fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
+pub fn execute_frame(stream: i16, id: &[u8; 16], k: i32, v: i32) -> Vec<u8> {
     execute_frame_with(stream, id, &[&k.to_be_bytes(), &v.to_be_bytes()])
 }
 
@@ -110,157 +92,150 @@ fn execute_frame_with(stream: i16, id: &[u8; 16], values: &[&[u8]]) -> Vec<u8> {
     f
 }
 
-/// The request path's state, as one shard holds it.
+/// Answer bytes after which the bench runs storage's acknowledgement barrier, as the
+/// connection's writer does before it writes a batch of answers.
+const BARRIER_EVERY: usize = 64 << 10;
+
+/// One shard and one in-memory connection, on their own current-thread runtime.
 pub struct Bench {
-    engine: Arc<Engine>,
-    session: Session,
-    decoder: FrameDecoder,
-    admission: ShardAdmission,
-    frames: sluice_protocol::PreencodedErrors,
-    metrics: ShardMetrics,
-    limiter: RateLimiter,
-    table_stats: TableLimitStats,
-    errors: PreencodedErrors,
-    out: BytesMut,
-    input: BytesMut,
+    rt: tokio::runtime::Runtime,
+    local: tokio::task::LocalSet,
+    wire: Wire,
+    _standalone: Standalone,
 }
 
-impl Bench {
-    /// One frame through the path; returns the opcode of the answer written.
-    pub fn one(&mut self, frame: &[u8], path: &str) -> u8 {
+/// The connection's side: frames in, answers out.
+pub struct Wire {
+    /// The shard.
+    pub shard: Rc<ShardCtx>,
+    /// The connection.
+    pub conn: Rc<ConnState>,
+    decoder: FrameDecoder,
+    input: BytesMut,
+    /// The answer to the last frame.
+    pub last: BytesMut,
+    unflushed: usize,
+    /// True for the `expired` path: frames arrived 5 ms before they are read.
+    late: bool,
+}
+
+impl Wire {
+    /// Hands every frame to the pipeline without waiting for answers, as a pipelining
+    /// client's frames arrive in one read.
+    pub async fn send(&mut self, frames: &[Vec<u8>]) {
+        for frame in frames {
+            self.input.extend_from_slice(frame);
+            let Ok(Some(header)) = self.decoder.next_header(&mut self.input) else {
+                panic!("bad frame");
+            };
+            let arrival = Arrival::Read(Instant::now());
+            handle_frame(&self.shard, &self.conn, &mut self.input, header, arrival).await;
+        }
+    }
+
+    /// Waits (at most 20 s) for `n` answers; returns each one's opcode and, for an error,
+    /// its code.
+    pub async fn answers(&mut self, n: usize) -> Vec<(u8, Option<u32>)> {
+        let mut got = Vec::with_capacity(n);
+        let mut pending = BytesMut::new();
+        let mut taken = BytesMut::new();
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while got.len() < n {
+            assert!(Instant::now() < give_up, "{} of {n} answers", got.len());
+            self.conn.outbox.take(&mut taken);
+            pending.extend_from_slice(&taken);
+            taken.clear();
+            while pending.len() >= 9 {
+                let len = u32::from_be_bytes([pending[5], pending[6], pending[7], pending[8]]);
+                if pending.len() < 9 + len as usize {
+                    break;
+                }
+                let f = pending.split_to(9 + len as usize);
+                let code = (f[4] == 0).then(|| u32::from_be_bytes([f[9], f[10], f[11], f[12]]));
+                got.push((f[4], code));
+            }
+            if got.len() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        got
+    }
+
+    /// One frame through the pipeline; returns the opcode of its answer.
+    pub async fn one(&mut self, frame: &[u8]) -> u8 {
         self.input.extend_from_slice(frame);
-        // As connection.rs: the header first, the body only for an admitted request.
         let Ok(Some(header)) = self.decoder.next_header(&mut self.input) else {
             panic!("bad frame");
         };
         let mut arrival = Instant::now();
-        if path == "expired" {
+        if self.late {
             // The frame was read 5 ms ago and waited (queued) past its 1 ms deadline.
             arrival = arrival
                 .checked_sub(Duration::from_millis(5))
                 .unwrap_or(arrival);
         }
-        let stream = header.stream;
-        let start = self.out.len();
-        match self
-            .admission
-            .admit(&header, arrival.into(), 1, &self.metrics)
-        {
-            Admit::Reject => {
-                // As connection::reject_overloaded does.
-                FrameDecoder::skip_body(&mut self.input, &header);
-                self.metrics.count_overloaded_error();
-                self.frames.overloaded.append(&mut self.out, stream);
-            }
-            Admit::Accept(ticket) => {
-                let frame = FrameDecoder::take_frame(&mut self.input, header);
-                // As request.rs: a request turned away by [C] or [B] is no latency sample.
-                if self.served(frame, arrival) {
-                    self.admission.complete(ticket, &self.metrics);
-                } else {
-                    self.admission.complete_turned_away(ticket, &self.metrics);
-                }
-            }
+        let (shard, conn) = (&self.shard, &self.conn);
+        handle_frame(shard, conn, &mut self.input, header, Arrival::Read(arrival)).await;
+        // A request that had to wait is finished by its task.
+        while conn.outbox.pending() == 0 {
+            tokio::task::yield_now().await;
         }
-        let op = self.out[start + 4];
-        if self.out.len() > 64 << 10 {
-            // As the connection's writer does before it sends a batch of answers.
-            self.engine.storage().ack_barrier().expect("ack barrier");
-            self.out.clear();
+        self.last.clear();
+        conn.outbox.take(&mut self.last);
+        self.unflushed += self.last.len();
+        if self.unflushed > BARRIER_EVERY {
+            self.unflushed = 0;
+            shard.ack_barrier.flush().expect("ack barrier");
         }
-        op
+        self.last[4]
+    }
+}
+
+impl Bench {
+    /// Runs `f` on the shard's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.local.block_on(&self.rt, f)
     }
 
-    /// Runs an admitted frame; false when [C] or [B] turned it away before it ran.
-    fn served(&mut self, frame: Frame, arrival: Instant) -> bool {
-        let stream = frame.header.stream;
-        let header = frame.header;
-        let body = Compression::None
-            .decompress_body(&header, frame.body, 1 << 20)
-            .expect("body");
-        // As request.rs: an EXECUTE is checked on its id and leading values, and decoded in
-        // full only once it passed [C] and [B]; a QUERY is decoded first.
-        let mut head = ExecuteHead::default();
-        let head = (header.opcode == Opcode::Execute
-            && head.read(&header, &body).is_ok()
-            && head.complete())
-        .then_some(&head);
-        let (p, decoded) = match &head {
-            Some(h) => (self.engine.prepared(&h.id).expect("prepared"), None),
-            None => match decode_request(&header, body.clone()) {
-                Ok(Request::Query { query, params }) => {
-                    let text = std::str::from_utf8(&query).expect("utf-8");
-                    let p = self.engine.prepare(self.session.keyspace.as_deref(), text);
-                    (p.expect("prepare"), Some(params))
-                }
-                _ => panic!("not a query"),
-            },
-        };
-        let values = match (head, &decoded) {
-            (Some(h), _) => h.values(),
-            (None, Some(params)) => &params.values[..],
-            (None, None) => unreachable!(),
-        };
-        // [C] before routing, as request.rs does.
-        let timeout = self.engine.timeout(&p, values).expect("timeout");
-        let deadline = arrival + timeout.unwrap_or(Duration::from_secs(2));
-        if Instant::now() >= deadline {
-            self.errors.write_timeout.append(&mut self.out, stream);
-            return false;
+    /// Another connection to the same shard.
+    pub fn new_wire(&self) -> Wire {
+        let conn = Rc::new(ConnState::new(&self.wire.shard));
+        conn.ready.set(true);
+        Wire {
+            shard: self.wire.shard.clone(),
+            conn,
+            decoder: FrameDecoder::new(1 << 20),
+            input: BytesMut::new(),
+            last: BytesMut::new(),
+            unflushed: 0,
+            late: false,
         }
-        let route = self.engine.route_with_timeout(&p, values, timeout);
-        // [B] as request.rs: only for a table with a limit for this operation.
-        {
-            if let (Some(token), Some(limit)) = (
-                route.token,
-                route.rate_limits.and_then(|r| r.max_writes_per_second),
-            ) {
-                let key = LimitKey {
-                    token,
-                    table: 1,
-                    op: OpType::Write,
-                };
-                let random = (token as u32).wrapping_mul(0x9E37_79B9);
-                let wall = sluice_overload::Nanos(1_700_000_000_000_000_000);
-                let d = self
-                    .limiter
-                    .check(key, Some(limit), random, wall, &self.table_stats);
-                if d == Decision::Reject {
-                    self.errors
-                        .rate_limit(OperationType::Write, true)
-                        .append(&mut self.out, stream);
-                    return false;
-                }
+    }
+
+    /// One frame through the pipeline; returns the opcode of its answer.
+    pub fn one(&mut self, frame: &[u8]) -> u8 {
+        let Bench {
+            rt, local, wire, ..
+        } = self;
+        local.block_on(rt, wire.one(frame))
+    }
+
+    /// `n` frames, taken in turn from `frames`, through the pipeline in one runtime entry;
+    /// `each` sees every answer's opcode.
+    pub fn run(&mut self, frames: &[Vec<u8>], n: usize, mut each: impl FnMut(u8)) {
+        let Bench {
+            rt, local, wire, ..
+        } = self;
+        local.block_on(rt, async {
+            for frame in frames.iter().cycle().take(n) {
+                each(wire.one(frame).await);
             }
-        }
-        let params = match decoded {
-            Some(params) => params,
-            None => match decode_request(&header, body) {
-                Ok(Request::Execute { params, .. }) => params,
-                _ => panic!("not an EXECUTE"),
-            },
-        };
-        let ctx = RequestContext {
-            deadline: Some(deadline),
-            now_micros: sluice_engine::now_micros(),
-            ack_barrier: true,
-        };
-        let r = block_on(self.engine.execute(&mut self.session, &p, &params, &ctx));
-        match r {
-            Ok(r) => sluice_protocol::response::encode_result(
-                &mut self.out,
-                stream,
-                &r,
-                Compression::None,
-            ),
-            Err(e) => sluice_protocol::response::encode_detailed_error(
-                &mut self.out,
-                stream,
-                &e,
-                Compression::None,
-            ),
-        }
-        true
+        });
+    }
+
+    /// The shard and the connection.
+    pub fn wire(&self) -> &Wire {
+        &self.wire
     }
 }
 
@@ -282,7 +257,8 @@ pub fn fixed_admission_config(queue: usize, limit: u32) -> ServerConfig {
 /// A bench for `path` with its schema (and for the read paths, its data) in place, the
 /// EXECUTE frames to send in turn (one, except for the reads: one per partition, in a
 /// scattered order) and the opcode of the answer that path gives.
-pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
+/// A standalone shard with `config`, one connection, and the schema every path uses.
+pub fn bench_with(config: ServerConfig) -> (Bench, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
         path: dir.path().join("db"),
@@ -294,25 +270,33 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     })
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
+    let ack_barrier = storage.ack_barrier();
     let engine = Engine::open(storage, info).expect("engine");
-    let config = if path == "overloaded" {
-        // One execution slot and a one-request queue, both taken: every frame is shed.
-        fixed_admission_config(1, 1)
-    } else {
-        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let local = tokio::task::LocalSet::new();
+    let (shard, standalone) = {
+        let _entered = rt.enter();
+        ShardCtx::standalone(config, engine, ack_barrier)
     };
+    let conn = Rc::new(ConnState::new(&shard));
+    // As after STARTUP, uncompressed.
+    conn.ready.set(true);
     let mut b = Bench {
-        engine,
-        session: Session::default(),
-        decoder: FrameDecoder::new(1 << 20),
-        admission: ShardAdmission::new(&config),
-        frames: sluice_protocol::PreencodedErrors::new(),
-        metrics: ShardMetrics::default(),
-        limiter: RateLimiter::new(RateLimiterConfig::default()),
-        table_stats: TableLimitStats::default(),
-        errors: PreencodedErrors::new(),
-        out: BytesMut::with_capacity(2 << 20),
-        input: BytesMut::with_capacity(64 << 10),
+        rt,
+        local,
+        wire: Wire {
+            shard,
+            conn,
+            decoder: FrameDecoder::new(1 << 20),
+            input: BytesMut::with_capacity(64 << 10),
+            last: BytesMut::with_capacity(64 << 10),
+            unflushed: 0,
+            late: false,
+        },
+        _standalone: standalone,
     };
     for (i, ddl) in [
         "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
@@ -324,8 +308,19 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     .iter()
     .enumerate()
     {
-        assert_eq!(b.one(&query_frame(i as i16, ddl), "served"), Opcode::Result as u8);
+        assert_eq!(b.one(&query_frame(i as i16, ddl)), Opcode::Result as u8);
     }
+    (b, dir)
+}
+
+pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
+    let config = if path == "overloaded" {
+        // One execution slot and a one-request queue, both taken: every frame is shed.
+        fixed_admission_config(1, 1)
+    } else {
+        ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
+    };
+    let (mut b, dir) = bench_with(config);
     if path == "read" || path == "read_tables" {
         let frames = b.read_frames(path == "read_tables");
         return (b, dir, frames, Opcode::Result as u8);
@@ -350,7 +345,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         "expired" => "INSERT INTO ks.t (k, v) VALUES (?, ?) USING TIMEOUT 1ms",
         other => panic!("unknown path {other}"),
     };
-    let prepared = b.engine.prepare(None, text).expect("prepare");
+    let prepared = b.wire.shard.engine.prepare(None, text).expect("prepare");
     let frame = execute_frame(7, &prepared.id, 1, 2);
     let expected = if path == "served" || path == "served_limited" {
         Opcode::Result as u8
@@ -358,30 +353,41 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         Opcode::Error as u8
     };
     if path == "overloaded" {
+        // Take the execution slot and the queue's place for good (the tickets are never
+        // released), so that every frame measured finds the queue full.
         let arrival = Instant::now();
+        let shard = &b.wire.shard;
         for _ in 0..2 {
             let mut input = BytesMut::from(&frame[..]);
-            let f = b.decoder.decode(&mut input).expect("frame").expect("frame");
-            assert!(matches!(
-                b.admission.admit(&f.header, arrival.into(), 1, &b.metrics),
-                Admit::Accept(_)
-            ));
+            let f = b
+                .wire
+                .decoder
+                .decode(&mut input)
+                .expect("frame")
+                .expect("frame");
+            let admit =
+                shard
+                    .admission
+                    .borrow_mut()
+                    .admit(&f.header, arrival.into(), 1, &shard.metrics);
+            assert!(matches!(admit, Admit::Accept(_)));
         }
     }
+    b.wire.late = path == "expired";
     (b, dir, vec![frame], expected)
 }
 
 impl Bench {
     /// Disk tables of user data now (compaction may merge them while the path runs).
     pub fn disk_tables(&self) -> usize {
-        self.engine.storage().disk_table_count()
+        self.wire.shard.engine.storage().disk_table_count()
     }
 
     /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
     /// and returns the id of the prepared INSERT.
     fn populate_wide(&mut self, on_disk: bool) -> [u8; 16] {
-        let insert = self
-            .engine
+        let engine = self.wire.shard.engine.clone();
+        let insert = engine
             .prepare(None, "INSERT INTO ks.wide (k, c, v) VALUES (?, ?, ?)")
             .expect("prepare");
         for _ in 0..if on_disk { DISK_TABLES } else { 1 } {
@@ -391,16 +397,14 @@ impl Bench {
                     &insert.id,
                     &[&k.to_be_bytes(), &0i32.to_be_bytes(), &WIDE_VALUE],
                 );
-                assert_eq!(self.one(&f, "read"), Opcode::Result as u8);
-                self.out.clear();
+                assert_eq!(self.one(&f), Opcode::Result as u8);
             }
             if on_disk {
-                let storage = self.engine.storage();
-                storage.flush_memtables(Duration::from_secs(60));
+                engine.storage().flush_memtables(Duration::from_secs(60));
             }
         }
         if on_disk {
-            assert_eq!(self.engine.storage().disk_table_count(), DISK_TABLES);
+            assert_eq!(engine.storage().disk_table_count(), DISK_TABLES);
         }
         insert.id
     }
@@ -410,6 +414,8 @@ impl Bench {
     fn read_frames(&mut self, on_disk: bool) -> Vec<Vec<u8>> {
         self.populate_wide(on_disk);
         let select = self
+            .wire
+            .shard
             .engine
             .prepare(None, "SELECT k, c, v FROM ks.wide WHERE k = ?")
             .expect("prepare");
@@ -418,14 +424,15 @@ impl Bench {
             .collect();
         // Every read finds its row: the answer carries the value.
         for f in [&frames[0], &frames[frames.len() - 1]] {
-            self.out.clear();
-            assert_eq!(self.one(f, "read"), Opcode::Result as u8);
+            assert_eq!(self.one(f), Opcode::Result as u8);
             assert!(
-                self.out.windows(WIDE_VALUE.len()).any(|w| w == WIDE_VALUE),
+                self.wire
+                    .last
+                    .windows(WIDE_VALUE.len())
+                    .any(|w| w == WIDE_VALUE),
                 "row not found"
             );
         }
-        self.out.clear();
         frames
     }
 }
