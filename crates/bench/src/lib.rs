@@ -4,6 +4,7 @@
 //! request's intended send time, and only successes before the deadline count as goodput.
 
 pub mod cli;
+pub mod cost;
 pub mod driver;
 pub mod fake;
 pub mod pause;
