@@ -3,7 +3,11 @@
 //! Requests follow a fixed arrival schedule (constant or Poisson), latency is measured from each
 //! request's intended send time, and only successes before the deadline count as goodput.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod cli;
+pub mod cost;
 pub mod driver;
 pub mod fake;
 pub mod pause;

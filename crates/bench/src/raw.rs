@@ -23,7 +23,11 @@ use crate::driver::{KEYSPACE, VALUE_LEN};
 use crate::runner::Ticket;
 use crate::target::{Op, OpKind, Reply, Target};
 use anyhow::{anyhow, bail, Context};
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use sluice_protocol::frame::{FLAG_CUSTOM_PAYLOAD, FLAG_TRACING, FLAG_WARNING, RESPONSE_VERSION};
+use sluice_protocol::{
+    decode_request, Consistency, FrameHeader, Opcode, QueryParameters, Request, Value, HEADER_LEN,
+};
 use sluice_types::token::{murmur3_token, shard_of};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -39,32 +43,12 @@ use tokio::time::Instant;
 
 // ------------------------------------------------------------------ protocol constants
 
-/// Version byte of a v4 request (responses carry 0x84).
-const VERSION: u8 = 0x04;
-/// Version byte of a v4 response.
-const RESPONSE_VERSION: u8 = 0x84;
-/// Bytes in a v4 frame header: version, flags, stream (2), opcode, body length (4).
-const HEADER_LEN: usize = 9;
+const OP_ERROR: u8 = Opcode::Error as u8;
+const OP_READY: u8 = Opcode::Ready as u8;
+const OP_AUTHENTICATE: u8 = Opcode::Authenticate as u8;
+const OP_SUPPORTED: u8 = Opcode::Supported as u8;
+const OP_RESULT: u8 = Opcode::Result as u8;
 
-const OP_ERROR: u8 = 0x00;
-const OP_STARTUP: u8 = 0x01;
-const OP_READY: u8 = 0x02;
-const OP_AUTHENTICATE: u8 = 0x03;
-const OP_OPTIONS: u8 = 0x05;
-const OP_SUPPORTED: u8 = 0x06;
-const OP_RESULT: u8 = 0x08;
-const OP_PREPARE: u8 = 0x09;
-const OP_EXECUTE: u8 = 0x0A;
-
-/// Response header flags that put extra fields before the message body.
-const FLAG_TRACING: u8 = 0x02;
-const FLAG_CUSTOM_PAYLOAD: u8 = 0x04;
-const FLAG_WARNING: u8 = 0x08;
-
-/// Consistency ONE, as the driver target uses.
-const CONSISTENCY_ONE: u16 = 0x0001;
-/// Query flags of every EXECUTE: values only (no paging state, page size or timestamp).
-const QUERY_FLAGS_VALUES: u8 = 0x01;
 /// RESULT kind of an answer to PREPARE.
 const RESULT_PREPARED: i32 = 0x0004;
 
@@ -94,87 +78,68 @@ const PORT_TRIES: usize = 2000;
 
 // ------------------------------------------------------------------ request encoding
 
-/// Appends a v4 request header; `body_len` is the length of what follows.
-fn put_header(out: &mut Vec<u8>, stream: i16, opcode: u8, body_len: usize) {
-    out.extend_from_slice(&[VERSION, 0]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.push(opcode);
-    out.extend_from_slice(&(body_len as u32).to_be_bytes());
+/// A STARTUP frame with `options` (stream 0: setup runs one request at a time).
+fn startup_frame(options: &[(&str, &str)]) -> BytesMut {
+    let options = options
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Request::Startup(options).to_frame(0)
 }
 
-/// Appends a `[string]` (u16 length, UTF-8).
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-/// A whole request frame.
-fn request(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(HEADER_LEN + body.len());
-    put_header(&mut f, stream, opcode, body.len());
-    f.extend_from_slice(body);
-    f
-}
-
-/// OPTIONS: asks for SUPPORTED.
-fn options_frame(stream: i16) -> Vec<u8> {
-    request(stream, OP_OPTIONS, &[])
-}
-
-/// STARTUP with a `[string map]` of options.
-fn startup_frame(stream: i16, options: &[(&str, &str)]) -> Vec<u8> {
-    let mut body = (options.len() as u16).to_be_bytes().to_vec();
-    for (k, v) in options {
-        put_string(&mut body, k);
-        put_string(&mut body, v);
+/// A PREPARE frame of one statement.
+fn prepare_frame(cql: &str) -> BytesMut {
+    Request::Prepare {
+        query: Bytes::copy_from_slice(cql.as_bytes()),
     }
-    request(stream, OP_STARTUP, &body)
-}
-
-/// PREPARE of one statement (`[long string]`; v4 has no flags here).
-fn prepare_frame(stream: i16, cql: &str) -> Vec<u8> {
-    let mut body = (cql.len() as u32).to_be_bytes().to_vec();
-    body.extend_from_slice(cql.as_bytes());
-    request(stream, OP_PREPARE, &body)
+    .to_frame(0)
 }
 
 /// An EXECUTE frame with every constant byte in place: only the stream id and the keys change
 /// from one request to the next, so encoding is one copy and two patches.
 #[derive(Clone, Debug)]
 struct ExecTemplate {
-    frame: Vec<u8>,
+    frame: Bytes,
     pk_at: usize,
     ck_at: Option<usize>,
 }
 
 impl ExecTemplate {
     /// The frame of `kind` for the prepared statement `id`: consistency ONE, values only;
-    /// writes bind (pk bigint, ck int, v blob of `VALUE_LEN` bytes), reads bind pk.
-    fn new(id: &[u8], kind: OpKind) -> Self {
-        let mut body = Vec::with_capacity(64 + VALUE_LEN);
-        body.extend_from_slice(&(id.len() as u16).to_be_bytes());
-        body.extend_from_slice(id);
-        body.extend_from_slice(&CONSISTENCY_ONE.to_be_bytes());
-        body.push(QUERY_FLAGS_VALUES);
-        let n: u16 = if kind == OpKind::Write { 3 } else { 1 };
-        body.extend_from_slice(&n.to_be_bytes());
-        body.extend_from_slice(&8i32.to_be_bytes());
-        let pk_at = HEADER_LEN + body.len();
-        body.extend_from_slice(&[0; 8]);
-        let mut ck_at = None;
+    /// writes bind (pk bigint, ck int, v blob of `VALUE_LEN` bytes), reads bind pk. The
+    /// protocol codec encodes it, and decoding it back tells where the keys sit.
+    fn new(id: &[u8], kind: OpKind) -> anyhow::Result<Self> {
+        let mut values = vec![Value::Set(Bytes::from_static(&[0; 8]))];
         if kind == OpKind::Write {
-            body.extend_from_slice(&4i32.to_be_bytes());
-            ck_at = Some(HEADER_LEN + body.len());
-            body.extend_from_slice(&[0; 4]);
-            body.extend_from_slice(&(VALUE_LEN as i32).to_be_bytes());
+            values.push(Value::Set(Bytes::from_static(&[0; 4])));
             // The same bytes as the driver target writes.
-            body.extend_from_slice(&[0x5a; VALUE_LEN]);
+            values.push(Value::Set(Bytes::from(vec![0x5a; VALUE_LEN])));
         }
-        Self {
-            frame: request(0, OP_EXECUTE, &body),
+        let request = Request::Execute {
+            id: Bytes::copy_from_slice(id),
+            params: QueryParameters {
+                consistency: Consistency::One,
+                values,
+                ..QueryParameters::default()
+            },
+        };
+        let frame = request.to_frame(0).freeze();
+        let mut offsets = value_offsets(&frame)?.into_iter();
+        let pk_at = offsets.next().context("EXECUTE template without a key")?;
+        let ck_at = if kind == OpKind::Write {
+            Some(
+                offsets
+                    .next()
+                    .context("EXECUTE template without a clustering key")?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            frame,
             pk_at,
             ck_at,
-        }
+        })
     }
 
     /// Appends the frame of `op` on `stream` to `out`.
@@ -188,6 +153,30 @@ impl ExecTemplate {
             f[at..at + 4].copy_from_slice(&op.ck.to_be_bytes());
         }
     }
+}
+
+/// Where each bound value of an uncompressed EXECUTE frame starts, from the frame's start:
+/// the decoder hands values out as slices of the body, so their addresses give the offsets.
+fn value_offsets(frame: &Bytes) -> anyhow::Result<Vec<usize>> {
+    let raw: &[u8; HEADER_LEN] = frame
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .context("frame shorter than its header")?;
+    let header = FrameHeader::parse(raw, u32::MAX).map_err(|e| anyhow!("{e}"))?;
+    let body = frame.slice(HEADER_LEN..);
+    let Request::Execute { params, .. } =
+        decode_request(&header, body.clone()).map_err(|e| anyhow!("{e}"))?
+    else {
+        bail!("not an EXECUTE frame");
+    };
+    params
+        .values
+        .iter()
+        .map(|v| match v {
+            Value::Set(b) => Ok(HEADER_LEN + (b.as_ptr() as usize - body.as_ptr() as usize)),
+            _ => bail!("a bound key is not set"),
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------------ response parsing
@@ -400,7 +389,7 @@ fn error_text(body: &[u8]) -> String {
 
 /// OPTIONS then STARTUP (CQL 3.0.0, echoing `SCYLLA_RATE_LIMIT_ERROR` when advertised).
 async fn handshake(s: &mut TcpStream) -> anyhow::Result<Sharding> {
-    let (op, body) = round_trip(s, &options_frame(0)).await?;
+    let (op, body) = round_trip(s, &Request::Options.to_frame(0)).await?;
     if op != OP_SUPPORTED {
         bail!("OPTIONS answered with opcode 0x{op:02X}, not SUPPORTED");
     }
@@ -410,7 +399,7 @@ async fn handshake(s: &mut TcpStream) -> anyhow::Result<Sharding> {
     if let Some(v) = &sharding.rate_limit_error {
         opts.push(("SCYLLA_RATE_LIMIT_ERROR", v.as_str()));
     }
-    match round_trip(s, &startup_frame(0, &opts)).await? {
+    match round_trip(s, &startup_frame(&opts)).await? {
         (OP_READY, _) => Ok(sharding),
         (OP_AUTHENTICATE, _) => bail!("the server asks for authentication (AUTHENTICATE), which --client raw does not support"),
         (OP_ERROR, b) => bail!("STARTUP refused: {}", error_text(&b)),
@@ -420,7 +409,7 @@ async fn handshake(s: &mut TcpStream) -> anyhow::Result<Sharding> {
 
 /// PREPAREs `cql`: Ok(Ok(id)), or Ok(Err(the server's error)) if the server refused it.
 async fn prepare(s: &mut TcpStream, cql: &str) -> anyhow::Result<Result<Vec<u8>, String>> {
-    match round_trip(s, &prepare_frame(0, cql)).await? {
+    match round_trip(s, &prepare_frame(cql)).await? {
         (OP_RESULT, b) => {
             let mut c = Cursor(&b);
             match (c.i32(), c.short_bytes()) {
@@ -993,8 +982,8 @@ impl RawTarget {
             let (rd, wr) = c.stream.into_split();
             let conn = Arc::new(Conn::new(
                 wr,
-                ExecTemplate::new(&write_id, OpKind::Write),
-                ExecTemplate::new(&read_id, OpKind::Read),
+                ExecTemplate::new(&write_id, OpKind::Write)?,
+                ExecTemplate::new(&read_id, OpKind::Read)?,
             ));
             let opt_in = c.sharding.rate_limit_error.is_some();
             tasks.push(tokio::spawn(unstall(conn.clone())).abort_handle());
@@ -1205,8 +1194,8 @@ mod tests {
     #[test]
     fn execute_frames_decode_with_the_oracle() {
         let id: Vec<u8> = (1..=16).collect();
-        let write = ExecTemplate::new(&id, OpKind::Write);
-        let read = ExecTemplate::new(&id, OpKind::Read);
+        let write = ExecTemplate::new(&id, OpKind::Write).unwrap();
+        let read = ExecTemplate::new(&id, OpKind::Read).unwrap();
         let w = Op {
             kind: OpKind::Write,
             pk: -42,
@@ -1263,17 +1252,14 @@ mod tests {
     #[test]
     fn setup_frames_decode_with_the_oracle() {
         assert!(matches!(
-            oracle_request(&options_frame(0), 0, Opcode::Options),
+            oracle_request(&Request::Options.to_frame(0), 0, Opcode::Options),
             RequestBody::Options(_)
         ));
-        let f = startup_frame(
-            3,
-            &[
-                ("CQL_VERSION", "3.0.0"),
-                ("SCYLLA_RATE_LIMIT_ERROR", "ERROR_CODE=61440"),
-            ],
-        );
-        let RequestBody::Startup(s) = oracle_request(&f, 3, Opcode::Startup) else {
+        let f = startup_frame(&[
+            ("CQL_VERSION", "3.0.0"),
+            ("SCYLLA_RATE_LIMIT_ERROR", "ERROR_CODE=61440"),
+        ]);
+        let RequestBody::Startup(s) = oracle_request(&f, 0, Opcode::Startup) else {
             panic!("not STARTUP")
         };
         let want: HashMap<String, String> = [
@@ -1285,7 +1271,7 @@ mod tests {
         .collect();
         assert_eq!(s.map, want);
         let cql = "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?) USING TIMEOUT 10ms";
-        let RequestBody::Prepare(p) = oracle_request(&prepare_frame(0, cql), 0, Opcode::Prepare)
+        let RequestBody::Prepare(p) = oracle_request(&prepare_frame(cql), 0, Opcode::Prepare)
         else {
             panic!("not PREPARE")
         };
@@ -1578,7 +1564,7 @@ mod tests {
                 if buf.len() < HEADER_LEN + len {
                     break;
                 }
-                assert_eq!(buf[4], OP_EXECUTE);
+                assert_eq!(buf[4], sluice_protocol::Opcode::Execute as u8);
                 streams.push(i16::from_be_bytes([buf[2], buf[3]]));
                 buf.advance(HEADER_LEN + len);
             }
@@ -1605,8 +1591,8 @@ mod tests {
         let id = [9u8; 16];
         let conn = Arc::new(Conn::new(
             wr,
-            ExecTemplate::new(&id, OpKind::Write),
-            ExecTemplate::new(&id, OpKind::Read),
+            ExecTemplate::new(&id, OpKind::Write).unwrap(),
+            ExecTemplate::new(&id, OpKind::Read).unwrap(),
         ));
         tokio::spawn(unstall(conn.clone()));
         tokio::spawn(reader(rd, conn.clone(), true));

@@ -1,5 +1,6 @@
-//! Request body decoding (v4 §4.1): OPTIONS, STARTUP, AUTH_RESPONSE, REGISTER, QUERY,
-//! PREPARE, EXECUTE, BATCH. Values and query strings are `Bytes` slices of the body.
+//! Request bodies (v4 §4.1): OPTIONS, STARTUP, AUTH_RESPONSE, REGISTER, QUERY, PREPARE,
+//! EXECUTE, BATCH. Decoding is here (values and query strings are `Bytes` slices of the
+//! body); encoding, for clients, tools and tests, is in [`encode`] beside it.
 
 use bytes::Bytes;
 
@@ -9,6 +10,8 @@ use crate::messages::{
     BatchEntry, BatchQuery, BatchRequest, EventType, QueryParameters, Request, Value,
 };
 use crate::wire::{DecodeError, Reader};
+
+pub mod encode;
 
 /// QUERY/EXECUTE flag: values follow.
 pub const QUERY_FLAG_VALUES: u8 = 0x01;

@@ -1,7 +1,7 @@
 //! Property tests against an independent implementation of the protocol, the
 //! `cassandra-protocol` crate: requests it encodes must decode with ours to the same fields,
-//! and responses we encode must decode with it to the same fields, with and without
-//! lz4/snappy compression.
+//! and requests and responses we encode must decode with it to the same fields, with and
+//! without lz4/snappy compression.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -537,6 +537,162 @@ proptest! {
 }
 
 // ---------------------------------------------------------------- responses
+
+// ---------------------------------------------------------------- requests we encode
+
+impl Params {
+    /// The same parameters as our request type.
+    fn ours(&self) -> QueryParameters {
+        QueryParameters {
+            consistency: self.consistency,
+            names: (self.named && self.values.is_some()).then(|| self.names()),
+            values: self.values.clone().unwrap_or_default(),
+            skip_metadata: false,
+            page_size: self.page_size,
+            paging_state: self.paging_state.clone().map(Bytes::from),
+            serial_consistency: self.serial,
+            default_timestamp: self.timestamp,
+        }
+    }
+
+    /// What the oracle should read from our encoding: an empty positional list is sent
+    /// without the values flag, which reads as no values at all.
+    fn oracle_reads(&self) -> QueryParams {
+        let mut q = self.to_oracle();
+        if !q.with_names && self.values.as_ref().is_some_and(Vec::is_empty) {
+            q.values = None;
+        }
+        q
+    }
+}
+
+/// Encodes `request` with our codec and decodes it with the oracle, checking the envelope.
+fn oracle_reads_ours(request: &Request, stream: i16, c: Compression) -> RequestBody {
+    let mut buf = BytesMut::from(&b"??"[..]);
+    request.encode_frame(stream, c, &mut buf);
+    assert_eq!(&buf[..2], b"??", "encoders append");
+    let raw = &buf[2..];
+    let sent_plain = matches!(request, Request::Startup(_) | Request::Options);
+    let oc = if sent_plain {
+        OCompression::None
+    } else {
+        to_oracle_compression(c)
+    };
+    let parsed = Envelope::from_buffer(raw, oc).unwrap();
+    assert_eq!(parsed.envelope_len, raw.len());
+    let env = parsed.envelope;
+    assert_eq!(env.version, Version::V4);
+    assert_eq!(env.direction, Direction::Request);
+    assert_eq!(env.stream_id, stream);
+    assert_eq!(
+        env.flags.contains(Flags::COMPRESSION),
+        !sent_plain && c != Compression::None
+    );
+    env.request_body().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn query_to_oracle(query in "\\PC{0,60}", p in params(), stream in 0i16..=i16::MAX, c in compression()) {
+        let ours = Request::Query { query: Bytes::from(query.clone()), params: p.ours() };
+        let RequestBody::Query(got) = oracle_reads_ours(&ours, stream, c) else { panic!("not a QUERY") };
+        prop_assert_eq!(got, BodyReqQuery { query, query_params: p.oracle_reads() });
+    }
+
+    #[test]
+    fn execute_to_oracle(id in prop::collection::vec(any::<u8>(), 0..32), p in params(), stream in 0i16..=i16::MAX, c in compression()) {
+        let ours = Request::Execute { id: Bytes::from(id.clone()), params: p.ours() };
+        let RequestBody::Execute(got) = oracle_reads_ours(&ours, stream, c) else { panic!("not an EXECUTE") };
+        prop_assert_eq!(got, BodyReqExecuteOwned {
+            id: CBytesShort::new(id),
+            result_metadata_id: None,
+            query_parameters: p.oracle_reads(),
+        });
+    }
+
+    #[test]
+    fn batch_to_oracle(
+        kind in 0u8..3,
+        entries in prop::collection::vec(
+            (any::<bool>(), "\\PC{0,30}", prop::collection::vec(any::<u8>(), 0..20),
+             prop::collection::vec(value(), 0..5)),
+            0..6),
+        cl in consistency(),
+        serial in prop::option::of(Just(Consistency::LocalSerial)),
+        ts in prop::option::of(any::<i64>()),
+        c in compression(),
+    ) {
+        let ours = Request::Batch(BatchRequest {
+            batch_type: kind,
+            entries: entries.iter().map(|(prepared, text, id, values)| BatchEntry {
+                statement: if *prepared {
+                    BatchQuery::Prepared(Bytes::from(id.clone()))
+                } else {
+                    BatchQuery::Text(Bytes::from(text.clone()))
+                },
+                values: values.clone(),
+            }).collect(),
+            consistency: cl,
+            serial_consistency: serial,
+            default_timestamp: ts,
+        });
+        let RequestBody::Batch(got) = oracle_reads_ours(&ours, 7, c) else { panic!("not a BATCH") };
+        let batch_type = match kind { 0 => BatchType::Logged, 1 => BatchType::Unlogged, _ => BatchType::Counter };
+        let queries = entries.iter().map(|(prepared, text, id, vals)| OBatchQuery {
+            subject: if *prepared {
+                BatchQuerySubj::PreparedId(CBytesShort::new(id.clone()))
+            } else {
+                BatchQuerySubj::QueryString(text.clone())
+            },
+            values: QueryValues::SimpleValues(vals.iter().map(to_oracle_value).collect()),
+        }).collect();
+        prop_assert_eq!(got, BodyReqBatch {
+            batch_type,
+            queries,
+            consistency: to_oracle_cl(cl),
+            serial_consistency: serial.map(to_oracle_cl),
+            timestamp: ts,
+            keyspace: None,
+            now_in_seconds: None,
+        });
+    }
+
+    #[test]
+    fn startup_prepare_register_auth_options_to_oracle(
+        opts in prop::collection::hash_map("[A-Z_]{1,12}", "\\PC{0,12}", 0..6),
+        query in "\\PC{0,80}",
+        events in prop::sample::subsequence(vec![0u8, 1, 2], 0..=3),
+        token in prop::option::of(prop::collection::vec(any::<u8>(), 0..30)),
+        c in compression(),
+    ) {
+        let startup = Request::Startup(opts.clone().into_iter().collect());
+        let RequestBody::Startup(got) = oracle_reads_ours(&startup, 0, c) else { panic!() };
+        prop_assert_eq!(got.map, opts);
+
+        let prepare = Request::Prepare { query: Bytes::from(query.clone()) };
+        let RequestBody::Prepare(got) = oracle_reads_ours(&prepare, 3, c) else { panic!() };
+        prop_assert_eq!(got, BodyReqPrepare { query, keyspace: None });
+
+        let ours: Vec<EventType> = events.iter().map(|e| match e {
+            0 => EventType::TopologyChange, 1 => EventType::StatusChange, _ => EventType::SchemaChange,
+        }).collect();
+        let RequestBody::Register(got) = oracle_reads_ours(&Request::Register(ours), 3, c) else { panic!() };
+        let want: Vec<_> = events.iter().map(|e| match e {
+            0 => SimpleServerEvent::TopologyChange,
+            1 => SimpleServerEvent::StatusChange,
+            _ => SimpleServerEvent::SchemaChange,
+        }).collect();
+        prop_assert_eq!(got.events, want);
+
+        let auth = Request::AuthResponse(token.clone().map(Bytes::from));
+        let RequestBody::AuthResponse(got) = oracle_reads_ours(&auth, 2, c) else { panic!() };
+        prop_assert_eq!(got.data, token.map_or_else(CBytes::new_null, CBytes::new));
+
+        prop_assert!(matches!(oracle_reads_ours(&Request::Options, 2, c), RequestBody::Options(_)));
+    }
+}
 
 fn rows_metadata(max_cols: usize) -> impl Strategy<Value = RowsMetadata> {
     (

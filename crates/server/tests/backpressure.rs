@@ -9,28 +9,12 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use sluice_protocol::{Compression, Request};
 use sluice_server::{Server, ServerConfig};
 
-fn frame(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = vec![4, 0];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.push(opcode);
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(body);
-    f
-}
-
-fn string(s: &str) -> Vec<u8> {
-    let mut b = (s.len() as u16).to_be_bytes().to_vec();
-    b.extend_from_slice(s.as_bytes());
-    b
-}
-
+/// A QUERY of `text` at consistency ONE on `stream`.
 fn query(stream: i16, text: &str) -> Vec<u8> {
-    let mut body = (text.len() as u32).to_be_bytes().to_vec();
-    body.extend_from_slice(text.as_bytes());
-    body.extend_from_slice(&[0, 1, 0]);
-    frame(stream, 0x07, &body)
+    Request::query(text.to_owned()).to_frame(stream).to_vec()
 }
 
 fn read_frame(s: &mut TcpStream) -> (i16, u8) {
@@ -79,10 +63,8 @@ impl TestNode {
     fn connect(&self) -> TcpStream {
         let mut s = TcpStream::connect(self.server().local_addr()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut body = vec![0, 1];
-        body.extend(string("CQL_VERSION"));
-        body.extend(string("3.0.0"));
-        s.write_all(&frame(0, 0x01, &body)).unwrap();
+        s.write_all(&Request::startup(Compression::None).to_frame(0))
+            .unwrap();
         assert_eq!(read_frame(&mut s), (0, 0x02), "READY");
         s
     }

@@ -1,6 +1,9 @@
 //! The `sluice` binary: `sluice serve` starts a node. Other subcommands (`bench`, `demo`)
 //! are mounted from their crates as one `Command` variant each.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod config;
 
 use std::net::IpAddr;

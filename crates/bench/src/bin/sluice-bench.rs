@@ -1,5 +1,8 @@
 //! Standalone `sluice-bench`: the same benchmark the `sluice bench` subcommand mounts.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 

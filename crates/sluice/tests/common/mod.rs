@@ -1,6 +1,7 @@
 //! Shared harness of the integration tests: starts the real `sluice` binary on free local
 //! ports with a temporary data directory and stops it (SIGKILL) when dropped, reads its
-//! metrics, connects `scylla` sessions, and builds raw CQL v4 frames.
+//! metrics, connects `scylla` sessions, and builds CQL v4 request frames (with the protocol
+//! crate's codec, or from raw bytes for malformed input).
 
 #![allow(dead_code)]
 
@@ -14,6 +15,7 @@ mod ports;
 
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use sluice_protocol::{Compression, Request};
 
 /// A running node.
 pub struct Node {
@@ -212,7 +214,8 @@ pub async fn create_keyspace(session: &Session, ks: &str) {
         .unwrap();
 }
 
-/// A raw frame: v`version` request header (no flags) followed by `body`.
+/// A frame with any header bytes followed by `body`, for the malformed input the protocol
+/// codec cannot express (other versions, unknown or response opcodes, lying lengths).
 pub fn frame(version: u8, stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
     let mut f = vec![version, 0];
     f.extend_from_slice(&stream.to_be_bytes());
@@ -224,21 +227,15 @@ pub fn frame(version: u8, stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
 
 /// A v4 STARTUP frame on stream 1 asking for CQL 3.0.0.
 pub fn startup() -> Vec<u8> {
-    let mut body = vec![0, 1];
-    for s in ["CQL_VERSION", "3.0.0"] {
-        body.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        body.extend_from_slice(s.as_bytes());
-    }
-    frame(4, 1, 0x01, &body)
+    Request::startup(Compression::None).to_frame(1).to_vec()
 }
 
-/// A v4 QUERY frame for `text` (raw bytes, so that invalid UTF-8 can be sent).
+/// A v4 QUERY frame for `text` at consistency ONE (raw bytes, so that invalid UTF-8 can be
+/// sent).
 pub fn query(stream: i16, text: impl AsRef<[u8]>) -> Vec<u8> {
-    let text = text.as_ref();
-    let mut body = (text.len() as u32).to_be_bytes().to_vec();
-    body.extend_from_slice(text);
-    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
-    frame(4, stream, 0x07, &body)
+    Request::query(text.as_ref().to_vec())
+        .to_frame(stream)
+        .to_vec()
 }
 
 /// One answer: (stream, opcode, error code if ERROR, body); `None` once the socket fails.
