@@ -14,11 +14,13 @@ pub mod connection;
 pub mod events;
 pub mod limiter;
 pub mod listener;
+pub mod login_limiter;
 pub mod metrics;
 pub mod pipeline;
 pub mod shard;
 pub mod socket_wait;
 pub mod supported;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
