@@ -122,8 +122,17 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
 
-    let engine = sluice_engine::Engine::open(storage.clone(), node_info(&cfg, host_id))
-        .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+    if cfg.auth.authenticator != sluice_engine::auth::AuthenticatorKind::AllowAll
+        || cfg.tls.is_some()
+    {
+        anyhow::bail!(
+            "--authenticator password and --tls-cert are accepted but the CQL listener does not \
+             serve logins or TLS yet; start without them"
+        );
+    }
+    let engine =
+        sluice_engine::Engine::open_with_auth(storage.clone(), node_info(&cfg, host_id), cfg.auth)
+            .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
 
     let server = sluice_server::Server::start(server_config(&cfg, host_id), engine.clone())
         .context("cannot start the server")?;
@@ -222,6 +231,26 @@ fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeIn
             cfg.listen.port().to_string(),
         ),
         ("shards".into(), cfg.shards.to_string()),
+        (
+            "authenticator".into(),
+            match cfg.auth.authenticator {
+                sluice_engine::auth::AuthenticatorKind::AllowAll => "AllowAllAuthenticator",
+                sluice_engine::auth::AuthenticatorKind::Password => "PasswordAuthenticator",
+            }
+            .into(),
+        ),
+        (
+            "authorizer".into(),
+            match cfg.auth.authorizer {
+                sluice_engine::auth::AuthorizerKind::AllowAll => "AllowAllAuthorizer",
+                sluice_engine::auth::AuthorizerKind::Cassandra => "CassandraAuthorizer",
+            }
+            .into(),
+        ),
+        (
+            "client_encryption_options_enabled".into(),
+            cfg.tls.is_some().to_string(),
+        ),
     ];
     node
 }
