@@ -120,8 +120,6 @@ pub struct Session {
     pub keyspace: Option<String>,
     /// The role that logged in (None with the allow-all authenticator, or before login).
     pub user: Option<auth::AuthenticatedUser>,
-    /// The connection's cached permission decisions.
-    pub permissions: auth::PermissionCache,
     /// The client's address, for audit lines.
     pub peer: Option<std::net::SocketAddr>,
 }
@@ -339,25 +337,50 @@ impl Engine {
         &self.auth
     }
 
-    /// Checks that the session's role holds every permission `p` needs; a no-op with the
-    /// allow-all authorizer. Decisions are cached in the session under the auth
+    /// Checks that `user` holds every permission `p` needs; a no-op with the allow-all
+    /// authorizer. Decisions are cached in the connection's `cache` under the auth
     /// generation, so a repeated check costs a few compares and allocates nothing.
     pub fn check_access(
         &self,
-        session: &mut Session,
+        user: Option<&auth::AuthenticatedUser>,
+        cache: &mut auth::PermissionCache,
         p: &Prepared,
     ) -> Result<(), auth::Unauthorized> {
         if p.access.is_empty() || !self.auth.checks_permissions() {
             return Ok(());
         }
         let generation = self.auth.generation();
-        let Some(user) = &session.user else {
+        let Some(user) = user else {
             return Err(auth::Unauthorized::not_logged_in(p.access[0].permission));
         };
         for check in p.access.iter() {
-            session
-                .permissions
-                .check(generation, &user.name, check, || self.auth.data())?;
+            cache.check(generation, &user.name, check, || self.auth.data())?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::check_access`] for every statement of a BATCH request (statements that do
+    /// not resolve are left to [`Engine::batch`], which reports them).
+    pub fn check_batch_access(
+        &self,
+        user: Option<&auth::AuthenticatedUser>,
+        cache: &mut auth::PermissionCache,
+        keyspace: Option<&str>,
+        b: &BatchRequest,
+    ) -> Result<(), auth::Unauthorized> {
+        if !self.auth.checks_permissions() {
+            return Ok(());
+        }
+        for e in &b.entries {
+            let p = match &e.statement {
+                sluice_protocol::BatchQuery::Prepared(id) => self.prepared(id),
+                sluice_protocol::BatchQuery::Text(text) => std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|q| self.prepare(keyspace, q).ok()),
+            };
+            if let Some(p) = p {
+                self.check_access(user, cache, &p)?;
+            }
         }
         Ok(())
     }
@@ -750,8 +773,6 @@ impl Engine {
             let Plan::Write(_) = &p.plan else {
                 return Err(catalog::invalid("Invalid statement in batch: only UPDATE, INSERT and DELETE statements are allowed."));
             };
-            self.check_access(session, &p)
-                .map_err(|u| u.to_detailed())?;
             if e.values.len() != p.bind_specs.len() {
                 return Err(catalog::invalid(format!(
                     "There were {} markers(?) in CQL but {} bound variables",

@@ -138,6 +138,27 @@ pub struct ConnState {
     pub inflight_bytes: Rc<Budget>,
     /// Task pushing schema events, once REGISTERed.
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
+    /// The client's address (source of its logins).
+    pub peer: Option<std::net::SocketAddr>,
+    /// Where the connection is in the login exchange.
+    pub login: Cell<LoginPhase>,
+    /// Permission decisions of the logged-in role, valid for one auth generation.
+    pub permissions: RefCell<sluice_engine::auth::PermissionCache>,
+    /// The denial of the request being turned away as Unauthorized, for its answer.
+    pub denial: RefCell<Option<sluice_engine::auth::Unauthorized>>,
+}
+
+/// Where a connection is in the login exchange of the password authenticator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginPhase {
+    /// No login needed (allow-all), or STARTUP not seen yet.
+    NotRequired,
+    /// STARTUP answered AUTHENTICATE: only OPTIONS and AUTH_RESPONSE are served.
+    Awaiting,
+    /// An AUTH_RESPONSE is being checked.
+    Checking,
+    /// Logged in.
+    Done,
 }
 
 impl ConnState {
@@ -152,6 +173,10 @@ impl ConnState {
             inflight: Budget::new(shard.config.max_inflight_per_connection),
             inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
             events: RefCell::new(None),
+            peer: None,
+            login: Cell::new(LoginPhase::NotRequired),
+            permissions: RefCell::new(Default::default()),
+            denial: RefCell::new(None),
         }
     }
 }
@@ -161,10 +186,14 @@ impl ConnState {
 pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     shard.metrics.connections.fetch_add(1, Relaxed);
     let _guard = ConnectionCount(shard.clone());
+    let peer = stream.peer_addr().ok();
     let Some((mut rd, wr, stamped)) = socket(stream) else {
         return;
     };
-    let conn = Rc::new(ConnState::new(&shard));
+    let conn = Rc::new(ConnState {
+        peer,
+        ..ConnState::new(&shard)
+    });
     let writer =
         tokio::task::spawn_local(write_loop(wr, conn.outbox.clone(), shard.engine.clone()));
     let _close_outbox = CloseOnDrop(conn.outbox.clone());

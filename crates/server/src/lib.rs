@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub test_only_service_delay: Option<Duration>,
     /// The per-shard per-partition rate limiter's table (size, probes, cold start).
     pub rate_limiter: sluice_overload::RateLimiterConfig,
+    /// How failed logins slow down their source address.
+    pub login_limiter: login_limiter::LoginLimiterConfig,
 }
 
 impl ServerConfig {
@@ -94,6 +96,7 @@ impl ServerConfig {
             admission: Some(sluice_overload::AdmissionConfig::default()),
             test_only_service_delay: None,
             rate_limiter: sluice_overload::RateLimiterConfig::default(),
+            login_limiter: login_limiter::LoginLimiterConfig::default(),
         }
     }
 }

@@ -95,6 +95,12 @@ pub struct ShardMetrics {
     queue_delay_sum_us: AtomicU64,
     /// Per-table accepted/rejected counters of the per-partition rate limiter.
     pub rate_limits: crate::limiter::LimitMetrics,
+    /// Logins that succeeded.
+    pub logins_succeeded: AtomicU64,
+    /// Logins refused for a wrong user name or password (or a malformed token).
+    pub logins_failed: AtomicU64,
+    /// Logins refused unchecked because their address failed too often.
+    pub logins_throttled: AtomicU64,
 }
 
 /// Upper bounds (microseconds) of the queue-delay histogram buckets.
@@ -231,6 +237,24 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         for (reason, get) in reasons {
             let v = get(m).load(Relaxed);
             let _ = writeln!(out, "{n}{{shard=\"{s}\",reason=\"{reason}\"}} {v}");
+        }
+    }
+    let n = "sluice_logins_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Login attempts, by shard and outcome (throttled: refused unchecked after repeated failures from the address).",
+    );
+    let outcomes: [(&str, Counter); 3] = [
+        ("succeeded", |m| &m.logins_succeeded),
+        ("failed", |m| &m.logins_failed),
+        ("throttled", |m| &m.logins_throttled),
+    ];
+    for (s, m) in shards.iter().enumerate() {
+        for (outcome, get) in outcomes {
+            let v = get(m).load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",outcome=\"{outcome}\"}} {v}");
         }
     }
     type Getter = fn(&ShardMetrics) -> i64;

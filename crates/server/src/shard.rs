@@ -85,6 +85,8 @@ pub struct ShardCtx {
     pub frames: PreencodedErrors,
     /// Becomes true when the node shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// Failed logins per source address, shared by all shards.
+    pub logins: Arc<crate::login_limiter::LoginLimiter>,
 }
 
 impl ShardCtx {
@@ -133,9 +135,14 @@ impl Server {
         let shard_aware_addr = listeners.shard_aware_addr()?;
         let metrics_addr = listeners.metrics_addr()?;
 
+        let logins = Arc::new(crate::login_limiter::LoginLimiter::new(
+            config.login_limiter,
+            std::time::Instant::now(),
+        ));
         let mut threads = Vec::with_capacity(n + 1);
         for (id, (crx, frx, lrx)) in receivers.into_iter().enumerate() {
             let engine = engine.clone();
+            let logins = logins.clone();
             let config = config.clone();
             let peers = peers.clone();
             let m = metrics[id].clone();
@@ -179,6 +186,7 @@ impl Server {
                         peers,
                         supported,
                         shutdown,
+                        logins,
                     });
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;

@@ -12,11 +12,12 @@ mod statements;
 
 pub use authorizer::{AccessCheck, AuthResource, PermissionCache, Unauthorized};
 pub use password::{hash_password, verify_password, MIN_BCRYPT_COST};
+pub use sluice_cql::ast::Permission;
 pub(crate) use statements::{execute as execute_statement, grant_creator_of, required_access};
 
 use crate::EngineOpenError;
 use serde::{Deserialize, Serialize};
-use sluice_cql::ast::Permission;
+
 use sluice_protocol::ErrorCode;
 use sluice_storage::Storage;
 use std::collections::{BTreeMap, BTreeSet};

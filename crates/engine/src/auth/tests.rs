@@ -37,41 +37,59 @@ fn open(dir: &std::path::Path, config: AuthConfig) -> Arc<Engine> {
     Engine::open_with_auth(open_storage(dir), node, config).expect("engine opens")
 }
 
-async fn login(e: &Engine, user: &str, pw: &str) -> Session {
+/// A connection: its session and its cache of permission decisions.
+#[derive(Default)]
+struct Conn {
+    session: Session,
+    permissions: PermissionCache,
+}
+
+async fn login(e: &Engine, user: &str, pw: &str) -> Conn {
     let u = e
         .auth()
         .login(user, pw.as_bytes())
         .await
         .unwrap_or_else(|err| panic!("{user} logs in: {err:?}"));
-    Session {
-        user: Some(u),
-        ..Session::default()
+    Conn {
+        session: Session {
+            user: Some(u),
+            ..Session::default()
+        },
+        permissions: PermissionCache::default(),
+    }
+}
+
+impl Conn {
+    fn check(&mut self, e: &Engine, p: &crate::Prepared) -> Result<(), Unauthorized> {
+        e.check_access(self.session.user.as_ref(), &mut self.permissions, p)
     }
 }
 
 /// Prepares, checks permissions as the server does, and executes.
-async fn run(e: &Engine, s: &mut Session, q: &str) -> Result<ResultMessage, DetailedError> {
+async fn run(e: &Engine, c: &mut Conn, q: &str) -> Result<ResultMessage, DetailedError> {
+    let s = &mut c.session;
     let p = e.prepare(s.keyspace.as_deref(), q)?;
-    e.check_access(s, &p).map_err(|u| u.to_detailed())?;
+    e.check_access(s.user.as_ref(), &mut c.permissions, &p)
+        .map_err(|u| u.to_detailed())?;
     e.execute(s, &p, &QueryParameters::default(), &RequestContext::now())
         .await
 }
 
-async fn ok(e: &Engine, s: &mut Session, q: &str) -> ResultMessage {
+async fn ok(e: &Engine, s: &mut Conn, q: &str) -> ResultMessage {
     match run(e, s, q).await {
         Ok(r) => r,
         Err(err) => panic!("{q}: {err:?}"),
     }
 }
 
-async fn denied(e: &Engine, s: &mut Session, q: &str) -> String {
+async fn denied(e: &Engine, s: &mut Conn, q: &str) -> String {
     match run(e, s, q).await {
         Err(err) if err.code() == ErrorCode::Unauthorized => err.message.into_owned(),
         other => panic!("{q}: expected Unauthorized, got {other:?}"),
     }
 }
 
-async fn invalid(e: &Engine, s: &mut Session, q: &str) -> String {
+async fn invalid(e: &Engine, s: &mut Conn, q: &str) -> String {
     match run(e, s, q).await {
         Err(err) if err.code() == ErrorCode::Invalid => err.message.into_owned(),
         other => panic!("{q}: expected Invalid, got {other:?}"),
@@ -152,7 +170,7 @@ async fn allow_all_creates_no_roles_and_refuses_role_statements() {
         },
     );
     assert!(e.auth().data().roles.is_empty());
-    let mut anon = Session::default();
+    let mut anon = Conn::default();
     let msg = denied(&e, &mut anon, "CREATE ROLE r").await;
     assert_eq!(
         msg,
@@ -501,20 +519,20 @@ async fn cached_decisions_follow_the_generation() {
         .unwrap();
     assert_eq!(p.access.len(), 1);
     let g = e.auth().generation();
-    e.check_access(&mut w, &p).unwrap();
+    w.check(&e, &p).unwrap();
     assert_eq!(w.permissions.len(), 1);
     // Repeated checks hit the cache: no new entry, same generation.
     for _ in 0..10 {
-        e.check_access(&mut w, &p).unwrap();
+        w.check(&e, &p).unwrap();
     }
     assert_eq!(w.permissions.len(), 1);
     assert_eq!(e.auth().generation(), g);
     ok(&e, &mut su, "REVOKE MODIFY ON ks.t FROM w").await;
     assert!(e.auth().generation() > g);
-    let u = e.check_access(&mut w, &p).unwrap_err();
+    let u = w.check(&e, &p).unwrap_err();
     assert_eq!(u.permission, Permission::Modify);
     // The denial is cached too, and shares its message.
-    let u2 = e.check_access(&mut w, &p).unwrap_err();
+    let u2 = w.check(&e, &p).unwrap_err();
     assert!(Arc::ptr_eq(&u.message, &u2.message));
     let mut buf = bytes::BytesMut::new();
     u.encode(&mut buf, 5, sluice_protocol::Compression::None);
@@ -522,9 +540,9 @@ async fn cached_decisions_follow_the_generation() {
     assert_eq!(&buf[9..13], &0x2100i32.to_be_bytes());
     assert!(buf.ends_with(u.message.as_bytes()));
     // A session that never logged in is refused with the static message.
-    let mut anon = Session::default();
+    let mut anon = Conn::default();
     assert_eq!(
-        &*e.check_access(&mut anon, &p).unwrap_err().message,
+        &*anon.check(&e, &p).unwrap_err().message,
         "You have not logged in"
     );
 }
