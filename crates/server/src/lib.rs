@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub rate_limiter: sluice_overload::RateLimiterConfig,
     /// How failed logins slow down their source address.
     pub login_limiter: login_limiter::LoginLimiterConfig,
+    /// TLS of the CQL listeners (both ports), if on; a SIGHUP handler may reload it.
+    pub tls: Option<Arc<tls::ReloadableTls>>,
 }
 
 impl ServerConfig {
@@ -97,6 +99,7 @@ impl ServerConfig {
             test_only_service_delay: None,
             rate_limiter: sluice_overload::RateLimiterConfig::default(),
             login_limiter: login_limiter::LoginLimiterConfig::default(),
+            tls: None,
         }
     }
 }

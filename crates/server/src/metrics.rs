@@ -101,6 +101,8 @@ pub struct ShardMetrics {
     pub logins_failed: AtomicU64,
     /// Logins refused unchecked because their address failed too often.
     pub logins_throttled: AtomicU64,
+    /// TLS handshakes that failed (plaintext clients, refused client certificates).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 /// Upper bounds (microseconds) of the queue-delay histogram buckets.
@@ -258,7 +260,7 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         }
     }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 12] = [
+    let simple: [(&str, &str, &str, Getter); 13] = [
         (
             "sluice_admission_queued",
             "gauge",
@@ -321,6 +323,12 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             "counter",
             "Connections closed for a protocol violation.",
             |m| m.protocol_closes.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_tls_handshake_failures_total",
+            "counter",
+            "TLS handshakes that failed: plaintext clients on the TLS port, refused client certificates.",
+            |m| m.tls_handshake_failures.load(Relaxed) as i64,
         ),
         (
             "sluice_backpressure_pauses_total",

@@ -1,6 +1,7 @@
 //! TLS for client connections, on rustls: a server configuration built from PEM files,
-//! client-certificate verification when a CA is given, and a holder whose configuration a
-//! SIGHUP replaces (new handshakes use the new files; open connections keep theirs).
+//! client-certificate verification when a CA is given, and a holder whose configuration the
+//! binary's SIGHUP handler replaces (new handshakes use the new files; open connections keep
+//! theirs).
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -147,25 +148,6 @@ where
             "TLS handshake timed out",
         )),
     }
-}
-
-/// Reloads `tls` on every SIGHUP, logging the outcome; runs until the runtime stops.
-pub fn spawn_sighup_reload(
-    tls: Arc<ReloadableTls>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    Ok(tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => {
-                    tracing::info!(cert = %tls.files().cert.display(), "TLS certificates reloaded")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "TLS reload failed; the previous certificates stay in use")
-                }
-            }
-        }
-    }))
 }
 
 #[cfg(test)]

@@ -16,6 +16,9 @@
 //!   frame is appended. The rest of the body is never decoded.
 //! - `served_limited`: `served` on a table with a write limit it never reaches: the
 //!   limiter accounts every write (what a limit costs; a table without one skips it).
+//! - `served_auth`: `served` with the password authenticator and the Cassandra authorizer,
+//!   by a role that holds MODIFY on the table through a GRANT: the permission check from
+//!   the connection's cache of decisions is what it adds.
 //! - `expired`: like `served` up to the deadline check (`USING TIMEOUT 1ms`, the frame read
 //!   5 ms earlier), which finds it passed: the pre-encoded Write_timeout is appended.
 //! - `read`: `served` for a single-partition SELECT, the benchmarks' read: a table of
@@ -123,6 +126,7 @@ pub struct Bench {
     errors: PreencodedErrors,
     out: BytesMut,
     input: BytesMut,
+    permissions: sluice_engine::auth::PermissionCache,
 }
 
 impl Bench {
@@ -207,6 +211,16 @@ impl Bench {
         if Instant::now() >= deadline {
             self.errors.write_timeout.append(&mut self.out, stream);
             return false;
+        }
+        // Permissions, as check.rs does after the deadline.
+        if self.engine.auth().checks_permissions() {
+            if let Err(denied) =
+                self.engine
+                    .check_access(self.session.user.as_ref(), &mut self.permissions, &p)
+            {
+                denied.encode(&mut self.out, stream, Compression::None);
+                return false;
+            }
         }
         let route = self.engine.route_with_timeout(&p, values, timeout);
         // [B] as request.rs: only for a table with a limit for this operation.
@@ -294,7 +308,17 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     })
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
-    let engine = Engine::open(storage, info).expect("engine");
+    let auth = if path == "served_auth" {
+        sluice_engine::auth::AuthConfig {
+            authenticator: sluice_engine::auth::AuthenticatorKind::Password,
+            authorizer: sluice_engine::auth::AuthorizerKind::Cassandra,
+            bcrypt_cost: sluice_engine::auth::MIN_BCRYPT_COST,
+        }
+    } else {
+        sluice_engine::auth::AuthConfig::default()
+    };
+    let engine = Engine::open_with_auth(storage, info, auth).expect("engine");
+    let user = |name: &str| sluice_engine::auth::AuthenticatedUser { name: name.into() };
     let config = if path == "overloaded" {
         // One execution slot and a one-request queue, both taken: every frame is shed.
         fixed_admission_config(1, 1)
@@ -303,7 +327,10 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     };
     let mut b = Bench {
         engine,
-        session: Session::default(),
+        session: Session {
+            user: Some(user(sluice_engine::auth::DEFAULT_SUPERUSER)),
+            ..Session::default()
+        },
         decoder: FrameDecoder::new(1 << 20),
         admission: ShardAdmission::new(&config),
         frames: sluice_protocol::PreencodedErrors::new(),
@@ -313,6 +340,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         errors: PreencodedErrors::new(),
         out: BytesMut::with_capacity(2 << 20),
         input: BytesMut::with_capacity(64 << 10),
+        permissions: Default::default(),
     };
     for (i, ddl) in [
         "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
@@ -343,8 +371,26 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
             .collect();
         return (b, dir, frames, Opcode::Result as u8);
     }
+    if path == "served_auth" {
+        // A role with MODIFY through a GRANT (a superuser would skip the decision).
+        let hash = sluice_engine::auth::hash_password("app", sluice_engine::auth::MIN_BCRYPT_COST)
+            .expect("hash");
+        for (i, q) in [
+            format!("CREATE ROLE app WITH HASHED PASSWORD = '{hash}' AND LOGIN = true"),
+            "GRANT MODIFY ON TABLE ks.t TO app".to_string(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(
+                b.one(&query_frame(i as i16, q), "served"),
+                Opcode::Result as u8
+            );
+        }
+        b.session.user = Some(user("app"));
+    }
     let text = match path {
-        "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
+        "served" | "overloaded" | "served_auth" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
         "rate_limited" => "INSERT INTO ks.limited (k, v) VALUES (?, ?)",
         "served_limited" => "INSERT INTO ks.roomy (k, v) VALUES (?, ?)",
         "expired" => "INSERT INTO ks.t (k, v) VALUES (?, ?) USING TIMEOUT 1ms",
@@ -352,7 +398,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     };
     let prepared = b.engine.prepare(None, text).expect("prepare");
     let frame = execute_frame(7, &prepared.id, 1, 2);
-    let expected = if path == "served" || path == "served_limited" {
+    let expected = if matches!(path, "served" | "served_limited" | "served_auth") {
         Opcode::Result as u8
     } else {
         Opcode::Error as u8
