@@ -162,6 +162,20 @@ async fn rust_driver_logins_roles_and_grants() {
         e.contains("User app has no MODIFY permission on <table ks.t> or any of its parents"),
         "{e}"
     );
+    // A BATCH needs MODIFY on every table it writes.
+    let mut batch =
+        scylla::statement::batch::Batch::new(scylla::statement::batch::BatchType::Unlogged);
+    batch.append_statement(insert.clone());
+    batch.append_statement(insert.clone());
+    let e = app
+        .batch(&batch, ((4, 4), (5, 5)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("User app has no MODIFY permission"), "{e}");
+    ok(&su, "GRANT MODIFY ON TABLE ks.t TO app").await;
+    app.batch(&batch, ((4, 4), (5, 5))).await.unwrap();
+    ok(&su, "REVOKE MODIFY ON TABLE ks.t FROM app").await;
 
     // A role that reads but does not write.
     let reader = login(&node, "reader", "r-pw").await.unwrap();
