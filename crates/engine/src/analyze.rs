@@ -1870,6 +1870,16 @@ pub(crate) fn analyze(
         .any(|s| sluice_types::contains_set_or_map(&s.ty));
     let const_timeout = crate::exec::constant_timeout(plan.timeout());
     let access = crate::auth::required_access(&plan, lwt, keyspace);
+    let changes_auth = matches!(
+        &parsed.statement,
+        Statement::CreateRole(_)
+            | Statement::AlterRole(_)
+            | Statement::DropRole(_)
+            | Statement::GrantPermissions(_)
+            | Statement::RevokePermissions(_)
+            | Statement::GrantRole(_)
+            | Statement::RevokeRole(_)
+    );
     Ok(Prepared {
         id,
         keyspace: keyspace.map(str::to_string),
@@ -1887,6 +1897,7 @@ pub(crate) fn analyze(
         last_used: std::sync::atomic::AtomicU64::new(0),
         schema_version: schema.version,
         access,
+        changes_auth,
     })
 }
 

@@ -238,6 +238,8 @@ pub struct Prepared {
     pub(crate) schema_version: Uuid,
     /// The permissions the statement needs, checked by [`Engine::check_access`].
     pub access: Box<[auth::AccessCheck]>,
+    /// A role or permission change (CREATE / ALTER / DROP ROLE, GRANT, REVOKE), counted.
+    pub changes_auth: bool,
 }
 
 impl Prepared {

@@ -103,6 +103,8 @@ pub struct ShardMetrics {
     pub logins_throttled: AtomicU64,
     /// TLS handshakes that failed (plaintext clients, refused client certificates).
     pub tls_handshake_failures: AtomicU64,
+    /// Role and permission changes that succeeded (CREATE / ALTER / DROP ROLE, GRANT, REVOKE).
+    pub auth_changes: AtomicU64,
 }
 
 /// Upper bounds (microseconds) of the queue-delay histogram buckets.
@@ -260,7 +262,7 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         }
     }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 13] = [
+    let simple: [(&str, &str, &str, Getter); 14] = [
         (
             "sluice_admission_queued",
             "gauge",
@@ -323,6 +325,12 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             "counter",
             "Connections closed for a protocol violation.",
             |m| m.protocol_closes.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_role_and_permission_changes_total",
+            "counter",
+            "Role and permission changes that succeeded (CREATE/ALTER/DROP ROLE, GRANT, REVOKE).",
+            |m| m.auth_changes.load(Relaxed) as i64,
         ),
         (
             "sluice_tls_handshake_failures_total",

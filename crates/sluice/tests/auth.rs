@@ -209,6 +209,7 @@ async fn rust_driver_logins_roles_and_grants() {
     assert!(node.metric("sluice_logins_total", &[("outcome", "succeeded")]) >= 5.0);
     assert!(node.metric("sluice_logins_total", &[("outcome", "failed")]) >= 2.0);
     assert!(node.metric("sluice_errors_total", &[("code", "unauthorized")]) >= 8.0);
+    assert!(node.metric("sluice_role_and_permission_changes_total", &[]) >= 15.0);
 }
 
 #[test]
