@@ -214,6 +214,19 @@ async fn roles_persist_and_superuser_password_change_refuses_the_old_one() {
     assert_eq!(listed, vec!["alice", "bob", "cassandra"]);
     let users = first_column(&ok(&e, &mut su, "LIST USERS").await);
     assert_eq!(users, vec!["alice", "bob", "cassandra"]);
+    // system_auth tables change only through the role statements.
+    let err = run(
+        &e,
+        &mut su,
+        "INSERT INTO system_auth.roles (role, is_superuser) VALUES ('x', true)",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err.code(), ErrorCode::Unauthorized | ErrorCode::Invalid),
+        "{err:?}"
+    );
+    assert!(!e.auth().data().roles.contains_key("x"));
     // system_auth.roles is readable like other system tables.
     let rows = ok(
         &e,
