@@ -173,7 +173,8 @@ impl Unauthorized {
         );
     }
 
-    /// A static fallback when the message does not matter (tests, metrics).
+    /// The answer when a denial's own message is not at hand (the server keeps it per
+    /// connection; this is its fallback).
     pub const GENERIC: ErrorResponse = ErrorResponse::new(
         DbError::Unauthorized,
         "The logged-in role lacks a permission this request needs",
