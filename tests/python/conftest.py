@@ -45,8 +45,9 @@ def sluice_bin():
 
 
 class Node:
-    def __init__(self, shards=2):
+    def __init__(self, shards=2, extra=()):
         self.shards = shards
+        self.extra = list(extra)
         self.data_dir = tempfile.mkdtemp(prefix="sluice-pytest-")
         self.log = open(os.path.join(self.data_dir, "server.log"), "wb")
         # A port taken between the check and the bind makes the server exit: try new ones.
@@ -72,6 +73,7 @@ class Node:
                 "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
                 "--durability", "periodic",
                 "--log", "warn",
+                *self.extra,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

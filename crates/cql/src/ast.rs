@@ -531,6 +531,185 @@ pub enum Statement {
     Truncate(QualifiedName),
     /// DESCRIBE / DESC.
     Describe(Describe),
+    /// CREATE ROLE / CREATE USER.
+    CreateRole(CreateRole),
+    /// ALTER ROLE / ALTER USER.
+    AlterRole(AlterRole),
+    /// DROP ROLE / DROP USER.
+    DropRole(DropRole),
+    /// LIST ROLES / LIST USERS.
+    ListRoles(ListRoles),
+    /// GRANT permissions ON resource TO role.
+    GrantPermissions(PermissionChange),
+    /// REVOKE permissions ON resource FROM role.
+    RevokePermissions(PermissionChange),
+    /// LIST permissions [ON resource] [OF role] [NORECURSIVE].
+    ListPermissions(ListPermissions),
+    /// GRANT role TO grantee.
+    GrantRole(RoleMembership),
+    /// REVOKE role FROM revokee.
+    RevokeRole(RoleMembership),
+}
+
+/// A permission as CQL names it (Cassandra's `Permission` enum, the data and role ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Permission {
+    /// CREATE.
+    Create,
+    /// ALTER.
+    Alter,
+    /// DROP.
+    Drop,
+    /// SELECT.
+    Select,
+    /// MODIFY (INSERT, UPDATE, DELETE, TRUNCATE).
+    Modify,
+    /// AUTHORIZE (GRANT and REVOKE).
+    Authorize,
+    /// DESCRIBE (LIST ROLES of all roles).
+    Describe,
+}
+
+impl Permission {
+    /// Every permission, in Cassandra's order.
+    pub const ALL: [Permission; 7] = [
+        Permission::Create,
+        Permission::Alter,
+        Permission::Drop,
+        Permission::Select,
+        Permission::Modify,
+        Permission::Authorize,
+        Permission::Describe,
+    ];
+
+    /// The upper-case name Cassandra stores and prints.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Permission::Create => "CREATE",
+            Permission::Alter => "ALTER",
+            Permission::Drop => "DROP",
+            Permission::Select => "SELECT",
+            Permission::Modify => "MODIFY",
+            Permission::Authorize => "AUTHORIZE",
+            Permission::Describe => "DESCRIBE",
+        }
+    }
+
+    /// The permission named `name` (any case).
+    pub fn from_name(name: &str) -> Option<Permission> {
+        Permission::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(name))
+    }
+}
+
+/// What a permission applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Resource {
+    /// `ALL KEYSPACES`.
+    AllKeyspaces,
+    /// `KEYSPACE ks`.
+    Keyspace(String),
+    /// `[TABLE] [ks.]t`.
+    Table(QualifiedName),
+    /// `ALL ROLES`.
+    AllRoles,
+    /// `ROLE r`.
+    Role(String),
+}
+
+/// The options of CREATE / ALTER ROLE (`WITH ... AND ...`) or of CREATE / ALTER USER.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RoleOptions {
+    /// `PASSWORD = '...'`.
+    pub password: Option<String>,
+    /// `HASHED PASSWORD = '...'`: an already salted bcrypt hash.
+    pub hashed_password: Option<String>,
+    /// `LOGIN = bool`.
+    pub login: Option<bool>,
+    /// `SUPERUSER = bool`.
+    pub superuser: Option<bool>,
+    /// `OPTIONS = { ... }` (kept; Cassandra's built-in role manager refuses them too).
+    pub options: Option<Vec<(String, OptionValue)>>,
+}
+
+/// CREATE ROLE / CREATE USER.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateRole {
+    /// The role name (unquoted names are lower-cased; strings keep their case).
+    pub name: String,
+    /// `IF NOT EXISTS`.
+    pub if_not_exists: bool,
+    /// The options.
+    pub options: RoleOptions,
+    /// Written as CREATE USER (which implies LOGIN).
+    pub user_syntax: bool,
+}
+
+/// ALTER ROLE / ALTER USER.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlterRole {
+    /// The role name.
+    pub name: String,
+    /// `IF EXISTS`.
+    pub if_exists: bool,
+    /// The options to change.
+    pub options: RoleOptions,
+}
+
+/// DROP ROLE / DROP USER.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DropRole {
+    /// The role name.
+    pub name: String,
+    /// `IF EXISTS`.
+    pub if_exists: bool,
+}
+
+/// LIST ROLES [OF role] [NORECURSIVE] / LIST USERS.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListRoles {
+    /// `OF role`: only the roles granted to it.
+    pub of: Option<String>,
+    /// False with `NORECURSIVE`: only directly granted roles.
+    pub recursive: bool,
+    /// Written as LIST USERS (other columns; only roles that can log in).
+    pub users: bool,
+}
+
+/// GRANT / REVOKE permissions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PermissionChange {
+    /// The permissions (`ALL PERMISSIONS` lists them all).
+    pub permissions: Vec<Permission>,
+    /// Written as `ALL [PERMISSIONS]`.
+    pub all: bool,
+    /// The resource.
+    pub resource: Resource,
+    /// The grantee or revokee.
+    pub role: String,
+}
+
+/// LIST permissions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPermissions {
+    /// The permissions asked about (`ALL` lists them all).
+    pub permissions: Vec<Permission>,
+    /// `ON resource` (None: every resource).
+    pub resource: Option<Resource>,
+    /// `OF role` (None: every role).
+    pub of: Option<String>,
+    /// False with `NORECURSIVE`: no inherited permissions and no parent resources.
+    pub recursive: bool,
+}
+
+/// GRANT role TO grantee / REVOKE role FROM revokee.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoleMembership {
+    /// The role granted or revoked.
+    pub role: String,
+    /// The role that gains or loses it.
+    pub grantee: String,
 }
 
 /// A parsed statement with the number of bind markers it has.

@@ -522,6 +522,15 @@ impl<'a> Parser<'a> {
         } else if kw("describe") || kw("desc") {
             self.advance();
             self.describe().map(Statement::Describe)
+        } else if kw("grant") {
+            self.advance();
+            self.grant_or_revoke(true)
+        } else if kw("revoke") {
+            self.advance();
+            self.grant_or_revoke(false)
+        } else if kw("list") {
+            self.advance();
+            self.list()
         } else {
             Err(self.no_viable())
         }
@@ -1434,7 +1443,31 @@ impl<'a> Parser<'a> {
         if self.eat_kw("table") || self.eat_kw("columnfamily") {
             return self.create_table().map(Statement::CreateTable);
         }
-        Err(self.err_here("mismatched input", Some("KEYSPACE or TABLE")))
+        if self.eat_kw("role") {
+            let if_not_exists = self.if_not_exists()?;
+            let name = self.role_name()?;
+            let options = self.role_options()?;
+            return Ok(Statement::CreateRole(CreateRole {
+                name,
+                if_not_exists,
+                options,
+                user_syntax: false,
+            }));
+        }
+        if self.eat_kw("user") {
+            let if_not_exists = self.if_not_exists()?;
+            let name = self.role_name()?;
+            let mut options = self.user_options()?;
+            options.login = Some(true);
+            options.superuser.get_or_insert(false);
+            return Ok(Statement::CreateRole(CreateRole {
+                name,
+                if_not_exists,
+                options,
+                user_syntax: true,
+            }));
+        }
+        Err(self.err_here("mismatched input", Some("KEYSPACE, TABLE, ROLE or USER")))
     }
 
     fn create_table(&mut self) -> PResult<CreateTable> {
@@ -1634,8 +1667,23 @@ impl<'a> Parser<'a> {
                 properties,
             }));
         }
+        if self.eat_kw("role") || self.eat_kw("user") {
+            let user = self.previous_is_kw("user");
+            let if_exists = self.if_exists()?;
+            let name = self.role_name()?;
+            let options = if user {
+                self.user_options()?
+            } else {
+                self.role_options()?
+            };
+            return Ok(Statement::AlterRole(AlterRole {
+                name,
+                if_exists,
+                options,
+            }));
+        }
         if !(self.eat_kw("table") || self.eat_kw("columnfamily")) {
-            return Err(self.err_here("mismatched input", Some("KEYSPACE or TABLE")));
+            return Err(self.err_here("mismatched input", Some("KEYSPACE, TABLE, ROLE or USER")));
         }
         let if_exists = self.if_exists()?;
         let name = self.qualified_name()?;
@@ -1714,7 +1762,271 @@ impl<'a> Parser<'a> {
             let name = self.qualified_name()?;
             return Ok(Statement::DropTable(Drop { name, if_exists }));
         }
-        Err(self.err_here("mismatched input", Some("KEYSPACE or TABLE")))
+        if self.eat_kw("role") || self.eat_kw("user") {
+            let if_exists = self.if_exists()?;
+            let name = self.role_name()?;
+            return Ok(Statement::DropRole(DropRole { name, if_exists }));
+        }
+        Err(self.err_here("mismatched input", Some("KEYSPACE, TABLE, ROLE or USER")))
+    }
+
+    // ---- roles and permissions ----------------------------------------------------
+
+    /// True if the token just consumed is the keyword `kw`.
+    fn previous_is_kw(&self, kw: &str) -> bool {
+        self.pos > 0
+            && self.toks.get(self.pos - 1).is_some_and(|t| {
+                t.kind == TokenKind::Ident && t.text(self.src).eq_ignore_ascii_case(kw)
+            })
+    }
+
+    /// A role or user name: an unreserved identifier (lower-cased), a quoted identifier or
+    /// a string constant (both kept as written), as Cassandra's `userOrRoleName`.
+    fn role_name(&mut self) -> PResult<String> {
+        match self.kind() {
+            TokenKind::String => {
+                let s = unquote(self.text(), '\'');
+                self.advance();
+                Ok(s)
+            }
+            _ => self.ident("a role name"),
+        }
+    }
+
+    /// A string constant (`'...'` or `$$...$$`).
+    fn string_constant(&mut self, what: &'static str) -> PResult<String> {
+        let text = self.text();
+        let s = match self.kind() {
+            TokenKind::String => unquote(text, '\''),
+            TokenKind::DollarString => text
+                .get(2..text.len().saturating_sub(2))
+                .unwrap_or("")
+                .to_string(),
+            _ => return Err(self.err_here("mismatched input", Some(what))),
+        };
+        self.advance();
+        Ok(s)
+    }
+
+    fn bool_constant(&mut self) -> PResult<bool> {
+        if self.eat_kw("true") {
+            Ok(true)
+        } else if self.eat_kw("false") {
+            Ok(false)
+        } else {
+            Err(self.err_here("mismatched input", Some("true or false")))
+        }
+    }
+
+    /// `[WITH option (AND option)*]` of CREATE / ALTER ROLE.
+    fn role_options(&mut self) -> PResult<RoleOptions> {
+        let mut o = RoleOptions::default();
+        if !self.eat_kw("with") {
+            return Ok(o);
+        }
+        loop {
+            let at = self.tok();
+            let duplicate = if self.eat_kw("password") {
+                self.expect(TokenKind::Eq, "'='")?;
+                o.password
+                    .replace(self.string_constant("a string")?)
+                    .is_some()
+            } else if self.eat_kw("hashed") {
+                self.expect_kw("password", "PASSWORD")?;
+                self.expect(TokenKind::Eq, "'='")?;
+                o.hashed_password
+                    .replace(self.string_constant("a string")?)
+                    .is_some()
+            } else if self.eat_kw("login") {
+                self.expect(TokenKind::Eq, "'='")?;
+                o.login.replace(self.bool_constant()?).is_some()
+            } else if self.eat_kw("superuser") {
+                self.expect(TokenKind::Eq, "'='")?;
+                o.superuser.replace(self.bool_constant()?).is_some()
+            } else if self.eat_kw("options") {
+                self.expect(TokenKind::Eq, "'='")?;
+                if self.kind() != TokenKind::LBrace {
+                    return Err(self.err_here("mismatched input", Some("a map")));
+                }
+                let OptionValue::Map(entries) = self.option_value()? else {
+                    return Err(self.err_at(at, "OPTIONS must be a map", None));
+                };
+                o.options.replace(entries).is_some()
+            } else {
+                return Err(self.err_here(
+                    "mismatched input",
+                    Some("PASSWORD, HASHED PASSWORD, LOGIN, SUPERUSER or OPTIONS"),
+                ));
+            };
+            if duplicate {
+                return Err(self.err_at(at, "Multiple definition for a role option", None));
+            }
+            if !self.eat_kw("and") {
+                return Ok(o);
+            }
+        }
+    }
+
+    /// `[WITH [HASHED] PASSWORD 'p'] [SUPERUSER | NOSUPERUSER]` of CREATE / ALTER USER.
+    fn user_options(&mut self) -> PResult<RoleOptions> {
+        let mut o = RoleOptions::default();
+        if self.eat_kw("with") {
+            let hashed = self.eat_kw("hashed");
+            self.expect_kw("password", "PASSWORD")?;
+            // Cassandra writes no `=` here; tolerate one.
+            self.eat(TokenKind::Eq);
+            let p = self.string_constant("a string")?;
+            if hashed {
+                o.hashed_password = Some(p);
+            } else {
+                o.password = Some(p);
+            }
+        }
+        if self.eat_kw("superuser") {
+            o.superuser = Some(true);
+        } else if self.eat_kw("nosuperuser") {
+            o.superuser = Some(false);
+        }
+        Ok(o)
+    }
+
+    /// A permission keyword at token `n` ahead, if there is one.
+    fn permission_at(&self, n: usize) -> Option<Permission> {
+        let t = self.tok_at(n);
+        if t.kind != TokenKind::Ident {
+            return None;
+        }
+        Permission::from_name(t.text(self.src))
+    }
+
+    /// `ALL [PERMISSIONS]` or `perm [PERMISSION] (, perm [PERMISSION])*`; returns the
+    /// permissions and whether ALL was written.
+    fn permissions(&mut self) -> PResult<(Vec<Permission>, bool)> {
+        if self.eat_kw("all") {
+            self.eat_kw("permissions");
+            return Ok((Permission::ALL.to_vec(), true));
+        }
+        let mut out = Vec::new();
+        loop {
+            let Some(p) = self.permission_at(0) else {
+                return Err(self.err_here("mismatched input", Some("a permission")));
+            };
+            self.advance();
+            self.eat_kw("permission");
+            if !out.contains(&p) {
+                out.push(p);
+            }
+            if !self.eat(TokenKind::Comma) {
+                return Ok((out, false));
+            }
+        }
+    }
+
+    /// `ALL KEYSPACES | KEYSPACE ks | [TABLE] [ks.]t | ALL ROLES | ROLE r`.
+    fn resource(&mut self) -> PResult<Resource> {
+        if self.is_kw("all") {
+            if self.is_kw_at(1, "keyspaces") {
+                self.advance();
+                self.advance();
+                return Ok(Resource::AllKeyspaces);
+            }
+            if self.is_kw_at(1, "roles") {
+                self.advance();
+                self.advance();
+                return Ok(Resource::AllRoles);
+            }
+            self.advance();
+            return Err(self.err_here("mismatched input", Some("KEYSPACES or ROLES")));
+        }
+        if self.eat_kw("keyspace") {
+            return self.ident("a keyspace name").map(Resource::Keyspace);
+        }
+        if self.is_kw("role") && self.kind_at(1) != TokenKind::Dot {
+            self.advance();
+            return self.role_name().map(Resource::Role);
+        }
+        self.eat_kw("table");
+        self.qualified_name().map(Resource::Table)
+    }
+
+    /// After GRANT / REVOKE: permissions on a resource, or a role to a role.
+    fn grant_or_revoke(&mut self, grant: bool) -> PResult<Statement> {
+        let (to, to_upper) = if grant {
+            ("to", "TO")
+        } else {
+            ("from", "FROM")
+        };
+        let on_permissions = self.permission_at(0).is_some()
+            || (self.is_kw("all") && (self.is_kw_at(1, "permissions") || self.is_kw_at(1, "on")));
+        if on_permissions {
+            let (permissions, all) = self.permissions()?;
+            self.expect_kw("on", "ON")?;
+            let resource = self.resource()?;
+            self.expect_kw(to, to_upper)?;
+            let role = self.role_name()?;
+            let change = PermissionChange {
+                permissions,
+                all,
+                resource,
+                role,
+            };
+            return Ok(if grant {
+                Statement::GrantPermissions(change)
+            } else {
+                Statement::RevokePermissions(change)
+            });
+        }
+        let role = self.role_name()?;
+        self.expect_kw(to, to_upper)?;
+        let grantee = self.role_name()?;
+        let m = RoleMembership { role, grantee };
+        Ok(if grant {
+            Statement::GrantRole(m)
+        } else {
+            Statement::RevokeRole(m)
+        })
+    }
+
+    /// `[OF role] [NORECURSIVE]`.
+    fn of_role(&mut self) -> PResult<(Option<String>, bool)> {
+        let of = if self.eat_kw("of") {
+            Some(self.role_name()?)
+        } else {
+            None
+        };
+        Ok((of, !self.eat_kw("norecursive")))
+    }
+
+    /// After LIST: ROLES, USERS or permissions.
+    fn list(&mut self) -> PResult<Statement> {
+        if self.eat_kw("roles") {
+            let (of, recursive) = self.of_role()?;
+            return Ok(Statement::ListRoles(ListRoles {
+                of,
+                recursive,
+                users: false,
+            }));
+        }
+        if self.eat_kw("users") {
+            return Ok(Statement::ListRoles(ListRoles {
+                of: None,
+                recursive: true,
+                users: true,
+            }));
+        }
+        let (permissions, _) = self.permissions()?;
+        let resource = if self.eat_kw("on") {
+            Some(self.resource()?)
+        } else {
+            None
+        };
+        let (of, recursive) = self.of_role()?;
+        Ok(Statement::ListPermissions(ListPermissions {
+            permissions,
+            resource,
+            of,
+            recursive,
+        }))
     }
 
     fn with_internals(&mut self) -> PResult<bool> {

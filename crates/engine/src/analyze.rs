@@ -1835,7 +1835,17 @@ pub(crate) fn analyze(
                 OpKind::Write,
             )
         }
-        Statement::Use(_) | Statement::Describe(_) => (
+        Statement::Use(_)
+        | Statement::Describe(_)
+        | Statement::CreateRole(_)
+        | Statement::AlterRole(_)
+        | Statement::DropRole(_)
+        | Statement::ListRoles(_)
+        | Statement::GrantPermissions(_)
+        | Statement::RevokePermissions(_)
+        | Statement::ListPermissions(_)
+        | Statement::GrantRole(_)
+        | Statement::RevokeRole(_) => (
             Plan::Dynamic(Box::new(parsed.statement.clone())),
             OpKind::Other,
         ),
@@ -1859,6 +1869,17 @@ pub(crate) fn analyze(
         .iter()
         .any(|s| sluice_types::contains_set_or_map(&s.ty));
     let const_timeout = crate::exec::constant_timeout(plan.timeout());
+    let access = crate::auth::required_access(&plan, lwt, keyspace);
+    let changes_auth = matches!(
+        &parsed.statement,
+        Statement::CreateRole(_)
+            | Statement::AlterRole(_)
+            | Statement::DropRole(_)
+            | Statement::GrantPermissions(_)
+            | Statement::RevokePermissions(_)
+            | Statement::GrantRole(_)
+            | Statement::RevokeRole(_)
+    );
     Ok(Prepared {
         id,
         keyspace: keyspace.map(str::to_string),
@@ -1875,6 +1896,8 @@ pub(crate) fn analyze(
         set_or_map_markers,
         last_used: std::sync::atomic::AtomicU64::new(0),
         schema_version: schema.version,
+        access,
+        changes_auth,
     })
 }
 

@@ -358,6 +358,11 @@ fn drop_keyspace(engine: &Engine, s: &Drop) -> Result<ResultMessage, DetailedErr
         SchemaChangeTarget::Keyspace(name.clone()),
     );
     engine.commit_schema(next, ch.clone(), &ids, Some(name))?;
+    // Grants die with their keyspace, so that a new one of the same name starts clean.
+    engine.auth.drop_resource(
+        &engine.storage,
+        &crate::auth::AuthResource::keyspace(name).name,
+    );
     for t in &tables {
         engine
             .storage
@@ -675,6 +680,10 @@ fn drop_table(
         SchemaChangeTarget::Table(t.keyspace.clone(), t.name.clone()),
     );
     engine.commit_schema(next, ch.clone(), &[t.id], None)?;
+    engine.auth.drop_resource(
+        &engine.storage,
+        &crate::auth::AuthResource::table(&t.keyspace, &t.name).name,
+    );
     engine
         .storage
         .truncate(*t.id.as_bytes())

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod analyze;
+pub mod auth;
 pub mod catalog;
 pub mod codec;
 mod ddl;
@@ -117,6 +118,10 @@ impl NodeInfo {
 pub struct Session {
     /// The keyspace set by `USE`.
     pub keyspace: Option<String>,
+    /// The role that logged in (None with the allow-all authenticator, or before login).
+    pub user: Option<auth::AuthenticatedUser>,
+    /// The client's address, for audit lines.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// Per-request execution context.
@@ -232,6 +237,10 @@ pub struct Prepared {
     pub(crate) last_used: AtomicU64,
     /// The schema version the plan was analysed against.
     pub(crate) schema_version: Uuid,
+    /// The permissions the statement needs, checked by [`Engine::check_access`].
+    pub access: Box<[auth::AccessCheck]>,
+    /// A role or permission change (CREATE / ALTER / DROP ROLE, GRANT, REVOKE), counted.
+    pub changes_auth: bool,
 }
 
 impl Prepared {
@@ -258,6 +267,7 @@ pub struct Engine {
     list_clock: AtomicU64,
     last_write_ts: std::sync::atomic::AtomicI64,
     lwt_locks: Vec<tokio::sync::Mutex<()>>,
+    auth: auth::AuthState,
 }
 
 impl std::fmt::Debug for Engine {
@@ -280,8 +290,20 @@ pub(crate) fn storage_error(e: StorageError) -> DetailedError {
 }
 
 impl Engine {
-    /// Opens the engine on `storage`, reloading the persisted schema.
+    /// Opens the engine on `storage`, reloading the persisted schema, with neither
+    /// authentication nor authorization.
     pub fn open(storage: Storage, node: NodeInfo) -> Result<Arc<Engine>, EngineOpenError> {
+        Engine::open_with_auth(storage, node, auth::AuthConfig::default())
+    }
+
+    /// Opens the engine with these authentication and authorization settings; with the
+    /// password authenticator, the first start creates the default superuser.
+    pub fn open_with_auth(
+        storage: Storage,
+        node: NodeInfo,
+        auth_config: auth::AuthConfig,
+    ) -> Result<Arc<Engine>, EngineOpenError> {
+        let auth = auth::AuthState::open(&storage, auth_config)?;
         let stored = storage
             .meta_scan(SCHEMA_META_KEY)
             .map_err(EngineOpenError::Storage)?;
@@ -309,7 +331,61 @@ impl Engine {
             list_clock: AtomicU64::new(0),
             last_write_ts: std::sync::atomic::AtomicI64::new(i64::MIN),
             lwt_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            auth,
         }))
+    }
+
+    /// Roles, logins and grants.
+    pub fn auth(&self) -> &auth::AuthState {
+        &self.auth
+    }
+
+    /// Checks that `user` holds every permission `p` needs; a no-op with the allow-all
+    /// authorizer. Decisions are cached in the connection's `cache` under the auth
+    /// generation, so a repeated check costs a few compares and allocates nothing.
+    pub fn check_access(
+        &self,
+        user: Option<&auth::AuthenticatedUser>,
+        cache: &mut auth::PermissionCache,
+        p: &Prepared,
+    ) -> Result<(), auth::Unauthorized> {
+        if p.access.is_empty() || !self.auth.checks_permissions() {
+            return Ok(());
+        }
+        let generation = self.auth.generation();
+        let Some(user) = user else {
+            return Err(auth::Unauthorized::not_logged_in(p.access[0].permission));
+        };
+        for check in p.access.iter() {
+            cache.check(generation, &user.name, check, || self.auth.data())?;
+        }
+        Ok(())
+    }
+
+    /// [`Engine::check_access`] for every statement of a BATCH request (statements that do
+    /// not resolve are left to [`Engine::batch`], which reports them).
+    pub fn check_batch_access(
+        &self,
+        user: Option<&auth::AuthenticatedUser>,
+        cache: &mut auth::PermissionCache,
+        keyspace: Option<&str>,
+        b: &BatchRequest,
+    ) -> Result<(), auth::Unauthorized> {
+        if !self.auth.checks_permissions() {
+            return Ok(());
+        }
+        for e in &b.entries {
+            let p = match &e.statement {
+                sluice_protocol::BatchQuery::Prepared(id) => self.prepared(id),
+                sluice_protocol::BatchQuery::Text(text) => std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|q| self.prepare(keyspace, q).ok()),
+            };
+            if let Some(p) = p {
+                self.check_access(user, cache, &p)?;
+            }
+        }
+        Ok(())
     }
 
     /// The current schema snapshot.
@@ -640,6 +716,15 @@ impl Engine {
                 Ok(ResultMessage::SetKeyspace(name.clone()))
             }
             Statement::Describe(d) => describe::execute(self, ks, d, params),
+            Statement::CreateRole(_)
+            | Statement::AlterRole(_)
+            | Statement::DropRole(_)
+            | Statement::ListRoles(_)
+            | Statement::GrantPermissions(_)
+            | Statement::RevokePermissions(_)
+            | Statement::ListPermissions(_)
+            | Statement::GrantRole(_)
+            | Statement::RevokeRole(_) => auth::execute_statement(self, session, stmt).await,
             other => {
                 if let Some(d) = ctx.deadline {
                     if Instant::now() >= d {
@@ -649,7 +734,11 @@ impl Engine {
                         ));
                     }
                 }
-                ddl::execute(self, ks, other, ctx.now_micros)
+                let result = ddl::execute(self, ks, other, ctx.now_micros)?;
+                if matches!(result, ResultMessage::SchemaChange(_)) {
+                    auth::grant_creator_of(self, session, ks, other);
+                }
+                Ok(result)
             }
         }
     }

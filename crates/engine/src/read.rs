@@ -600,7 +600,7 @@ pub(crate) fn execute_select(
     }
     let next = if t.is_virtual() {
         let schema = engine.schema();
-        let rows = system::rows(t, &schema, engine.node());
+        let rows = system::rows(t, &schema, engine.node(), &engine.auth().data());
         let skip = match state.as_ref().map(|s| &s.pos) {
             Some(Position::Offset(n)) => *n as usize,
             Some(_) => return Err(invalid("Invalid paging state")),

@@ -31,6 +31,12 @@ pub enum SystemTable {
     ScyllaTables,
     /// `system_views.settings`: the node's settings, by Cassandra's names.
     Settings,
+    /// `system_auth.roles`.
+    Roles,
+    /// `system_auth.role_members`.
+    RoleMembers,
+    /// `system_auth.role_permissions`.
+    RolePermissions,
     /// Any other system table: always empty on a single node (peers, types, functions...).
     Empty,
 }
@@ -482,7 +488,7 @@ pub fn tables() -> Vec<TableDef> {
             ],
             &["role"],
             &[],
-            Empty,
+            Roles,
         ),
         def(
             "system_auth",
@@ -490,7 +496,7 @@ pub fn tables() -> Vec<TableDef> {
             &[("role", "text"), ("member", "text")],
             &["role"],
             &["member"],
-            Empty,
+            RoleMembers,
         ),
         def(
             "system_auth",
@@ -502,7 +508,7 @@ pub fn tables() -> Vec<TableDef> {
             ],
             &["role"],
             &["resource"],
-            Empty,
+            RolePermissions,
         ),
         def(
             "system_auth",
@@ -664,12 +670,77 @@ fn described_keyspace(name: &str) -> bool {
 }
 
 /// Generates the rows of a virtual table.
-pub fn rows(t: &TableDef, schema: &Schema, node: &NodeInfo) -> Vec<SystemRow> {
+pub fn rows(
+    t: &TableDef,
+    schema: &Schema,
+    node: &NodeInfo,
+    auth: &crate::auth::AuthData,
+) -> Vec<SystemRow> {
     let Some(kind) = t.system else {
         return Vec::new();
     };
     match kind {
         SystemTable::Empty => Vec::new(),
+        SystemTable::Roles => auth
+            .roles
+            .iter()
+            .map(|(name, r)| {
+                let member_of: Vec<&str> = r.member_of.iter().map(String::as_str).collect();
+                row_from(
+                    t,
+                    vec![
+                        ("role", Some(codec::text(name))),
+                        ("can_login", Some(codec::boolean(r.can_login))),
+                        ("is_superuser", Some(codec::boolean(r.is_superuser))),
+                        (
+                            "member_of",
+                            (!member_of.is_empty()).then(|| codec::text_list(&member_of)),
+                        ),
+                        ("salted_hash", r.salted_hash.as_deref().map(codec::text)),
+                    ],
+                )
+            })
+            .collect(),
+        SystemTable::RoleMembers => {
+            let mut pairs: Vec<(&str, &str)> = auth
+                .roles
+                .iter()
+                .flat_map(|(member, r)| {
+                    r.member_of
+                        .iter()
+                        .map(move |role| (role.as_str(), member.as_str()))
+                })
+                .collect();
+            pairs.sort_unstable();
+            pairs
+                .into_iter()
+                .map(|(role, member)| {
+                    row_from(
+                        t,
+                        vec![
+                            ("role", Some(codec::text(role))),
+                            ("member", Some(codec::text(member))),
+                        ],
+                    )
+                })
+                .collect()
+        }
+        SystemTable::RolePermissions => auth
+            .permissions
+            .iter()
+            .flat_map(|(role, grants)| grants.iter().map(move |(res, set)| (role, res, set)))
+            .map(|(role, res, set)| {
+                let names: Vec<&str> = set.iter().map(|p| p.as_str()).collect();
+                row_from(
+                    t,
+                    vec![
+                        ("role", Some(codec::text(role))),
+                        ("resource", Some(codec::text(res))),
+                        ("permissions", Some(codec::text_list(&names))),
+                    ],
+                )
+            })
+            .collect(),
         SystemTable::Settings => {
             let mut settings: Vec<&(String, String)> = node.settings.iter().collect();
             settings.sort();

@@ -14,6 +14,7 @@ pub mod messages;
 pub mod preencoded;
 pub mod request;
 pub mod response;
+pub mod sasl;
 pub mod wire;
 
 pub use compression::Compression;

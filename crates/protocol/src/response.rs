@@ -524,6 +524,22 @@ pub fn encode_detailed_error(
 /// Message of the Unprepared error.
 pub const UNPREPARED_MESSAGE: &str = "Prepared statement not found; re-prepare it";
 
+/// Appends an ERROR frame with a borrowed message (for messages built once and shared,
+/// such as a cached permission denial).
+pub fn encode_error_text(
+    buf: &mut BytesMut,
+    stream: i16,
+    error: &DbError,
+    message: &str,
+    compression: Compression,
+) {
+    let start = begin_frame(buf, stream, Opcode::Error);
+    put_int(buf, error.code() as i32);
+    put_string(buf, message);
+    put_error_fields(buf, error, None);
+    finish(buf, start, compression);
+}
+
 /// Builds the Unprepared error for an unknown prepared id (echoed, up to 16 bytes).
 pub fn unprepared_error(id: &[u8]) -> ErrorResponse {
     ErrorResponse::new(DbError::unprepared(id), UNPREPARED_MESSAGE)

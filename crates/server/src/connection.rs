@@ -147,6 +147,27 @@ pub struct ConnState {
     pub inflight_bytes: Rc<Budget>,
     /// Task pushing schema events, once REGISTERed.
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
+    /// The client's address (source of its logins).
+    pub peer: Option<std::net::SocketAddr>,
+    /// Where the connection is in the login exchange.
+    pub login: Cell<LoginPhase>,
+    /// Permission decisions of the logged-in role, valid for one auth generation.
+    pub permissions: RefCell<sluice_engine::auth::PermissionCache>,
+    /// The denial of the request being turned away as Unauthorized, for its answer.
+    pub denial: RefCell<Option<sluice_engine::auth::Unauthorized>>,
+}
+
+/// Where a connection is in the login exchange of the password authenticator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginPhase {
+    /// No login needed (allow-all), or STARTUP not seen yet.
+    NotRequired,
+    /// STARTUP answered AUTHENTICATE: only OPTIONS and AUTH_RESPONSE are served.
+    Awaiting,
+    /// An AUTH_RESPONSE is being checked.
+    Checking,
+    /// Logged in.
+    Done,
 }
 
 impl ConnState {
@@ -161,6 +182,10 @@ impl ConnState {
             inflight: Budget::new(shard.config.max_inflight_per_connection),
             inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
             events: RefCell::new(None),
+            peer: None,
+            login: Cell::new(LoginPhase::NotRequired),
+            permissions: RefCell::new(Default::default()),
+            denial: RefCell::new(None),
         }
     }
 }
@@ -170,10 +195,15 @@ impl ConnState {
 pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     shard.metrics.connections.fetch_add(1, Relaxed);
     let _guard = ConnectionCount(shard.clone());
-    let Some((mut rd, wr, stamped)) = socket(stream) else {
+    let peer = stream.peer_addr().ok();
+    let Some((mut rd, wr, stamped)) = socket(stream, shard.config.tls.as_deref(), &shard).await
+    else {
         return;
     };
-    let conn = Rc::new(ConnState::new(&shard));
+    let conn = Rc::new(ConnState {
+        peer,
+        ..ConnState::new(&shard)
+    });
     let writer = tokio::task::spawn_local(write_loop(
         wr,
         conn.outbox.clone(),
@@ -297,14 +327,69 @@ pub async fn handle_frame(
     handled
 }
 
-/// The socket in non-blocking mode, split, and whether the kernel stamps its reads.
-fn socket(stream: std::net::TcpStream) -> Option<(OwnedReadHalf, OwnedWriteHalf, bool)> {
+/// The reading half of a client connection.
+enum ClientReader {
+    /// Plain TCP (its reads may carry the kernel's receive stamps).
+    Plain(OwnedReadHalf),
+    /// TLS over TCP.
+    Tls(tokio::io::ReadHalf<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// The writing half of a client connection.
+enum ClientWriter {
+    /// Plain TCP.
+    Plain(OwnedWriteHalf),
+    /// TLS over TCP.
+    Tls(tokio::io::WriteHalf<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl ClientWriter {
+    async fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            ClientWriter::Plain(w) => w.write_all(b).await,
+            ClientWriter::Tls(w) => {
+                w.write_all(b).await?;
+                w.flush().await
+            }
+        }
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        match self {
+            ClientWriter::Plain(w) => w.shutdown().await,
+            ClientWriter::Tls(w) => w.shutdown().await,
+        }
+    }
+}
+
+/// The socket in non-blocking mode, split, and whether the kernel stamps its reads. With
+/// TLS, the handshake first (bounded): a client that fails it, such as one that speaks
+/// plaintext CQL, is closed at once.
+async fn socket(
+    stream: std::net::TcpStream,
+    tls: Option<&crate::tls::ReloadableTls>,
+    shard: &ShardCtx,
+) -> Option<(ClientReader, ClientWriter, bool)> {
     stream.set_nonblocking(true).ok()?;
     let stream = TcpStream::from_std(stream).ok()?;
+    if let Some(tls) = tls {
+        let acceptor = tls.acceptor();
+        return match crate::tls::accept(&acceptor, stream, crate::tls::HANDSHAKE_TIMEOUT).await {
+            Ok(s) => {
+                let (rd, wr) = tokio::io::split(s);
+                Some((ClientReader::Tls(rd), ClientWriter::Tls(wr), false))
+            }
+            Err(e) => {
+                shard.metrics.tls_handshake_failures.fetch_add(1, Relaxed);
+                debug!(error = %e, "TLS handshake failed; connection closed");
+                None
+            }
+        };
+    }
     // Without stamps the reader still works; admission then sees only the loop lag.
     let stamped = crate::socket_wait::enable(std::os::fd::AsRawFd::as_raw_fd(&stream)).is_ok();
     let (rd, wr) = stream.into_split();
-    Some((rd, wr, stamped))
+    Some((ClientReader::Plain(rd), ClientWriter::Plain(wr), stamped))
 }
 
 /// Ends a connection: drops its queued requests if its client is gone, answers what is in
@@ -382,21 +467,20 @@ fn make_room(buf: &mut BytesMut, read_size: usize) {
 
 /// One socket read into `buf`, with how long its newest byte waited in the kernel when
 /// `stamped` (zero otherwise).
-async fn read(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    buf: &mut BytesMut,
-    stamped: bool,
-) -> std::io::Result<Read> {
-    if stamped {
-        crate::socket_wait::read_stamped(rd, buf).await
-    } else {
-        rd.read_buf(buf).await.map(|len| Read {
-            len,
-            newest_waited: std::time::Duration::ZERO,
-            idle_before: false,
-            stamped: false,
-        })
-    }
+async fn read(rd: &mut ClientReader, buf: &mut BytesMut, stamped: bool) -> std::io::Result<Read> {
+    let len = match rd {
+        ClientReader::Plain(rd) if stamped => {
+            return crate::socket_wait::read_stamped(rd, buf).await
+        }
+        ClientReader::Plain(rd) => rd.read_buf(buf).await?,
+        ClientReader::Tls(rd) => rd.read_buf(buf).await?,
+    };
+    Ok(Read {
+        len,
+        newest_waited: std::time::Duration::ZERO,
+        idle_before: false,
+        stamped: false,
+    })
 }
 
 /// Polls a request once, here in the reader, and returns it if it has to wait (group
@@ -446,7 +530,7 @@ impl Drop for CloseOnDrop {
 /// which flushes everything applied before it, covers them all with one `write(2)` per store.
 /// If the journal cannot be written, no answer of the batch is sent and the connection
 /// closes: its client cannot be told which writes stand.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Rc<Outbox>, ack_barrier: AckBarrier) {
+async fn write_loop(mut wr: ClientWriter, out: Rc<Outbox>, ack_barrier: AckBarrier) {
     let mut spare = BytesMut::with_capacity(READ_CHUNK);
     loop {
         if out.buf.borrow().is_empty() {

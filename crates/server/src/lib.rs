@@ -17,11 +17,13 @@ pub mod connection;
 pub mod events;
 pub mod limiter;
 pub mod listener;
+pub mod login_limiter;
 pub mod metrics;
 pub mod pipeline;
 pub mod shard;
 pub mod socket_wait;
 pub mod supported;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -74,6 +76,10 @@ pub struct ServerConfig {
     pub test_only_service_delay: Option<Duration>,
     /// The per-shard per-partition rate limiter's table (size, probes, cold start).
     pub rate_limiter: sluice_overload::RateLimiterConfig,
+    /// How failed logins slow down their source address.
+    pub login_limiter: login_limiter::LoginLimiterConfig,
+    /// TLS of the CQL listeners (both ports), if on; a SIGHUP handler may reload it.
+    pub tls: Option<Arc<tls::ReloadableTls>>,
 }
 
 impl ServerConfig {
@@ -95,6 +101,8 @@ impl ServerConfig {
             admission: Some(sluice_overload::AdmissionConfig::default()),
             test_only_service_delay: None,
             rate_limiter: sluice_overload::RateLimiterConfig::default(),
+            login_limiter: login_limiter::LoginLimiterConfig::default(),
+            tls: None,
         }
     }
 }

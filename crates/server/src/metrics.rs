@@ -95,6 +95,16 @@ pub struct ShardMetrics {
     queue_delay_sum_us: AtomicU64,
     /// Per-table accepted/rejected counters of the per-partition rate limiter.
     pub rate_limits: crate::limiter::LimitMetrics,
+    /// Logins that succeeded.
+    pub logins_succeeded: AtomicU64,
+    /// Logins refused for a wrong user name or password (or a malformed token).
+    pub logins_failed: AtomicU64,
+    /// Logins refused unchecked because their address failed too often.
+    pub logins_throttled: AtomicU64,
+    /// TLS handshakes that failed (plaintext clients, refused client certificates).
+    pub tls_handshake_failures: AtomicU64,
+    /// Role and permission changes that succeeded (CREATE / ALTER / DROP ROLE, GRANT, REVOKE).
+    pub auth_changes: AtomicU64,
 }
 
 /// Upper bounds (microseconds) of the queue-delay histogram buckets.
@@ -233,8 +243,26 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             let _ = writeln!(out, "{n}{{shard=\"{s}\",reason=\"{reason}\"}} {v}");
         }
     }
+    let n = "sluice_logins_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Login attempts, by shard and outcome (throttled: refused unchecked after repeated failures from the address).",
+    );
+    let outcomes: [(&str, Counter); 3] = [
+        ("succeeded", |m| &m.logins_succeeded),
+        ("failed", |m| &m.logins_failed),
+        ("throttled", |m| &m.logins_throttled),
+    ];
+    for (s, m) in shards.iter().enumerate() {
+        for (outcome, get) in outcomes {
+            let v = get(m).load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",outcome=\"{outcome}\"}} {v}");
+        }
+    }
     type Getter = fn(&ShardMetrics) -> i64;
-    let simple: [(&str, &str, &str, Getter); 12] = [
+    let simple: [(&str, &str, &str, Getter); 14] = [
         (
             "sluice_admission_queued",
             "gauge",
@@ -297,6 +325,18 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
             "counter",
             "Connections closed for a protocol violation.",
             |m| m.protocol_closes.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_role_and_permission_changes_total",
+            "counter",
+            "Role and permission changes that succeeded (CREATE/ALTER/DROP ROLE, GRANT, REVOKE).",
+            |m| m.auth_changes.load(Relaxed) as i64,
+        ),
+        (
+            "sluice_tls_handshake_failures_total",
+            "counter",
+            "TLS handshakes that failed: plaintext clients on the TLS port, refused client certificates.",
+            |m| m.tls_handshake_failures.load(Relaxed) as i64,
         ),
         (
             "sluice_backpressure_pauses_total",

@@ -89,6 +89,8 @@ pub struct ShardCtx {
     /// Storage's acknowledgement barrier: each connection's writer flushes it before it
     /// writes answers, so requests may be answered as soon as their writes are applied.
     pub ack_barrier: AckBarrier,
+    /// Failed logins per source address, shared by all shards.
+    pub logins: Arc<crate::login_limiter::LoginLimiter>,
 }
 
 impl ShardCtx {
@@ -104,6 +106,7 @@ impl ShardCtx {
         shard_aware_port: Option<u16>,
         shutdown: watch::Receiver<bool>,
         ack_barrier: AckBarrier,
+        logins: Arc<crate::login_limiter::LoginLimiter>,
     ) -> ShardCtx {
         let options =
             crate::supported::supported_options(id, nr_shards, shard_aware_port, &config.host_id);
@@ -124,6 +127,7 @@ impl ShardCtx {
             supported,
             shutdown,
             ack_barrier,
+            logins,
         }
     }
 
@@ -146,6 +150,10 @@ impl ShardCtx {
             limits,
         }]);
         let metrics = Arc::new(ShardMetrics::default());
+        let logins = Arc::new(crate::login_limiter::LoginLimiter::new(
+            config.login_limiter,
+            std::time::Instant::now(),
+        ));
         let ctx = ShardCtx::new(
             0,
             1,
@@ -156,6 +164,7 @@ impl ShardCtx {
             None,
             shutdown_rx,
             ack_barrier,
+            logins,
         );
         let standalone = Standalone {
             _shutdown: shutdown_tx,
@@ -224,9 +233,14 @@ impl Server {
         let shard_aware_addr = listeners.shard_aware_addr()?;
         let metrics_addr = listeners.metrics_addr()?;
 
+        let logins = Arc::new(crate::login_limiter::LoginLimiter::new(
+            config.login_limiter,
+            std::time::Instant::now(),
+        ));
         let mut threads = Vec::with_capacity(n + 1);
         for (id, (crx, frx, lrx)) in receivers.into_iter().enumerate() {
             let engine = engine.clone();
+            let logins = logins.clone();
             let config = config.clone();
             let peers = peers.clone();
             let m = metrics[id].clone();
@@ -257,6 +271,7 @@ impl Server {
                         shard_aware_port,
                         shutdown,
                         ack_barrier,
+                        logins,
                     ));
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;

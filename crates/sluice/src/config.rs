@@ -30,6 +30,26 @@ pub enum DurabilityArg {
     Periodic,
 }
 
+/// Who may connect (`--authenticator`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthenticatorArg {
+    /// Anyone who reaches the port (Cassandra's `AllowAllAuthenticator`).
+    AllowAll,
+    /// Roles with a password, over SASL PLAIN (`PasswordAuthenticator`).
+    Password,
+}
+
+/// Whether permissions are checked (`--authorizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthorizerArg {
+    /// Every logged-in role may do everything (`AllowAllAuthorizer`).
+    AllowAll,
+    /// GRANTed permissions are checked (`CassandraAuthorizer`).
+    Cassandra,
+}
+
 /// Options of `sluice serve`. Every option is also an environment variable and a key of the
 /// `--config` TOML file (the key is the flag name with `_` for `-`, e.g. `data_dir`).
 #[derive(Debug, Clone, Default, Args)]
@@ -196,6 +216,33 @@ pub struct ServeArgs {
     /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
     #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+
+    /// `password` makes clients log in with a role's name and password (the first start
+    /// creates the superuser cassandra/cassandra; change its password) [default: allow-all].
+    #[arg(long, env = "SLUICE_AUTHENTICATOR", value_enum)]
+    pub authenticator: Option<AuthenticatorArg>,
+
+    /// `cassandra` checks GRANTed permissions on every request; needs
+    /// `--authenticator password` [default: allow-all].
+    #[arg(long, env = "SLUICE_AUTHORIZER", value_enum)]
+    pub authorizer: Option<AuthorizerArg>,
+
+    /// bcrypt cost (log2 rounds, 4 to 31) of new password hashes [default: 10].
+    #[arg(long, env = "SLUICE_AUTH_BCRYPT_COST", value_name = "N")]
+    pub auth_bcrypt_cost: Option<u32>,
+
+    /// PEM certificate chain of the CQL listener; with --tls-key, clients must use TLS.
+    /// SIGHUP reloads the files.
+    #[arg(long, env = "SLUICE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SLUICE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates; when given, clients must present a certificate they signed.
+    #[arg(long, env = "SLUICE_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// The TOML file: the same keys as the flags (snake_case), all optional.
@@ -231,6 +278,12 @@ struct FileConfig {
     admission_lifo: Option<String>,
     transparent_huge_pages: Option<String>,
     log: Option<String>,
+    authenticator: Option<AuthenticatorArg>,
+    authorizer: Option<AuthorizerArg>,
+    auth_bcrypt_cost: Option<u32>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// The fully resolved configuration of a node.
@@ -278,6 +331,10 @@ pub struct ResolvedConfig {
     pub test_only_service_delay: Option<Duration>,
     /// Log filter, if given (else RUST_LOG, else info).
     pub log: Option<String>,
+    /// Authentication and authorization.
+    pub auth: sluice_engine::auth::AuthConfig,
+    /// TLS of the CQL listener, if on.
+    pub tls: Option<sluice_server::tls::TlsFiles>,
 }
 
 /// Resolved admission-control constants (see the `--admission-*` flags).
@@ -310,6 +367,8 @@ impl ServeArgs {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
+        let auth = self.resolve_auth(&file)?;
+        let tls = self.resolve_tls(&file)?;
         // The built-in defaults are the server's own, written once there.
         let server = sluice_server::ServerConfig::new(
             DEFAULT_LISTEN.parse().expect("valid default"),
@@ -528,7 +587,57 @@ impl ServeArgs {
             )?,
             test_only_service_delay,
             log: self.log.clone().or(file.log),
+            auth,
+            tls,
         })
+    }
+
+    /// `--authenticator`, `--authorizer` and `--auth-bcrypt-cost`.
+    fn resolve_auth(&self, file: &FileConfig) -> Result<sluice_engine::auth::AuthConfig> {
+        use sluice_engine::auth::{AuthConfig, AuthenticatorKind, AuthorizerKind};
+        let authenticator = match self.authenticator.or(file.authenticator) {
+            None | Some(AuthenticatorArg::AllowAll) => AuthenticatorKind::AllowAll,
+            Some(AuthenticatorArg::Password) => AuthenticatorKind::Password,
+        };
+        let authorizer = match self.authorizer.or(file.authorizer) {
+            None | Some(AuthorizerArg::AllowAll) => AuthorizerKind::AllowAll,
+            Some(AuthorizerArg::Cassandra) => AuthorizerKind::Cassandra,
+        };
+        if authorizer == AuthorizerKind::Cassandra && authenticator != AuthenticatorKind::Password {
+            bail!("--authorizer cassandra needs --authenticator password (anonymous clients have no role to check)");
+        }
+        let bcrypt_cost = self
+            .auth_bcrypt_cost
+            .or(file.auth_bcrypt_cost)
+            .unwrap_or(sluice_engine::auth::DEFAULT_BCRYPT_COST);
+        if !(sluice_engine::auth::MIN_BCRYPT_COST..=31).contains(&bcrypt_cost) {
+            bail!("auth-bcrypt-cost must be between 4 and 31, got {bcrypt_cost}");
+        }
+        Ok(AuthConfig {
+            authenticator,
+            authorizer,
+            bcrypt_cost,
+        })
+    }
+
+    /// `--tls-cert`, `--tls-key` and `--tls-client-ca`: both of the first two, or neither.
+    fn resolve_tls(&self, file: &FileConfig) -> Result<Option<sluice_server::tls::TlsFiles>> {
+        let cert = self.tls_cert.clone().or_else(|| file.tls_cert.clone());
+        let key = self.tls_key.clone().or_else(|| file.tls_key.clone());
+        let client_ca = self
+            .tls_client_ca
+            .clone()
+            .or_else(|| file.tls_client_ca.clone());
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(sluice_server::tls::TlsFiles {
+                cert,
+                key,
+                client_ca,
+            })),
+            (None, None) if client_ca.is_none() => Ok(None),
+            (None, None) => bail!("--tls-client-ca needs --tls-cert and --tls-key"),
+            _ => bail!("--tls-cert and --tls-key go together"),
+        }
     }
 }
 
@@ -845,5 +954,60 @@ mod tests {
         assert_eq!(slots(1 << 20).unwrap(), 1 << 20);
         assert!(slots(15).is_err());
         assert!(slots((1 << 24) + 1).is_err());
+    }
+
+    #[test]
+    fn auth_and_tls_options_resolve() {
+        use sluice_engine::auth::{AuthenticatorKind, AuthorizerKind};
+        let c = ServeArgs::default().resolve().unwrap();
+        assert_eq!(c.auth, sluice_engine::auth::AuthConfig::default());
+        assert_eq!(c.auth.authenticator, AuthenticatorKind::AllowAll);
+        assert_eq!(c.tls, None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "authenticator = \"password\"\nauthorizer = \"cassandra\"\nauth_bcrypt_cost = 6\n\
+             tls_cert = \"/etc/sluice/node.pem\"\ntls_key = \"/etc/sluice/node.key\"\n",
+        )
+        .unwrap();
+        let c = ServeArgs {
+            config: Some(path.clone()),
+            tls_client_ca: Some("/etc/sluice/ca.pem".into()),
+            auth_bcrypt_cost: Some(5),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(c.auth.authenticator, AuthenticatorKind::Password);
+        assert_eq!(c.auth.authorizer, AuthorizerKind::Cassandra);
+        assert_eq!(c.auth.bcrypt_cost, 5, "flag beats file");
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/etc/sluice/node.pem"));
+        assert_eq!(tls.key, PathBuf::from("/etc/sluice/node.key"));
+        assert_eq!(tls.client_ca, Some(PathBuf::from("/etc/sluice/ca.pem")));
+
+        let err = |args: ServeArgs| args.resolve().unwrap_err().to_string();
+        assert!(err(ServeArgs {
+            authorizer: Some(AuthorizerArg::Cassandra),
+            ..ServeArgs::default()
+        })
+        .contains("needs --authenticator password"));
+        assert!(err(ServeArgs {
+            auth_bcrypt_cost: Some(3),
+            ..ServeArgs::default()
+        })
+        .contains("between 4 and 31"));
+        assert!(err(ServeArgs {
+            tls_cert: Some("c.pem".into()),
+            ..ServeArgs::default()
+        })
+        .contains("go together"));
+        assert!(err(ServeArgs {
+            tls_client_ca: Some("ca.pem".into()),
+            ..ServeArgs::default()
+        })
+        .contains("needs --tls-cert"));
     }
 }

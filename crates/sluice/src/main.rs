@@ -8,6 +8,7 @@ mod config;
 
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -125,15 +126,21 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
 
-    let engine = sluice_engine::Engine::open(storage.clone(), node_info(&cfg, host_id))
-        .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+    let tls = match &cfg.tls {
+        Some(files) => Some(Arc::new(
+            sluice_server::tls::ReloadableTls::load(files.clone())
+                .map_err(|e| anyhow::anyhow!("cannot load the TLS files: {e}"))?,
+        )),
+        None => None,
+    };
+    let engine =
+        sluice_engine::Engine::open_with_auth(storage.clone(), node_info(&cfg, host_id), cfg.auth)
+            .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
 
-    let server = sluice_server::Server::start(
-        server_config(&cfg, host_id),
-        engine.clone(),
-        storage.ack_barrier(),
-    )
-    .context("cannot start the server")?;
+    let mut config = server_config(&cfg, host_id);
+    config.tls = tls.clone();
+    let server = sluice_server::Server::start(config, engine.clone(), storage.ack_barrier())
+        .context("cannot start the server")?;
     info!(
         listen = %server.local_addr(),
         shard_aware = ?server.shard_aware_addr(),
@@ -144,7 +151,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         "sluice serving"
     );
 
-    wait_for_signal()?;
+    wait_for_signal(tls.as_deref())?;
     info!("shutting down: no new connections, answering in-flight requests");
     server.shutdown();
     drop(engine);
@@ -158,8 +165,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_signal() -> Result<()> {
+/// Blocks until SIGINT or SIGTERM; with TLS on, a SIGHUP reloads the certificate files
+/// (new connections use them; open ones keep theirs).
+fn wait_for_signal(tls: Option<&sluice_server::tls::ReloadableTls>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -170,9 +178,33 @@ fn wait_for_signal() -> Result<()> {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .context("cannot install the SIGTERM handler")?;
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
-                _ = term.recv() => {}
+            // SIGHUP keeps its default (terminate) unless there is something to reload.
+            let mut hup = match tls {
+                Some(_) => Some(
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                        .context("cannot install the SIGHUP handler")?,
+                ),
+                None => None,
+            };
+            loop {
+                let reload = async {
+                    match hup.as_mut() {
+                        Some(h) => h.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = tokio::signal::ctrl_c() => { r.context("cannot wait for SIGINT")?; break; }
+                    _ = term.recv() => break,
+                    _ = reload => {
+                        if let Some(tls) = tls {
+                            match tls.reload() {
+                                Ok(()) => info!(cert = %tls.files().cert.display(), "TLS certificates reloaded"),
+                                Err(e) => warn!(error = %e, "TLS reload failed; the previous certificates stay in use"),
+                            }
+                        }
+                    }
+                }
             }
         }
         #[cfg(not(unix))]
@@ -229,6 +261,26 @@ fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeIn
             cfg.listen.port().to_string(),
         ),
         ("shards".into(), cfg.shards.to_string()),
+        (
+            "authenticator".into(),
+            match cfg.auth.authenticator {
+                sluice_engine::auth::AuthenticatorKind::AllowAll => "AllowAllAuthenticator",
+                sluice_engine::auth::AuthenticatorKind::Password => "PasswordAuthenticator",
+            }
+            .into(),
+        ),
+        (
+            "authorizer".into(),
+            match cfg.auth.authorizer {
+                sluice_engine::auth::AuthorizerKind::AllowAll => "AllowAllAuthorizer",
+                sluice_engine::auth::AuthorizerKind::Cassandra => "CassandraAuthorizer",
+            }
+            .into(),
+        ),
+        (
+            "client_encryption_options_enabled".into(),
+            cfg.tls.is_some().to_string(),
+        ),
     ];
     node
 }

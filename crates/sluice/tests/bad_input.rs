@@ -88,15 +88,30 @@ fn deterministic_cases(addr: SocketAddr) {
     assert_eq!(read_answer(&mut s, 11), Some((0x00, Some(0x0A))));
 }
 
-/// Random garbage on one connection: random bytes, random bodies behind valid headers,
-/// truncated frames, bad lengths and opcodes. Returns the number of frames sent.
-fn fuzz_connection(addr: SocketAddr, seed: u64) -> u64 {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
-        return 0;
-    };
+/// A byte stream to the node: plain TCP or TLS.
+trait Conn: Read + Write {}
+impl<T: Read + Write> Conn for T {}
+
+/// A TCP connection with the fuzzer's timeouts (short reads: the answers are drained, not
+/// awaited).
+fn fuzz_socket(addr: SocketAddr) -> Option<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
     let _ = s.set_read_timeout(Some(Duration::from_millis(20)));
+    Some(s)
+}
+
+fn plain(addr: SocketAddr) -> Option<Box<dyn Conn>> {
+    fuzz_socket(addr).map(|s| Box::new(s) as Box<dyn Conn>)
+}
+
+/// Random garbage on one connection: random bytes, random bodies behind valid headers,
+/// truncated frames, bad lengths and opcodes. Returns the number of frames sent.
+fn fuzz_connection(connect: &dyn Fn() -> Option<Box<dyn Conn>>, seed: u64) -> u64 {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let Some(mut s) = connect() else {
+        return 0;
+    };
     let mut sent = 0;
     if rng.random_bool(0.5) {
         let _ = s.write_all(&startup());
@@ -180,7 +195,7 @@ async fn garbage_never_crashes_the_server_and_others_are_served() {
             .map(|t| {
                 std::thread::spawn(move || {
                     (0..40u64)
-                        .map(|c| fuzz_connection(addr, t * 1000 + c))
+                        .map(|c| fuzz_connection(&|| plain(addr), t * 1000 + c))
                         .sum::<u64>()
                 })
             })
@@ -217,5 +232,101 @@ async fn garbage_never_crashes_the_server_and_others_are_served() {
         .query_unpaged("SELECT key FROM system.local", &[])
         .await
         .unwrap();
+    assert!(node.metric("sluice_protocol_closes_total", &[]) > 0.0);
+}
+
+/// The same garbage over TLS: every frame arrives through the TLS layer; a client that
+/// speaks TLS properly keeps being served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_over_tls_never_crashes_the_server_and_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    common::certs::certificates(&certs);
+    let mut flags = vec!["--durability".to_string(), "periodic".to_string()];
+    flags.extend(common::certs::tls_flags(&certs, false));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut node = Node::start(&dir.path().join("data"), 2, &flags);
+    let addr = node.addr;
+    let config = common::certs::client_config(&certs, None);
+    let tls = {
+        let config = config.clone();
+        move || -> Option<Box<dyn Conn>> {
+            let sock = fuzz_socket(addr)?;
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").ok()?;
+            let conn = rustls::ClientConnection::new(config.clone(), name).ok()?;
+            Some(Box::new(rustls::StreamOwned::new(conn, sock)))
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // A well-behaved TLS client: STARTUP, then queries until the fuzzers are done.
+    let good = {
+        let (stop, tls) = (stop.clone(), tls.clone());
+        std::thread::spawn(move || {
+            let mut s = tls().expect("TLS connect");
+            s.write_all(&startup()).unwrap();
+            let mut served = 0u64;
+            let answer = |s: &mut Box<dyn Conn>, stream: i16| -> u8 {
+                loop {
+                    let mut h = [0u8; 9];
+                    match s.read_exact(&mut h) {
+                        Ok(()) => {}
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            continue
+                        }
+                        Err(e) => panic!("the good TLS client lost its connection: {e}"),
+                    }
+                    let mut body = vec![0u8; u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize];
+                    s.read_exact(&mut body).unwrap();
+                    if i16::from_be_bytes([h[2], h[3]]) == stream {
+                        return h[4];
+                    }
+                }
+            };
+            assert_eq!(answer(&mut s, 1), 0x02, "READY");
+            let mut stream = 2i16;
+            while !stop.load(Ordering::Relaxed) {
+                s.write_all(&query(stream, b"SELECT key FROM system.local"))
+                    .unwrap();
+                assert_eq!(answer(&mut s, stream), 0x08, "RESULT");
+                served += 1;
+                stream = stream % 1000 + 2;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            served
+        })
+    };
+    let fuzz = tokio::task::spawn_blocking(move || {
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let tls = tls.clone();
+                std::thread::spawn(move || {
+                    (0..25u64)
+                        .map(|c| fuzz_connection(&tls, t * 1000 + c))
+                        .sum::<u64>()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum::<u64>()
+    });
+    let frames = fuzz.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let served = good
+        .join()
+        .expect("the good TLS client was served without error");
+    assert!(frames >= 500, "only {frames} bad frames sent over TLS");
+    assert!(node.alive(), "server died: {}", node.log());
+    assert!(
+        !node.log().contains("panicked"),
+        "a panic was logged: {}",
+        node.log()
+    );
+    assert!(
+        served > 10,
+        "the good TLS client was starved ({served} answers)"
+    );
     assert!(node.metric("sluice_protocol_closes_total", &[]) > 0.0);
 }

@@ -965,6 +965,221 @@ fn scripts_split_on_semicolons() {
     assert_eq!(parse_script("  ").unwrap(), vec![]);
 }
 
+fn create_role(text: &str) -> CreateRole {
+    match st(text) {
+        Statement::CreateRole(c) => c,
+        other => panic!("not CREATE ROLE: {other:?}"),
+    }
+}
+
+#[test]
+fn create_role_with_every_option() {
+    let c = create_role(
+        "CREATE ROLE IF NOT EXISTS Alice WITH PASSWORD = 'pa''ss' AND LOGIN = true \
+         AND SUPERUSER = false AND OPTIONS = {'k': 'v'}",
+    );
+    assert_eq!(c.name, "alice");
+    assert!(c.if_not_exists);
+    assert!(!c.user_syntax);
+    assert_eq!(c.options.password.as_deref(), Some("pa'ss"));
+    assert_eq!(c.options.login, Some(true));
+    assert_eq!(c.options.superuser, Some(false));
+    assert_eq!(
+        c.options.options,
+        Some(vec![("k".to_string(), OptionValue::String("v".into()))])
+    );
+    let c = create_role("CREATE ROLE 'Bob'");
+    assert_eq!(c.name, "Bob");
+    assert_eq!(c.options, RoleOptions::default());
+    let c =
+        create_role("create role \"Carol\" with hashed password = '$2a$10$x' and login = false");
+    assert_eq!(c.name, "Carol");
+    assert_eq!(c.options.hashed_password.as_deref(), Some("$2a$10$x"));
+    assert_eq!(c.options.login, Some(false));
+}
+
+#[test]
+fn role_option_errors() {
+    assert!(parse("CREATE ROLE a WITH PASSWORD = 'x' AND PASSWORD = 'y'").is_err());
+    assert!(parse("CREATE ROLE a WITH LOGIN = 'yes'").is_err());
+    assert!(parse("CREATE ROLE a WITH COLOR = 'red'").is_err());
+    assert!(parse("CREATE ROLE a WITH OPTIONS = 'x'").is_err());
+    assert!(parse("CREATE ROLE select").is_err());
+    assert!(parse("CREATE ROLE").is_err());
+}
+
+#[test]
+fn create_and_alter_user() {
+    let c = create_role("CREATE USER IF NOT EXISTS bob WITH PASSWORD 'secret' SUPERUSER");
+    assert!(c.user_syntax);
+    assert_eq!(c.name, "bob");
+    assert_eq!(c.options.password.as_deref(), Some("secret"));
+    assert_eq!(c.options.login, Some(true));
+    assert_eq!(c.options.superuser, Some(true));
+    let c = create_role("CREATE USER carl");
+    assert_eq!(c.options.superuser, Some(false));
+    assert_eq!(c.options.login, Some(true));
+    let Statement::AlterRole(a) = st("ALTER USER bob WITH PASSWORD 'new' NOSUPERUSER") else {
+        panic!("not ALTER");
+    };
+    assert_eq!(a.name, "bob");
+    assert_eq!(a.options.password.as_deref(), Some("new"));
+    assert_eq!(a.options.superuser, Some(false));
+    assert_eq!(a.options.login, None);
+}
+
+#[test]
+fn alter_drop_list_roles() {
+    let Statement::AlterRole(a) =
+        st("ALTER ROLE IF EXISTS r WITH SUPERUSER = true AND LOGIN = true")
+    else {
+        panic!("not ALTER ROLE");
+    };
+    assert!(a.if_exists);
+    assert_eq!(a.options.superuser, Some(true));
+    assert_eq!(a.options.login, Some(true));
+    assert_eq!(
+        st("DROP ROLE IF EXISTS r;"),
+        Statement::DropRole(DropRole {
+            name: "r".into(),
+            if_exists: true
+        })
+    );
+    assert_eq!(
+        st("DROP USER 'R'"),
+        Statement::DropRole(DropRole {
+            name: "R".into(),
+            if_exists: false
+        })
+    );
+    assert_eq!(
+        st("LIST ROLES"),
+        Statement::ListRoles(ListRoles {
+            of: None,
+            recursive: true,
+            users: false
+        })
+    );
+    assert_eq!(
+        st("LIST ROLES OF alice NORECURSIVE"),
+        Statement::ListRoles(ListRoles {
+            of: Some("alice".into()),
+            recursive: false,
+            users: false
+        })
+    );
+    assert_eq!(
+        st("list users"),
+        Statement::ListRoles(ListRoles {
+            of: None,
+            recursive: true,
+            users: true
+        })
+    );
+}
+
+#[test]
+fn grant_and_revoke_permissions_on_every_resource() {
+    let Statement::GrantPermissions(g) = st("GRANT SELECT ON ALL KEYSPACES TO reader") else {
+        panic!("not GRANT");
+    };
+    assert_eq!(g.permissions, vec![Permission::Select]);
+    assert!(!g.all);
+    assert_eq!(g.resource, Resource::AllKeyspaces);
+    assert_eq!(g.role, "reader");
+    let Statement::GrantPermissions(g) = st("GRANT MODIFY PERMISSION ON KEYSPACE ks TO w") else {
+        panic!("not GRANT");
+    };
+    assert_eq!(g.resource, Resource::Keyspace("ks".into()));
+    let Statement::GrantPermissions(g) = st("GRANT ALL PERMISSIONS ON TABLE ks.t TO 'Admin'")
+    else {
+        panic!("not GRANT");
+    };
+    assert!(g.all);
+    assert_eq!(g.permissions, Permission::ALL.to_vec());
+    assert_eq!(g.resource, Resource::Table(qn(Some("ks"), "t")));
+    assert_eq!(g.role, "Admin");
+    let Statement::GrantPermissions(g) = st("GRANT ALL ON t TO x") else {
+        panic!("not GRANT");
+    };
+    assert_eq!(g.resource, Resource::Table(qn(None, "t")));
+    let Statement::RevokePermissions(r) =
+        st("REVOKE CREATE, ALTER, DROP, AUTHORIZE ON ALL ROLES FROM x")
+    else {
+        panic!("not REVOKE");
+    };
+    assert_eq!(
+        r.permissions,
+        vec![
+            Permission::Create,
+            Permission::Alter,
+            Permission::Drop,
+            Permission::Authorize
+        ]
+    );
+    assert_eq!(r.resource, Resource::AllRoles);
+    let Statement::RevokePermissions(r) = st("REVOKE DESCRIBE ON ROLE bob FROM x") else {
+        panic!("not REVOKE");
+    };
+    assert_eq!(r.resource, Resource::Role("bob".into()));
+    assert!(parse("GRANT SELECT ON ALL TABLES TO x").is_err());
+    assert!(parse("GRANT SELECT ks.t TO x").is_err());
+    assert!(parse("GRANT SELECT ON ks.t x").is_err());
+    assert!(parse("REVOKE SELECT ON ks.t TO x").is_err());
+}
+
+#[test]
+fn grant_and_revoke_roles() {
+    assert_eq!(
+        st("GRANT reader TO alice"),
+        Statement::GrantRole(RoleMembership {
+            role: "reader".into(),
+            grantee: "alice".into()
+        })
+    );
+    assert_eq!(
+        st("REVOKE 'Reader' FROM \"Alice\""),
+        Statement::RevokeRole(RoleMembership {
+            role: "Reader".into(),
+            grantee: "Alice".into()
+        })
+    );
+    assert!(parse("GRANT reader alice").is_err());
+}
+
+#[test]
+fn list_permissions() {
+    assert_eq!(
+        st("LIST ALL PERMISSIONS"),
+        Statement::ListPermissions(ListPermissions {
+            permissions: Permission::ALL.to_vec(),
+            resource: None,
+            of: None,
+            recursive: true
+        })
+    );
+    assert_eq!(
+        st("LIST SELECT ON KEYSPACE ks OF bob NORECURSIVE"),
+        Statement::ListPermissions(ListPermissions {
+            permissions: vec![Permission::Select],
+            resource: Some(Resource::Keyspace("ks".into())),
+            of: Some("bob".into()),
+            recursive: false
+        })
+    );
+    assert_eq!(
+        st("LIST ALL OF bob"),
+        Statement::ListPermissions(ListPermissions {
+            permissions: Permission::ALL.to_vec(),
+            resource: None,
+            of: Some("bob".into()),
+            recursive: true
+        })
+    );
+    assert!(parse("LIST ROLES OF").is_err());
+    assert!(parse("LIST nothing").is_err());
+}
+
 proptest! {
     #[test]
     fn parser_never_panics_on_arbitrary_text(s in "\\PC{0,80}") {
@@ -981,6 +1196,8 @@ proptest! {
                 "INSERT", "INTO", "VALUES", "IF", "NOT", "EXISTS", "USING", "TTL", "TIMEOUT", "10ms",
                 "CREATE", "TABLE", "PRIMARY", "KEY", "list", "<", ">", "int", "frozen", "WITH", "BEGIN",
                 "BATCH", "APPLY", "DESCRIBE", "KEYSPACE", ";", ".", "DELETE", "CAST", "AS", "\"Q\"", "$$d$$",
+                "ROLE", "USER", "GRANT", "REVOKE", "LIST", "ROLES", "ALL", "ON", "TO", "OF", "PASSWORD",
+                "LOGIN", "SUPERUSER", "KEYSPACES", "MODIFY", "PERMISSIONS", "NORECURSIVE", "ALTER", "DROP",
             ]),
             0..30,
         )

@@ -115,6 +115,7 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
     if Instant::now() >= deadline {
         return Err(Rejection::Expired(kind));
     }
+    check_permissions(request, &subject)?;
     match subject {
         Subject::Single {
             prepared,
@@ -135,6 +136,35 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
         }
         Subject::Unknown(id) => Err(Rejection::Unprepared(id)),
     }
+}
+
+/// The logged-in role's permissions, from the connection's cache of decisions: with the
+/// allow-all authorizer a flag test; with grants, a generation compare and a short scan.
+fn check_permissions(request: &Request, subject: &Subject<'_>) -> Result<(), Rejection> {
+    let engine = &request.shard.engine;
+    if !engine.auth().checks_permissions() {
+        return Ok(());
+    }
+    let conn = &request.conn;
+    let session = conn.session.borrow();
+    let mut cache = conn.permissions.borrow_mut();
+    let outcome = match subject {
+        Subject::Single { prepared, .. } => {
+            engine.check_access(session.user.as_ref(), &mut cache, prepared)
+        }
+        Subject::Batch { batch, .. } => engine.check_batch_access(
+            session.user.as_ref(),
+            &mut cache,
+            session.keyspace.as_deref(),
+            batch,
+        ),
+        Subject::Unknown(_) => Ok(()),
+    };
+    outcome.map_err(|denied| {
+        let permission = denied.permission;
+        *conn.denial.borrow_mut() = Some(denied);
+        Rejection::Unauthorized(permission)
+    })
 }
 
 /// Routing and the rate limiter of one statement.

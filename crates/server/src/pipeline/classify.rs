@@ -15,12 +15,18 @@ use sluice_protocol::{
 
 use super::check::Subject;
 use super::Request;
+use crate::connection::LoginPhase;
 use crate::shard::ShardCtx;
 
 /// Any request but OPTIONS and STARTUP before STARTUP.
 const NOT_READY: ErrorResponse = ErrorResponse::new(
     DbError::ProtocolError,
     "Unexpected message, expecting STARTUP or OPTIONS",
+);
+/// A request other than OPTIONS, STARTUP or AUTH_RESPONSE before login.
+const NOT_AUTHENTICATED: ErrorResponse = ErrorResponse::new(
+    DbError::ProtocolError,
+    "Unexpected message, expecting AUTH_RESPONSE: log in first",
 );
 /// QUERY or PREPARE text that is not UTF-8.
 const NOT_UTF8: ErrorResponse = ErrorResponse::new(DbError::ProtocolError, "query is not UTF-8");
@@ -41,8 +47,8 @@ pub enum Control {
     Startup(Vec<(String, String)>),
     /// REGISTER for these events.
     Register(Vec<EventType>),
-    /// AUTH_RESPONSE (authentication is not enabled).
-    AuthResponse,
+    /// AUTH_RESPONSE with its SASL token.
+    AuthResponse(Option<Bytes>),
     /// PREPARE this CQL text (validated UTF-8).
     Prepare(Bytes),
 }
@@ -158,13 +164,23 @@ pub fn classify(
     let decoded = sluice_protocol::decode_request(&header, body).map_err(protocol_error)?;
     use sluice_protocol::Request as R;
     if !conn.ready.get() && !matches!(decoded, R::Options | R::Startup(_)) {
-        return Err(NOT_READY.into());
+        // Before login only the exchange itself is served, as Cassandra does.
+        return match (conn.login.get(), &decoded) {
+            (LoginPhase::Awaiting, R::AuthResponse(_)) => {
+                let R::AuthResponse(token) = decoded else {
+                    unreachable!("matched above")
+                };
+                Ok(Classified::Control(Control::AuthResponse(token)))
+            }
+            (LoginPhase::NotRequired, _) => Err(NOT_READY.into()),
+            _ => Err(NOT_AUTHENTICATED.into()),
+        };
     }
     let statement = match decoded {
         R::Options => return Ok(Classified::Control(Control::Options)),
         R::Startup(options) => return Ok(Classified::Control(Control::Startup(options))),
         R::Register(types) => return Ok(Classified::Control(Control::Register(types))),
-        R::AuthResponse(_) => return Ok(Classified::Control(Control::AuthResponse)),
+        R::AuthResponse(token) => return Ok(Classified::Control(Control::AuthResponse(token))),
         R::Prepare { query } => {
             std::str::from_utf8(&query).map_err(|_| DetailedError::from(NOT_UTF8))?;
             return Ok(Classified::Control(Control::Prepare(query)));

@@ -9,6 +9,7 @@ use sluice_protocol::{DbError, ErrorResponse, EventType, ResultMessage};
 
 use super::classify::{classify, Classified, Control};
 use super::{reply, Request};
+use crate::connection::LoginPhase;
 use crate::supported::{cql_version_acceptable, StartupOptIns};
 
 /// STARTUP without an acceptable CQL_VERSION.
@@ -16,10 +17,10 @@ const BAD_CQL_VERSION: ErrorResponse = ErrorResponse::new(
     DbError::ProtocolError,
     "STARTUP needs a CQL_VERSION of 3.0.0 or later",
 );
-/// AUTH_RESPONSE while authentication is off.
+/// AUTH_RESPONSE while authentication is off, or not expected.
 const NO_AUTH: ErrorResponse = ErrorResponse::new(
     DbError::ProtocolError,
-    "Authentication is not enabled on this server",
+    "Unexpected AUTH_RESPONSE: no login is in progress on this connection",
 );
 
 /// Requests that change connection state: handled in order in the reader, never queued and
@@ -71,12 +72,31 @@ pub fn handle(request: Request, control: Control) {
                 }
             };
             conn.opt_ins.set(StartupOptIns::from_startup(&options));
+            if shard.engine.auth().requires_login() && conn.login.get() != LoginPhase::Done {
+                // Drivers check this class name before they send their credentials.
+                conn.login.set(LoginPhase::Awaiting);
+                reply::control(request, |b, stream| {
+                    sluice_protocol::response::encode_authenticate(
+                        b,
+                        stream,
+                        sluice_engine::auth::PASSWORD_AUTHENTICATOR,
+                    )
+                });
+                conn.compression.set(compression);
+                return;
+            }
             conn.ready.set(true);
             // READY is empty and never compressed; compression applies from the next frame.
             reply::control(request, sluice_protocol::response::encode_ready);
             conn.compression.set(compression);
         }
-        Control::AuthResponse => reply::static_error(request, &NO_AUTH),
+        Control::AuthResponse(token) => {
+            if conn.login.get() == LoginPhase::Awaiting {
+                super::login::authenticate(request, token);
+            } else {
+                reply::static_error(request, &NO_AUTH);
+            }
+        }
         Control::Register(types) => {
             if types.contains(&EventType::SchemaChange) && conn.events.borrow().is_none() {
                 let task = crate::events::spawn_schema_events(&shard, &conn);

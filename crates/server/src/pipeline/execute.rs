@@ -63,6 +63,7 @@ pub async fn execute(
                 LimitPlan::OnOwner(c) => Some(c),
                 _ => None,
             };
+            let changes_auth = prepared.changes_auth;
             let result = match checked.owner {
                 Some(owner) if owner != shard.id => {
                     let (s, r) =
@@ -77,6 +78,9 @@ pub async fn execute(
                         .await?
                 }
             };
+            if changes_auth {
+                shard.metrics.auth_changes.fetch_add(1, Relaxed);
+            }
             if let ResultMessage::SetKeyspace(_) = &result {
                 *conn.session.borrow_mut() = session;
             }

@@ -5,7 +5,9 @@
 //! admit.rs     from the 9-byte header: in-flight caps, the shard's admission queue  -> Overloaded
 //! classify.rs  decode the body once: control requests, or one statement shape
 //! control.rs   OPTIONS, STARTUP, REGISTER, AUTH_RESPONSE, PREPARE: connection state
+//! login.rs     the password authenticator's SASL PLAIN exchange, throttled per address
 //! check.rs     every reason to turn a statement away, cheapest first, in one function
+//!              (permissions included, from the connection's cache of decisions)
 //! execute.rs   on this shard, or forwarded to the shard that owns the partition
 //! reply.rs     every answer: results, errors, and rejections from pre-encoded frames
 //! ```
@@ -21,6 +23,7 @@ pub mod check;
 pub mod classify;
 pub mod control;
 pub mod execute;
+pub mod login;
 pub mod reply;
 
 use std::rc::Rc;

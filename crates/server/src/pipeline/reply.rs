@@ -9,6 +9,8 @@ use sluice_overload::{OpType, RequestKind};
 use sluice_protocol::frame::FrameError;
 use sluice_protocol::{DbError, DetailedError, ErrorCode, ErrorResponse, ResultMessage};
 
+use sluice_engine::auth::Permission;
+
 use super::classify::UnknownId;
 use super::execute::Failure;
 use super::Request;
@@ -32,6 +34,9 @@ pub enum Rejection {
     ShuttingDown,
     /// Its client disconnected: nothing is answered.
     ClientGone,
+    /// The logged-in role lacks this permission; the message naming the role and the
+    /// resource waits in the connection's `denial` (shared, never formatted here).
+    Unauthorized(Permission),
 }
 
 /// The answer to a request whose result was lost to a bug (a panic in the request path).
@@ -164,6 +169,20 @@ pub fn reject(mut request: Request, rejection: Rejection) {
         }
         Rejection::ClientGone => {
             metrics.abandoned.fetch_add(1, Relaxed);
+        }
+        Rejection::Unauthorized(_) => {
+            metrics.count_error(ErrorCode::Unauthorized as u32);
+            let compression = request.conn.compression.get();
+            let denial = request.conn.denial.borrow_mut().take();
+            outbox.push(|b| match &denial {
+                Some(u) => u.encode(b, stream, compression),
+                None => sluice_protocol::response::encode_error(
+                    b,
+                    stream,
+                    &sluice_engine::auth::Unauthorized::GENERIC,
+                    compression,
+                ),
+            });
         }
     }
 }

@@ -16,6 +16,8 @@
 //!   frame is appended. The rest of the body is never decoded.
 //! - `served_limited`: `served` on a table with a write limit it never reaches: the
 //!   limiter accounts every write (what a limit costs; a table without one skips it).
+//! - `served_auth`: `served` with the password authenticator and the Cassandra authorizer,
+//!   by a role that holds MODIFY on the table through a GRANT: the permission check's cost.
 //! - `expired`: like `served` up to the deadline check (`USING TIMEOUT 1ms`, the frame read
 //!   5 ms earlier), which finds it passed: the pre-encoded Write_timeout is appended.
 //! - `read`: `served` for a single-partition SELECT, the benchmarks' read: a table of
@@ -95,6 +97,11 @@ fn execute_frame_with(stream: i16, id: &[u8; 16], values: &[&[u8]]) -> Vec<u8> {
 /// Answer bytes after which the bench runs storage's acknowledgement barrier, as the
 /// connection's writer does before it writes a batch of answers.
 const BARRIER_EVERY: usize = 64 << 10;
+
+/// The session user of a role that logged in.
+fn user(name: &str) -> sluice_engine::auth::AuthenticatedUser {
+    sluice_engine::auth::AuthenticatedUser { name: name.into() }
+}
 
 /// One shard and one in-memory connection, on their own current-thread runtime.
 pub struct Bench {
@@ -259,6 +266,15 @@ pub fn fixed_admission_config(queue: usize, limit: u32) -> ServerConfig {
 /// scattered order) and the opcode of the answer that path gives.
 /// A standalone shard with `config`, one connection, and the schema every path uses.
 pub fn bench_with(config: ServerConfig) -> (Bench, tempfile::TempDir) {
+    bench_with_auth(config, sluice_engine::auth::AuthConfig::default())
+}
+
+/// [`bench_with`] with the authenticator and authorizer of `auth`; with passwords, the
+/// connection starts logged in as the default superuser.
+pub fn bench_with_auth(
+    config: ServerConfig,
+    auth: sluice_engine::auth::AuthConfig,
+) -> (Bench, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
         path: dir.path().join("db"),
@@ -271,7 +287,7 @@ pub fn bench_with(config: ServerConfig) -> (Bench, tempfile::TempDir) {
     .expect("storage");
     let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
     let ack_barrier = storage.ack_barrier();
-    let engine = Engine::open(storage, info).expect("engine");
+    let engine = Engine::open_with_auth(storage, info, auth).expect("engine");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -282,8 +298,11 @@ pub fn bench_with(config: ServerConfig) -> (Bench, tempfile::TempDir) {
         ShardCtx::standalone(config, engine, ack_barrier)
     };
     let conn = Rc::new(ConnState::new(&shard));
-    // As after STARTUP, uncompressed.
+    // As after STARTUP (and a login, when a password is asked), uncompressed.
     conn.ready.set(true);
+    if auth.authenticator == sluice_engine::auth::AuthenticatorKind::Password {
+        conn.session.borrow_mut().user = Some(user(sluice_engine::auth::DEFAULT_SUPERUSER));
+    }
     let mut b = Bench {
         rt,
         local,
@@ -320,7 +339,31 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     } else {
         ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "bench".into())
     };
-    let (mut b, dir) = bench_with(config);
+    let auth = if path == "served_auth" {
+        sluice_engine::auth::AuthConfig {
+            authenticator: sluice_engine::auth::AuthenticatorKind::Password,
+            authorizer: sluice_engine::auth::AuthorizerKind::Cassandra,
+            bcrypt_cost: sluice_engine::auth::MIN_BCRYPT_COST,
+        }
+    } else {
+        sluice_engine::auth::AuthConfig::default()
+    };
+    let (mut b, dir) = bench_with_auth(config, auth);
+    if path == "served_auth" {
+        // A role with MODIFY through a GRANT (a superuser would skip the decision).
+        let hash = sluice_engine::auth::hash_password("app", sluice_engine::auth::MIN_BCRYPT_COST)
+            .expect("hash");
+        for (i, q) in [
+            format!("CREATE ROLE app WITH HASHED PASSWORD = '{hash}' AND LOGIN = true"),
+            "GRANT MODIFY ON TABLE ks.t TO app".to_string(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(b.one(&query_frame(i as i16, q)), Opcode::Result as u8);
+        }
+        b.wire.conn.session.borrow_mut().user = Some(user("app"));
+    }
     if path == "read" || path == "read_tables" {
         let frames = b.read_frames(path == "read_tables");
         return (b, dir, frames, Opcode::Result as u8);
@@ -339,7 +382,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         return (b, dir, frames, Opcode::Result as u8);
     }
     let text = match path {
-        "served" | "overloaded" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
+        "served" | "overloaded" | "served_auth" => "INSERT INTO ks.t (k, v) VALUES (?, ?)",
         "rate_limited" => "INSERT INTO ks.limited (k, v) VALUES (?, ?)",
         "served_limited" => "INSERT INTO ks.roomy (k, v) VALUES (?, ?)",
         "expired" => "INSERT INTO ks.t (k, v) VALUES (?, ?) USING TIMEOUT 1ms",
@@ -347,7 +390,7 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
     };
     let prepared = b.wire.shard.engine.prepare(None, text).expect("prepare");
     let frame = execute_frame(7, &prepared.id, 1, 2);
-    let expected = if path == "served" || path == "served_limited" {
+    let expected = if matches!(path, "served" | "served_limited" | "served_auth") {
         Opcode::Result as u8
     } else {
         Opcode::Error as u8
