@@ -18,8 +18,12 @@ use std::ops::Bound;
 /// Rows read from storage per call when filtering (rows may be dropped, so read ahead).
 const CHUNK: usize = 1000;
 
-/// Rows a paged scan may examine before it returns a short page (bounds one request's work).
+/// Rows a paged read may examine before it returns a short page (bounds one request's work).
 const MAX_EXAMINED_PER_PAGE: usize = 20_000;
+
+/// Rows an aggregate or unpaged read examines between two yields of the shard's event loop
+/// (and deadline checks): one storage call's worth, a fraction of a millisecond.
+const SLICE_EXAMINED: usize = CHUNK;
 
 /// A filter with its values resolved.
 pub(crate) struct ResolvedFilter {
@@ -286,6 +290,11 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// True when a GROUP BY query has all the groups its LIMIT lets it return.
+    fn groups_full(&self) -> bool {
+        self.group_limit.is_some_and(|l| self.rows.len() >= l)
+    }
+
     /// Checks the filters.
     fn passes(&self, r: &dyn RowSource) -> Result<bool, DetailedError> {
         for f in self.filters {
@@ -408,7 +417,7 @@ impl<'a> Out<'a> {
                 // GROUP BY over no rows yields no rows.
                 return;
             }
-            if self.group_limit.is_some_and(|l| self.rows.len() >= l) {
+            if self.groups_full() {
                 // LIMIT counts groups.
                 return;
             }
@@ -502,6 +511,9 @@ fn encode_numeric(ty: &CqlType, i: i128, f: f64) -> Bytes {
 struct Budget {
     page_left: usize,
     limit_left: Option<usize>,
+    /// Rows one read call may examine before it returns where to resume: a client page
+    /// ends there (short, with a paging state), an internally paged read goes on.
+    examine_cap: usize,
     /// The request's deadline, checked before every storage call: a long scan whose
     /// client has given up stops instead of burning CPU.
     deadline: Option<std::time::Instant>,
@@ -550,11 +562,11 @@ fn stmt_hash(p: &Prepared) -> u64 {
 }
 
 /// Executes a SELECT.
-pub(crate) fn execute_select(
+pub(crate) async fn execute_select(
     engine: &Engine,
     p: &Prepared,
     s: &SelectPlan,
-    b: &Binder,
+    b: &Binder<'_>,
     params: &QueryParameters,
     ctx: &RequestContext,
 ) -> Result<ResultMessage, DetailedError> {
@@ -580,11 +592,18 @@ pub(crate) fn execute_select(
         out.json = Some(cols);
         out.rows = RowsBuilder::new(1);
     }
+    // An aggregate or unpaged read pages internally over every row; a client page is bounded.
+    let internal = page_size.is_none();
     let mut budget = Budget {
         page_left: page_size.unwrap_or(usize::MAX),
         limit_left: match &state {
             Some(st) => st.limit_left.map(|l| l as usize),
             None => limit,
+        },
+        examine_cap: if internal {
+            SLICE_EXAMINED
+        } else {
+            MAX_EXAMINED_PER_PAGE
         },
         deadline: ctx.deadline,
         consistency: params.consistency,
@@ -634,28 +653,47 @@ pub(crate) fn execute_select(
         }
         read_in_ordered(engine, s, b, &mut out, limit, ppl, now_secs)?;
         None
-    } else if s.where_.pk_complete() {
-        read_partitions(
-            engine,
-            s,
-            b,
-            &mut out,
-            &mut budget,
-            ppl,
-            state.as_ref(),
-            now_secs,
-        )?
     } else {
-        scan(
-            engine,
-            s,
-            b,
-            &mut out,
-            &mut budget,
-            ppl,
-            state.as_ref(),
-            now_secs,
-        )?
+        let mut resume = state;
+        loop {
+            let pos = if s.where_.pk_complete() {
+                read_partitions(
+                    engine,
+                    s,
+                    b,
+                    &mut out,
+                    &mut budget,
+                    ppl,
+                    resume.as_ref(),
+                    now_secs,
+                )?
+            } else {
+                scan(
+                    engine,
+                    s,
+                    b,
+                    &mut out,
+                    &mut budget,
+                    ppl,
+                    resume.as_ref(),
+                    now_secs,
+                )?
+            };
+            match pos {
+                // An internal read never ends at a slice: it lets the shard run its other
+                // tasks, then goes on (or times out, never answering a partial result).
+                Some(pos) if internal && !budget.limit_done() && !out.groups_full() => {
+                    tokio::task::yield_now().await;
+                    budget.check_deadline()?;
+                    resume = Some(PagingState {
+                        stmt: hash,
+                        limit_left: None,
+                        pos,
+                    });
+                }
+                pos => break pos,
+            }
+        }
     };
     out.finish_aggregate();
     let paging_state = match next {
@@ -794,6 +832,7 @@ fn read_partitions(
     };
     let filtering = !out.filters.is_empty();
     let no_clustering = t.clustering.is_empty();
+    let mut examined = 0usize;
     for (idx, pk) in keys.iter().enumerate().skip(start) {
         let mut ppl_left = resume_ppl.take().or(ppl);
         let mut after_here = after.take();
@@ -825,6 +864,7 @@ fn read_partitions(
                         budget.take();
                     }
                 }
+                examined += 1;
                 break;
             }
             let n = read.rows.len();
@@ -867,11 +907,20 @@ fn read_partitions(
                     break;
                 }
             }
+            examined += n.max(1);
             if ppl_left == Some(0) || !read.more {
                 break;
             }
+            if examined >= budget.examine_cap {
+                // The same bound on one call's work as a scan's, inside a big partition.
+                return Ok(Some(Position::Partition {
+                    index: idx as u32,
+                    after: after_here,
+                    ppl_left: ppl_left.map(|p| p as u32),
+                }));
+            }
         }
-        if budget.full() {
+        if budget.full() || examined >= budget.examine_cap {
             return Ok((idx + 1 < keys.len()).then_some(Position::Partition {
                 index: idx as u32 + 1,
                 after: None,
@@ -947,7 +996,9 @@ fn scan(
             let comps = codec::split_composite(&part.partition_key, pk_count)
                 .ok_or_else(|| invalid("Stored partition key does not match the table's key"))?;
             let mut ppl_left = match &current {
-                Some((tok, key, left)) if *tok == part.token && *key == part.partition_key => *left,
+                Some((tok, key, left)) if *tok == part.token && *key == part.partition_key => {
+                    left.or(ppl)
+                }
                 _ => ppl,
             };
             current = None;
@@ -1035,15 +1086,15 @@ fn scan(
                     // Storage made no progress: stop rather than spin.
                     return Ok(None);
                 }
-                // A paged filtering scan stops after examining a bounded number of rows
-                // and returns a short (possibly empty) page, as Cassandra does, so that
-                // one request cannot scan a whole table.
+                // A scan stops after examining a bounded number of rows and says where to
+                // resume: a client gets a short (possibly empty) page with a paging state,
+                // so that one request cannot scan a whole table; an internal read goes on.
                 examined += page
                     .partitions
                     .iter()
                     .map(|p| p.read.rows.len().max(1))
                     .sum::<usize>();
-                if budget.page_left != usize::MAX && examined >= MAX_EXAMINED_PER_PAGE {
+                if examined >= budget.examine_cap {
                     return Ok(Some(match &start {
                         ScanStart::Token(b) => Position::ScanToken(*b),
                         ScanStart::Resume {
