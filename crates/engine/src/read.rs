@@ -25,6 +25,10 @@ const MAX_EXAMINED_PER_PAGE: usize = 20_000;
 /// (and deadline checks): one storage call's worth, a fraction of a millisecond.
 const SLICE_EXAMINED: usize = CHUNK;
 
+/// The largest result of an unpaged read (a protocol v4 frame body is at most 256 MB): a
+/// bigger one answers an error rather than a silently short result or unbounded memory.
+const MAX_UNPAGED_RESULT_BYTES: usize = if cfg!(test) { 1 << 20 } else { 256 << 20 };
+
 /// A filter with its values resolved.
 pub(crate) struct ResolvedFilter {
     col: usize,
@@ -683,6 +687,11 @@ pub(crate) async fn execute_select(
                 // An internal read never ends at a slice: it lets the shard run its other
                 // tasks, then goes on (or times out, never answering a partial result).
                 Some(pos) if internal && !budget.limit_done() && !out.groups_full() => {
+                    if out.rows.body_bytes() > MAX_UNPAGED_RESULT_BYTES {
+                        return Err(invalid(
+                            "The result of this unpaged query is larger than a response frame may be; page it (set a fetch size)",
+                        ));
+                    }
                     tokio::task::yield_now().await;
                     budget.check_deadline()?;
                     resume = Some(PagingState {

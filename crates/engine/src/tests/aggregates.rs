@@ -360,3 +360,37 @@ async fn a_long_aggregate_yields_and_times_out_at_its_deadline() {
     let (r, ()) = tokio::join!(grouped, busy_neighbour);
     assert_eq!(r.unwrap_err().code(), ErrorCode::ReadTimeout);
 }
+
+#[tokio::test]
+async fn an_unpaged_result_too_big_for_a_frame_is_an_error_not_a_short_result() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?)")
+        .unwrap();
+    let ctx = RequestContext::now();
+    let big = "x".repeat(1000);
+    // 3,000 rows of 1 KB: over the unit tests' 1 MiB bound on an unpaged result.
+    for i in 0..3000 {
+        let params = QueryParameters {
+            values: vec![int(i % 7), int(i), text(&big)],
+            ..QueryParameters::default()
+        };
+        h.engine
+            .execute(&mut h.session, &p, &params, &ctx)
+            .await
+            .unwrap();
+    }
+    let Err(e) = h.exec("SELECT v FROM ks.t", vec![]).await else {
+        panic!("an unpaged result over the bound must be an error");
+    };
+    assert_eq!(e.code(), ErrorCode::Invalid);
+    assert!(e.message.contains("page it"), "{}", e.message);
+    // Paged, the same read returns every row; small unpaged results are unaffected.
+    let (rows, _) = page_through(&mut h, "SELECT v FROM ks.t", vec![], 500).await;
+    assert_eq!(rows.len(), 3000);
+    assert_eq!(h.select("SELECT ck FROM ks.t", vec![]).await.len(), 3000);
+    let r = h.select("SELECT count(*) FROM ks.t", vec![]).await;
+    assert_eq!(cbig(&r[0][0]), 3000);
+}
