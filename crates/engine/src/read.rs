@@ -694,6 +694,10 @@ pub(crate) async fn execute_select(
                     }
                     tokio::task::yield_now().await;
                     budget.check_deadline()?;
+                    debug_assert!(
+                        resume.as_ref().is_none_or(|r| r.pos != pos),
+                        "a slice made no progress"
+                    );
                     resume = Some(PagingState {
                         stmt: hash,
                         limit_left: None,
