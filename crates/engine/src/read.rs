@@ -238,7 +238,7 @@ struct Agg {
     per_item: Vec<Option<Bytes>>,
     counts: Vec<i64>,
     /// Per item: integer and floating sums (`sum`/`avg`); `counts` holds the value count.
-    sums: Vec<(i128, f64)>,
+    sums: Vec<(i128, FloatSum)>,
     first: bool,
     /// GROUP BY columns, and the key of the group being aggregated.
     group_by: Vec<usize>,
@@ -251,10 +251,41 @@ impl Agg {
             count: 0,
             per_item: vec![None; n],
             counts: vec![0; n],
-            sums: vec![(0, 0.0); n],
+            sums: vec![(0, FloatSum::default()); n],
             first: true,
             group_by: group_by.to_vec(),
             group: None,
+        }
+    }
+}
+
+/// A float or double sum in `f64` with Kahan's compensation, computed as Cassandra's
+/// `FloatSumAggregate` does so that sums over many rows agree to the last digit.
+#[derive(Debug, Clone, Copy, Default)]
+struct FloatSum {
+    sum: f64,
+    compensation: f64,
+    /// The plain sum, which is the answer when infinities of one sign make the other NaN.
+    simple: f64,
+}
+
+impl FloatSum {
+    fn add(&mut self, x: f64) {
+        self.simple += x;
+        let tmp = x - self.compensation;
+        let rounded = self.sum + tmp;
+        self.compensation = (rounded - self.sum) - tmp;
+        self.sum = rounded;
+    }
+
+    /// The sum. Cassandra adds the compensation back rather than subtracting it; the same
+    /// is done here, since the point is its answer.
+    fn total(&self) -> f64 {
+        let t = self.sum + self.compensation;
+        if t.is_nan() && self.simple.is_infinite() {
+            self.simple
+        } else {
+            t
         }
     }
 }
@@ -358,7 +389,7 @@ impl<'a> Out<'a> {
                             let num = numeric_float(ty, &v).map_or_else(|| numeric(&v), Num::Float);
                             match num {
                                 Num::Int(x) => *si += x as i128,
-                                Num::Float(x) => *sf += x,
+                                Num::Float(x) => sf.add(x),
                                 Num::None => continue,
                             }
                             agg.counts[i] += 1;
@@ -430,7 +461,7 @@ impl<'a> Out<'a> {
                     SelItem::CountAll => Some(codec::bigint(agg.count)),
                     SelItem::Count(_) => Some(codec::bigint(agg.counts[i])),
                     SelItem::Sum(c) | SelItem::Avg(c) => {
-                        let (si, sf) = agg.sums[i];
+                        let (si, sf) = (agg.sums[i].0, agg.sums[i].1.total());
                         let n = agg.counts[i].max(1);
                         let avg = matches!(item, SelItem::Avg(_));
                         let (si, sf) = if avg {

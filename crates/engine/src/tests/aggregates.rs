@@ -394,3 +394,37 @@ async fn an_unpaged_result_too_big_for_a_frame_is_an_error_not_a_short_result() 
     let r = h.select("SELECT count(*) FROM ks.t", vec![]).await;
     assert_eq!(cbig(&r[0][0]), 3000);
 }
+
+#[tokio::test]
+async fn float_sums_are_compensated_as_cassandras_are() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.fl (k int, c int, d double, PRIMARY KEY (k, c))")
+        .await;
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.fl (k, c, d) VALUES (1, ?, ?)")
+        .unwrap();
+    let ctx = RequestContext::now();
+    // 1.0, then 10,000 values of 1e-16: each is lost in a plain f64 sum, which stays 1.0.
+    for c in 0..=10_000 {
+        let d: f64 = if c == 0 { 1.0 } else { 1e-16 };
+        let params = QueryParameters {
+            values: vec![int(c), Value::Set(Bytes::copy_from_slice(&d.to_be_bytes()))],
+            ..QueryParameters::default()
+        };
+        h.engine
+            .execute(&mut h.session, &p, &params, &ctx)
+            .await
+            .unwrap();
+    }
+    let r = h
+        .select("SELECT sum(d), avg(d) FROM ks.fl WHERE k = 1", vec![])
+        .await;
+    let (sum, avg) = (cdouble(&r[0][0]), cdouble(&r[0][1]));
+    assert!((sum - (1.0 + 1e-12)).abs() < 1e-15, "sum(d) = {sum}");
+    assert!(
+        (avg - (1.0 + 1e-12) / 10_001.0).abs() < 1e-18,
+        "avg(d) = {avg}"
+    );
+}
