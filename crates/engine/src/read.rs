@@ -300,6 +300,11 @@ struct Out<'a> {
     filters: &'a [ResolvedFilter],
     /// LIMIT of a GROUP BY query (in groups).
     group_limit: Option<usize>,
+    /// PER PARTITION LIMIT of a GROUP BY query, which counts groups (as in Cassandra).
+    group_ppl: Option<usize>,
+    /// The partition key of the last group begun, and how many groups began in it.
+    group_partition: Option<Vec<Option<Bytes>>>,
+    partition_groups: usize,
     /// SELECT JSON column names and types.
     json: Option<&'a [(String, CqlType)]>,
 }
@@ -321,6 +326,9 @@ impl<'a> Out<'a> {
             now_secs,
             filters,
             group_limit: None,
+            group_ppl: None,
+            group_partition: None,
+            partition_groups: 0,
             json: None,
         }
     }
@@ -328,6 +336,26 @@ impl<'a> Out<'a> {
     /// True when a GROUP BY query has all the groups its LIMIT lets it return.
     fn groups_full(&self) -> bool {
         self.group_limit.is_some_and(|l| self.rows.len() >= l)
+    }
+
+    /// Counts a new group against a GROUP BY query's PER PARTITION LIMIT; false when its
+    /// partition already has all its groups (its rows are then skipped).
+    fn admit_group(&mut self, r: &dyn RowSource) -> bool {
+        let Some(limit) = self.group_ppl else {
+            return true;
+        };
+        let t = self.t;
+        let partition: Vec<Option<Bytes>> =
+            t.partition_key.iter().map(|&c| r.value(t, c)).collect();
+        if self.group_partition.as_ref() != Some(&partition) {
+            self.group_partition = Some(partition);
+            self.partition_groups = 0;
+        }
+        if self.partition_groups >= limit {
+            return false;
+        }
+        self.partition_groups += 1;
+        true
     }
 
     /// Checks the filters.
@@ -346,8 +374,14 @@ impl<'a> Out<'a> {
         if let Some(agg) = &self.agg {
             if !agg.group_by.is_empty() {
                 let key: Vec<Option<Bytes>> = agg.group_by.iter().map(|&c| r.value(t, c)).collect();
-                if agg.group.as_ref().is_some_and(|g| *g != key) {
-                    self.flush_group();
+                let had_group = agg.group.is_some();
+                if agg.group.as_ref() != Some(&key) {
+                    if !self.admit_group(r) {
+                        return;
+                    }
+                    if had_group {
+                        self.flush_group();
+                    }
                 }
                 if let Some(agg) = &mut self.agg {
                     agg.group = Some(key);
@@ -647,6 +681,10 @@ pub(crate) async fn execute_select(
         budget.limit_left = None;
         if !s.group_by.is_empty() {
             out.group_limit = limit;
+            if !s.distinct {
+                // PER PARTITION LIMIT counts groups here, not rows.
+                out.group_ppl = ppl.take();
+            }
         }
     }
     if exec::expired(ctx.deadline) {

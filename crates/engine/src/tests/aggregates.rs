@@ -159,11 +159,25 @@ async fn aggregates_agree_with_a_paged_scan(partitions: i32, rows: i32) {
     );
     assert_eq!(cint(&r[0][2]), *expected.iter().min().unwrap());
 
-    // PER PARTITION LIMIT holds in every partition, however the read is sliced.
+    // PER PARTITION LIMIT holds in every partition, however the read is sliced; with GROUP
+    // BY it counts groups, and a plain aggregate rejects it, as Cassandra does.
     let r = h
-        .select("SELECT count(*) FROM ks.big PER PARTITION LIMIT 3", vec![])
+        .select("SELECT pk, ck FROM ks.big PER PARTITION LIMIT 3", vec![])
         .await;
-    assert_eq!(cbig(&r[0][0]), partitions as i64 * 3);
+    assert_eq!(r.len(), partitions as usize * 3);
+    assert!(r.iter().all(|r| cint(&r[1]) < 3));
+    let r = h
+        .select(
+            "SELECT pk, count(*) FROM ks.big GROUP BY pk PER PARTITION LIMIT 2",
+            vec![],
+        )
+        .await;
+    assert_eq!(r.len(), partitions as usize);
+    assert!(r.iter().all(|r| cbig(&r[1]) == rows as i64));
+    let e = h
+        .err("SELECT count(*) FROM ks.big PER PARTITION LIMIT 3", vec![])
+        .await;
+    assert_eq!(e.code(), ErrorCode::Invalid);
 }
 
 #[tokio::test]
@@ -261,10 +275,15 @@ async fn a_per_partition_limit_holds_across_page_and_slice_boundaries() {
             );
         }
     }
+    // With GROUP BY, PER PARTITION LIMIT counts groups: two (pk, ck) groups per partition.
     let r = h
-        .select("SELECT count(*) FROM ks.big PER PARTITION LIMIT 2", vec![])
+        .select(
+            "SELECT pk, ck, count(*) FROM ks.big GROUP BY pk, ck PER PARTITION LIMIT 2",
+            vec![],
+        )
         .await;
-    assert_eq!(cbig(&r[0][0]), 40 * 2);
+    assert_eq!(r.len(), 40 * 2);
+    assert!(r.iter().all(|r| cint(&r[1]) < 2 && cbig(&r[2]) == 1));
 }
 
 #[tokio::test(flavor = "current_thread")]
