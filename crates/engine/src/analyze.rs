@@ -1049,6 +1049,11 @@ impl<'a> Analyzer<'a> {
             Some(t) => Some(self.term(t, "[limit]", &CqlType::native(NativeType::Int), &table)?),
             None => None,
         };
+        if s.per_partition_limit.is_some() && group_by.is_empty() && aggregate {
+            return Err(invalid(
+                "PER PARTITION LIMIT is not allowed with aggregate queries.",
+            ));
+        }
         let per_partition_limit = match &s.per_partition_limit {
             Some(t) => Some(self.term(
                 t,

@@ -633,7 +633,7 @@ impl Engine {
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
-            Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx),
+            Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx).await,
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {

@@ -18,8 +18,16 @@ use std::ops::Bound;
 /// Rows read from storage per call when filtering (rows may be dropped, so read ahead).
 const CHUNK: usize = 1000;
 
-/// Rows a paged scan may examine before it returns a short page (bounds one request's work).
+/// Rows a paged read may examine before it returns a short page (bounds one request's work).
 const MAX_EXAMINED_PER_PAGE: usize = 20_000;
+
+/// Rows an aggregate or unpaged read examines between two yields of the shard's event loop
+/// (and deadline checks): one storage call's worth, a fraction of a millisecond.
+const SLICE_EXAMINED: usize = CHUNK;
+
+/// The largest result of an unpaged read (a protocol v4 frame body is at most 256 MB): a
+/// bigger one answers an error rather than a silently short result or unbounded memory.
+const MAX_UNPAGED_RESULT_BYTES: usize = if cfg!(test) { 1 << 20 } else { 256 << 20 };
 
 /// A filter with its values resolved.
 pub(crate) struct ResolvedFilter {
@@ -230,7 +238,7 @@ struct Agg {
     per_item: Vec<Option<Bytes>>,
     counts: Vec<i64>,
     /// Per item: integer and floating sums (`sum`/`avg`); `counts` holds the value count.
-    sums: Vec<(i128, f64)>,
+    sums: Vec<(i128, FloatSum)>,
     first: bool,
     /// GROUP BY columns, and the key of the group being aggregated.
     group_by: Vec<usize>,
@@ -243,10 +251,41 @@ impl Agg {
             count: 0,
             per_item: vec![None; n],
             counts: vec![0; n],
-            sums: vec![(0, 0.0); n],
+            sums: vec![(0, FloatSum::default()); n],
             first: true,
             group_by: group_by.to_vec(),
             group: None,
+        }
+    }
+}
+
+/// A float or double sum in `f64` with Kahan's compensation, computed as Cassandra's
+/// `FloatSumAggregate` does so that sums over many rows agree to the last digit.
+#[derive(Debug, Clone, Copy, Default)]
+struct FloatSum {
+    sum: f64,
+    compensation: f64,
+    /// The plain sum, which is the answer when infinities of one sign make the other NaN.
+    simple: f64,
+}
+
+impl FloatSum {
+    fn add(&mut self, x: f64) {
+        self.simple += x;
+        let tmp = x - self.compensation;
+        let rounded = self.sum + tmp;
+        self.compensation = (rounded - self.sum) - tmp;
+        self.sum = rounded;
+    }
+
+    /// The sum. Cassandra adds the compensation back rather than subtracting it; the same
+    /// is done here, since the point is its answer.
+    fn total(&self) -> f64 {
+        let t = self.sum + self.compensation;
+        if t.is_nan() && self.simple.is_infinite() {
+            self.simple
+        } else {
+            t
         }
     }
 }
@@ -261,6 +300,11 @@ struct Out<'a> {
     filters: &'a [ResolvedFilter],
     /// LIMIT of a GROUP BY query (in groups).
     group_limit: Option<usize>,
+    /// PER PARTITION LIMIT of a GROUP BY query, which counts groups (as in Cassandra).
+    group_ppl: Option<usize>,
+    /// The partition key of the last group begun, and how many groups began in it.
+    group_partition: Option<Vec<Option<Bytes>>>,
+    partition_groups: usize,
     /// SELECT JSON column names and types.
     json: Option<&'a [(String, CqlType)]>,
 }
@@ -282,8 +326,36 @@ impl<'a> Out<'a> {
             now_secs,
             filters,
             group_limit: None,
+            group_ppl: None,
+            group_partition: None,
+            partition_groups: 0,
             json: None,
         }
+    }
+
+    /// True when a GROUP BY query has all the groups its LIMIT lets it return.
+    fn groups_full(&self) -> bool {
+        self.group_limit.is_some_and(|l| self.rows.len() >= l)
+    }
+
+    /// Counts a new group against a GROUP BY query's PER PARTITION LIMIT; false when its
+    /// partition already has all its groups (its rows are then skipped).
+    fn admit_group(&mut self, r: &dyn RowSource) -> bool {
+        let Some(limit) = self.group_ppl else {
+            return true;
+        };
+        let t = self.t;
+        let partition: Vec<Option<Bytes>> =
+            t.partition_key.iter().map(|&c| r.value(t, c)).collect();
+        if self.group_partition.as_ref() != Some(&partition) {
+            self.group_partition = Some(partition);
+            self.partition_groups = 0;
+        }
+        if self.partition_groups >= limit {
+            return false;
+        }
+        self.partition_groups += 1;
+        true
     }
 
     /// Checks the filters.
@@ -302,8 +374,14 @@ impl<'a> Out<'a> {
         if let Some(agg) = &self.agg {
             if !agg.group_by.is_empty() {
                 let key: Vec<Option<Bytes>> = agg.group_by.iter().map(|&c| r.value(t, c)).collect();
-                if agg.group.as_ref().is_some_and(|g| *g != key) {
-                    self.flush_group();
+                let had_group = agg.group.is_some();
+                if agg.group.as_ref() != Some(&key) {
+                    if !self.admit_group(r) {
+                        return;
+                    }
+                    if had_group {
+                        self.flush_group();
+                    }
                 }
                 if let Some(agg) = &mut self.agg {
                     agg.group = Some(key);
@@ -345,7 +423,7 @@ impl<'a> Out<'a> {
                             let num = numeric_float(ty, &v).map_or_else(|| numeric(&v), Num::Float);
                             match num {
                                 Num::Int(x) => *si += x as i128,
-                                Num::Float(x) => *sf += x,
+                                Num::Float(x) => sf.add(x),
                                 Num::None => continue,
                             }
                             agg.counts[i] += 1;
@@ -408,7 +486,7 @@ impl<'a> Out<'a> {
                 // GROUP BY over no rows yields no rows.
                 return;
             }
-            if self.group_limit.is_some_and(|l| self.rows.len() >= l) {
+            if self.groups_full() {
                 // LIMIT counts groups.
                 return;
             }
@@ -417,7 +495,7 @@ impl<'a> Out<'a> {
                     SelItem::CountAll => Some(codec::bigint(agg.count)),
                     SelItem::Count(_) => Some(codec::bigint(agg.counts[i])),
                     SelItem::Sum(c) | SelItem::Avg(c) => {
-                        let (si, sf) = agg.sums[i];
+                        let (si, sf) = (agg.sums[i].0, agg.sums[i].1.total());
                         let n = agg.counts[i].max(1);
                         let avg = matches!(item, SelItem::Avg(_));
                         let (si, sf) = if avg {
@@ -502,6 +580,9 @@ fn encode_numeric(ty: &CqlType, i: i128, f: f64) -> Bytes {
 struct Budget {
     page_left: usize,
     limit_left: Option<usize>,
+    /// Rows one read call may examine before it returns where to resume: a client page
+    /// ends there (short, with a paging state), an internally paged read goes on.
+    examine_cap: usize,
     /// The request's deadline, checked before every storage call: a long scan whose
     /// client has given up stops instead of burning CPU.
     deadline: Option<std::time::Instant>,
@@ -550,11 +631,11 @@ fn stmt_hash(p: &Prepared) -> u64 {
 }
 
 /// Executes a SELECT.
-pub(crate) fn execute_select(
+pub(crate) async fn execute_select(
     engine: &Engine,
     p: &Prepared,
     s: &SelectPlan,
-    b: &Binder,
+    b: &Binder<'_>,
     params: &QueryParameters,
     ctx: &RequestContext,
 ) -> Result<ResultMessage, DetailedError> {
@@ -580,11 +661,18 @@ pub(crate) fn execute_select(
         out.json = Some(cols);
         out.rows = RowsBuilder::new(1);
     }
+    // An aggregate or unpaged read pages internally over every row; a client page is bounded.
+    let internal = page_size.is_none();
     let mut budget = Budget {
         page_left: page_size.unwrap_or(usize::MAX),
         limit_left: match &state {
             Some(st) => st.limit_left.map(|l| l as usize),
             None => limit,
+        },
+        examine_cap: if internal {
+            SLICE_EXAMINED
+        } else {
+            MAX_EXAMINED_PER_PAGE
         },
         deadline: ctx.deadline,
         consistency: params.consistency,
@@ -593,6 +681,10 @@ pub(crate) fn execute_select(
         budget.limit_left = None;
         if !s.group_by.is_empty() {
             out.group_limit = limit;
+            if !s.distinct {
+                // PER PARTITION LIMIT counts groups here, not rows.
+                out.group_ppl = ppl.take();
+            }
         }
     }
     if exec::expired(ctx.deadline) {
@@ -634,28 +726,56 @@ pub(crate) fn execute_select(
         }
         read_in_ordered(engine, s, b, &mut out, limit, ppl, now_secs)?;
         None
-    } else if s.where_.pk_complete() {
-        read_partitions(
-            engine,
-            s,
-            b,
-            &mut out,
-            &mut budget,
-            ppl,
-            state.as_ref(),
-            now_secs,
-        )?
     } else {
-        scan(
-            engine,
-            s,
-            b,
-            &mut out,
-            &mut budget,
-            ppl,
-            state.as_ref(),
-            now_secs,
-        )?
+        let mut resume = state;
+        loop {
+            let pos = if s.where_.pk_complete() {
+                read_partitions(
+                    engine,
+                    s,
+                    b,
+                    &mut out,
+                    &mut budget,
+                    ppl,
+                    resume.as_ref(),
+                    now_secs,
+                )?
+            } else {
+                scan(
+                    engine,
+                    s,
+                    b,
+                    &mut out,
+                    &mut budget,
+                    ppl,
+                    resume.as_ref(),
+                    now_secs,
+                )?
+            };
+            match pos {
+                // An internal read never ends at a slice: it lets the shard run its other
+                // tasks, then goes on (or times out, never answering a partial result).
+                Some(pos) if internal && !budget.limit_done() && !out.groups_full() => {
+                    if out.rows.body_bytes() > MAX_UNPAGED_RESULT_BYTES {
+                        return Err(invalid(
+                            "The result of this unpaged query is larger than a response frame may be; page it (set a fetch size)",
+                        ));
+                    }
+                    tokio::task::yield_now().await;
+                    budget.check_deadline()?;
+                    debug_assert!(
+                        resume.as_ref().is_none_or(|r| r.pos != pos),
+                        "a slice made no progress"
+                    );
+                    resume = Some(PagingState {
+                        stmt: hash,
+                        limit_left: None,
+                        pos,
+                    });
+                }
+                pos => break pos,
+            }
+        }
     };
     out.finish_aggregate();
     let paging_state = match next {
@@ -794,6 +914,7 @@ fn read_partitions(
     };
     let filtering = !out.filters.is_empty();
     let no_clustering = t.clustering.is_empty();
+    let mut examined = 0usize;
     for (idx, pk) in keys.iter().enumerate().skip(start) {
         let mut ppl_left = resume_ppl.take().or(ppl);
         let mut after_here = after.take();
@@ -825,6 +946,7 @@ fn read_partitions(
                         budget.take();
                     }
                 }
+                examined += 1;
                 break;
             }
             let n = read.rows.len();
@@ -867,11 +989,20 @@ fn read_partitions(
                     break;
                 }
             }
+            examined += n.max(1);
             if ppl_left == Some(0) || !read.more {
                 break;
             }
+            if examined >= budget.examine_cap {
+                // The same bound on one call's work as a scan's, inside a big partition.
+                return Ok(Some(Position::Partition {
+                    index: idx as u32,
+                    after: after_here,
+                    ppl_left: ppl_left.map(|p| p as u32),
+                }));
+            }
         }
-        if budget.full() {
+        if budget.full() || examined >= budget.examine_cap {
             return Ok((idx + 1 < keys.len()).then_some(Position::Partition {
                 index: idx as u32 + 1,
                 after: None,
@@ -947,7 +1078,9 @@ fn scan(
             let comps = codec::split_composite(&part.partition_key, pk_count)
                 .ok_or_else(|| invalid("Stored partition key does not match the table's key"))?;
             let mut ppl_left = match &current {
-                Some((tok, key, left)) if *tok == part.token && *key == part.partition_key => *left,
+                Some((tok, key, left)) if *tok == part.token && *key == part.partition_key => {
+                    left.or(ppl)
+                }
                 _ => ppl,
             };
             current = None;
@@ -1035,15 +1168,15 @@ fn scan(
                     // Storage made no progress: stop rather than spin.
                     return Ok(None);
                 }
-                // A paged filtering scan stops after examining a bounded number of rows
-                // and returns a short (possibly empty) page, as Cassandra does, so that
-                // one request cannot scan a whole table.
+                // A scan stops after examining a bounded number of rows and says where to
+                // resume: a client gets a short (possibly empty) page with a paging state,
+                // so that one request cannot scan a whole table; an internal read goes on.
                 examined += page
                     .partitions
                     .iter()
                     .map(|p| p.read.rows.len().max(1))
                     .sum::<usize>();
-                if budget.page_left != usize::MAX && examined >= MAX_EXAMINED_PER_PAGE {
+                if examined >= budget.examine_cap {
                     return Ok(Some(match &start {
                         ScanStart::Token(b) => Position::ScanToken(*b),
                         ScanStart::Resume {

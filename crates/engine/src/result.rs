@@ -44,6 +44,11 @@ impl RowsBuilder {
         self.rows as usize
     }
 
+    /// Bytes of encoded rows so far.
+    pub fn body_bytes(&self) -> usize {
+        self.body.len()
+    }
+
     /// Finishes the result. `columns` are the prepared statement's (shared, not copied);
     /// with `no_metadata` they are kept but not sent.
     pub fn finish(

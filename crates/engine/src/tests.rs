@@ -2142,4 +2142,5 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
     assert!(ks.iter().all(|r| ctext(&r[0]) != "system_views"));
 }
 
+mod aggregates;
 mod canonical;
