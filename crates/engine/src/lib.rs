@@ -20,7 +20,8 @@
 //!   stripe keyed by token: they are linearizable among themselves, but a plain write to
 //!   the same row may interleave (as when Cassandra mixes LWT and non-LWT writes).
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyze;
 pub mod auth;
