@@ -18,6 +18,7 @@
 //! the server turns them off (see its doc for the measured stall).
 
 #![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use libmimalloc_sys as ffi;
 use std::alloc::{GlobalAlloc, Layout};

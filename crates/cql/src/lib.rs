@@ -1,7 +1,8 @@
 //! The CQL language: lexer, recursive-descent parser, statement AST, and the typing of
 //! literal constants against their receiver types.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod ast;
 pub mod lexer;

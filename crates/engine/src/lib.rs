@@ -14,13 +14,14 @@
 //!   by MD5(keyspace + query), shared by PREPARE and unprepared QUERY.
 //! - Paging states are self-contained (position, remaining LIMIT, statement hash), so any
 //!   node or shard can continue a query; malformed states are Invalid errors.
-//! - [C]: `execute` checks the deadline immediately before storage work and answers a
+//! - Deadlines: `execute` checks the deadline immediately before storage work and answers a
 //!   Write_timeout (SIMPLE) / Read_timeout (no data) without executing.
 //! - Conditional statements (single node) read, check and write under a 64-way lock
 //!   stripe keyed by token: they are linearizable among themselves, but a plain write to
 //!   the same row may interleave (as when Cassandra mixes LWT and non-LWT writes).
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyze;
 pub mod auth;
@@ -182,7 +183,7 @@ pub struct Route {
     pub kind: OpKind,
     /// `USING TIMEOUT`, if the statement has one.
     pub timeout: Option<Duration>,
-    /// The table's `per_partition_rate_limit`, for the limiter [B].
+    /// The table's `per_partition_rate_limit`, for the per-partition rate limiter.
     pub rate_limits: Option<RateLimits>,
 }
 
@@ -540,7 +541,7 @@ impl Engine {
     }
 
     /// The statement's `USING TIMEOUT`, if any: decided once at analysis when constant,
-    /// bound from `values` when a marker. Cheap, so that the deadline check [C] can run
+    /// bound from `values` when a marker. Cheap, so that the deadline check can run
     /// before any routing work. Values are positional.
     pub fn timeout(
         &self,

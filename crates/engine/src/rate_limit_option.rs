@@ -1,4 +1,4 @@
-//! ScyllaDB's `per_partition_rate_limit` table option (issue 3): validation, and the
+//! ScyllaDB's `per_partition_rate_limit` table option: validation, and the
 //! partitions a statement accounts against the limiter.
 //!
 //! Syntax: `WITH per_partition_rate_limit = {'max_reads_per_second': N,

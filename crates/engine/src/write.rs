@@ -646,7 +646,7 @@ pub(crate) async fn execute_writes(
     if muts.is_empty() {
         return Ok(ResultMessage::Void);
     }
-    // [C]: never start storage work after the deadline.
+    // Never start storage work after the deadline.
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }

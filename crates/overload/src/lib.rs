@@ -35,6 +35,9 @@
 //! # let _ = q;
 //! ```
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod admission;
 pub mod clock;
 pub mod deadline;

@@ -209,7 +209,7 @@ pub const VALUE_PREFIX: usize = 8;
 
 /// The statement id and leading positional values of an EXECUTE body, read without
 /// allocating (values are slices of the body): enough to find the statement, its deadline
-/// [C] and its partition [B] before the full decode, so that a request turned away there is
+/// and its partition (for the rate limiter) before the full decode, so that a request turned away there is
 /// never decoded further.
 #[derive(Debug, Clone)]
 pub struct ExecuteHead {

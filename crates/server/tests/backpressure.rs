@@ -1,4 +1,4 @@
-//! Backpressure end to end (issue 4, step 1): with a tiny per-connection in-flight cap, a
+//! Backpressure end to end: with a tiny per-connection in-flight cap, a
 //! client that pipelines far more requests than the cap gets every one answered; the
 //! server stops reading its socket instead of rejecting (no `Overloaded`). Once the shard
 //! is overloaded, the cap answers the excess `Overloaded` instead, but a client that does

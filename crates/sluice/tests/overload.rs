@@ -1,4 +1,4 @@
-//! Overload end to end (issue 4) against the real binary on one shard, with raw v4 frames so
+//! Overload end to end against the real binary on one shard, with raw v4 frames so
 //! that every stream's answer is observed exactly.
 //!
 //! "Slow work" is made real with the test-only knob `--test-only-service-delay`, which adds

@@ -1,4 +1,4 @@
-//! Per-partition rate limiting end to end (issue 3) with the Rust `scylla` driver against
+//! Per-partition rate limiting end to end with the Rust `scylla` driver against
 //! the real binary: the typed `RateLimitReached` error, no retry, no data from rejected
 //! writes, neighbours unaffected, per-table metrics, option validation, DESCRIBE, restart,
 //! ALTER removing the limit, and reads (including `IN`) limited per partition.

@@ -1,7 +1,8 @@
 //! CQL data types shared by every layer of Sluice: the type system, value validation,
 //! comparison and formatting, and the Murmur3 token and shard of a partition key.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod cql_type;
 pub mod datetime;
