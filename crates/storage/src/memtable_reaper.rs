@@ -2,9 +2,8 @@
 //!
 //! fjall drops a flushed memtable when it garbage-collects old tree versions, and it does
 //! so while holding the keyspace's version lock. Freeing a large skiplist node by node
-//! takes up to a few hundred milliseconds, and every read of the keyspace (so every write too:
-//! a write reads the row it merges into) waits for that lock meanwhile: a 0.2-0.3 s stall of
-//! the whole node at each flush. The reaper keeps its own reference to every memtable it
+//! takes long, and every read of the keyspace (so every write too: a write reads the row it
+//! merges into) waits for that lock meanwhile, a stall of the whole node at each flush. The reaper keeps its own reference to every memtable it
 //! sees become active, so that fjall's drop only decrements a count, and frees a memtable
 //! here, on its own thread and under no lock, once it holds the last reference.
 
@@ -15,8 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How often the reaper looks. A memtable active for less than this may escape it (fjall
-/// then frees it as before); a 16 MiB memtable takes most of a second to fill even at
-/// 150,000 writes/s.
+/// then frees it as before); a memtable of the configured size takes far longer to fill.
 const POLL: Duration = Duration::from_millis(20);
 
 /// The reaper thread and its stop flag.
