@@ -363,7 +363,7 @@ fn drop_keyspace(engine: &Engine, s: &Drop) -> Result<ResultMessage, DetailedErr
     for t in &tables {
         engine
             .storage
-            .truncate(*t.id.as_bytes())
+            .drop_table(*t.id.as_bytes())
             .map_err(storage_error)?;
     }
     Ok(ResultMessage::SchemaChange(ch))
@@ -679,7 +679,7 @@ fn drop_table(
     engine.commit_schema(next, ch.clone(), &[t.id], None)?;
     engine
         .storage
-        .truncate(*t.id.as_bytes())
+        .drop_table(*t.id.as_bytes())
         .map_err(storage_error)?;
     Ok(ResultMessage::SchemaChange(ch))
 }

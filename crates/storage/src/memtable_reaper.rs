@@ -8,6 +8,7 @@
 //! here, on its own thread and under no lock, once it holds the last reference.
 
 use fjall::{AbstractTree, Keyspace};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,13 +25,18 @@ pub(crate) struct MemtableReaper {
 }
 
 impl MemtableReaper {
-    /// Starts reaping the memtables of `keyspace`.
-    pub(crate) fn start(keyspace: Keyspace) -> std::io::Result<MemtableReaper> {
+    /// Starts reaping the memtables of the keyspaces that `for_each_keyspace` visits (it
+    /// calls its argument once per keyspace in use; a keyspace it stops visiting, such as a
+    /// dropped table's, has its memtables freed here too).
+    pub(crate) fn start<F>(for_each_keyspace: F) -> std::io::Result<MemtableReaper>
+    where
+        F: Fn(&mut dyn FnMut(&Keyspace)) + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("sluice-memtable-reaper".into())
-            .spawn(move || run(&keyspace, &flag))?;
+            .spawn(move || run(&for_each_keyspace, &flag))?;
         Ok(MemtableReaper {
             stop,
             handle: Some(handle),
@@ -51,12 +57,22 @@ impl Drop for MemtableReaper {
     }
 }
 
-fn run(keyspace: &Keyspace, stop: &AtomicBool) {
+fn run(for_each_keyspace: &dyn Fn(&mut dyn FnMut(&Keyspace)), stop: &AtomicBool) {
     crate::background::lower_current_thread();
-    let mut kept = Kept::default();
+    // By fjall's keyspace id.
+    let mut kept: HashMap<u64, Kept<_>> = HashMap::new();
+    let mut seen: Vec<u64> = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        let active = keyspace.tree.active_memtable();
-        kept.observe(active.id(), active);
+        seen.clear();
+        for_each_keyspace(&mut |keyspace| {
+            let active = keyspace.tree.active_memtable();
+            kept.entry(keyspace.id())
+                .or_default()
+                .observe(active.id(), active);
+            seen.push(keyspace.id());
+        });
+        // Keyspaces no longer in use: what was kept for them is freed here.
+        kept.retain(|id, _| seen.contains(id));
         std::thread::park_timeout(POLL);
     }
 }

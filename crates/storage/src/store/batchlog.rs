@@ -2,6 +2,7 @@
 
 use super::commit::{Pending, Prepared};
 use super::Store;
+use crate::model::TableId;
 use crate::row::{PartitionHeader, StoredRow};
 use crate::StorageError;
 use std::collections::BTreeMap;
@@ -16,15 +17,15 @@ impl Prepared {
         self.entries.is_empty()
     }
 
-    /// Appends the entries for a batchlog record: count, then per entry its kind, key and
-    /// value (each with a u32 length).
+    /// Appends the entries for a batchlog record: count, then per entry its kind, table id,
+    /// key and value (key and value each with a u32 length).
     pub(crate) fn encode(&self, out: &mut Vec<u8>) -> Result<(), StorageError> {
         let len = |n: usize| {
             u32::try_from(n).map_err(|_| StorageError::TooLarge("batch too large for the batchlog"))
         };
         out.extend_from_slice(&len(self.entries.len())?.to_be_bytes());
         let mut value = Vec::new();
-        for (key, pending) in &self.entries {
+        for ((table, key), pending) in &self.entries {
             value.clear();
             let kind = match pending {
                 Pending::Header(h) => {
@@ -37,6 +38,7 @@ impl Prepared {
                 }
             };
             out.push(kind);
+            out.extend_from_slice(table);
             out.extend_from_slice(&len(key.len())?.to_be_bytes());
             out.extend_from_slice(key);
             out.extend_from_slice(&len(value.len())?.to_be_bytes());
@@ -60,13 +62,18 @@ impl Prepared {
         let count = take_batchlog_len(input)?;
         let mut entries = BTreeMap::new();
         let mut stripes = Vec::new();
+        let mut tables: Vec<TableId> = Vec::new();
         for _ in 0..count {
             let kind = take(input, 1)?[0];
+            let table: TableId = take(input, 16)?.try_into().map_err(|_| BAD)?;
             let key_len = take_batchlog_len(input)?;
             let key = take(input, key_len)?.to_vec();
             let value_len = take_batchlog_len(input)?;
             let value = take(input, value_len)?;
-            let stripe = Store::stripe_of_key(&key)?;
+            let stripe = Store::stripe_of_key(&table, &key)?;
+            if !tables.contains(&table) {
+                tables.push(table);
+            }
             stripes.push(stripe);
             let pending = match kind {
                 LOGGED_HEADER => Pending::Header(PartitionHeader::decode_value(value)?),
@@ -77,11 +84,16 @@ impl Prepared {
                 },
                 _ => return Err(BAD),
             };
-            entries.insert(key, pending);
+            entries.insert((table, key), pending);
         }
         stripes.sort_unstable();
         stripes.dedup();
-        Ok(Prepared { entries, stripes })
+        tables.sort_unstable();
+        Ok(Prepared {
+            entries,
+            stripes,
+            tables,
+        })
     }
 }
 

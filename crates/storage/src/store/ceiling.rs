@@ -1,5 +1,6 @@
 //! The timestamp ceiling: a persisted bound on every stored timestamp.
 
+use super::tables::Tables;
 use super::{io, Store};
 use crate::keycodec::{self, KIND_HEADER};
 use crate::row::{PartitionHeader, StoredRow};
@@ -49,10 +50,11 @@ impl Store {
     }
 }
 
-/// The persisted timestamp ceiling. A database written before there was one gets it from
-/// one scan of every stored entry (then persisted); an empty one starts below every timestamp.
+/// The persisted timestamp ceiling. A database without one (written before there was one)
+/// gets it from one scan of every stored entry (then persisted); an empty one starts below
+/// every timestamp.
 pub(super) fn load_timestamp_ceiling(
-    data: &Keyspace,
+    tables: &Tables,
     meta: &Keyspace,
 ) -> Result<i64, StorageError> {
     if let Some(v) = meta.get(CEILING_KEY).map_err(io)? {
@@ -63,15 +65,17 @@ pub(super) fn load_timestamp_ceiling(
         return Ok(i64::from_be_bytes(bytes));
     }
     let mut newest = i64::MIN;
-    for guard in data.iter() {
-        let (key, value) = guard.into_inner().map_err(io)?;
-        let (_, _, kind, _) = keycodec::split_data_key(&key)?;
-        let stored = if kind == KIND_HEADER {
-            PartitionHeader::decode_value(&value)?.max_timestamp()
-        } else {
-            StoredRow::decode_value(&value)?.max_timestamp()
-        };
-        newest = newest.max(stored);
+    for data in tables.read().keyspaces() {
+        for guard in data.iter() {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let (_, _, kind, _) = keycodec::split_data_key(&key)?;
+            let stored = if kind == KIND_HEADER {
+                PartitionHeader::decode_value(&value)?.max_timestamp()
+            } else {
+                StoredRow::decode_value(&value)?.max_timestamp()
+            };
+            newest = newest.max(stored);
+        }
     }
     if newest > i64::MIN {
         tracing::info!("timestamp ceiling computed from a scan of the stored data");

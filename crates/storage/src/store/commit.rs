@@ -2,7 +2,7 @@
 
 use super::{io, Store, Stripe};
 use crate::keycodec::{self, ByteRange, KIND_ROW, MAX_KEY_LEN};
-use crate::model::{Mutation, TableLayout};
+use crate::model::{Mutation, TableId, TableLayout};
 use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
 use crate::{Durability, StorageError};
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use std::sync::MutexGuard;
 /// Initial size of the buffer a commit encodes its rows into (it grows for larger rows).
 const ENCODE_BUFFER_BYTES: usize = 1024;
 
-/// One entry of a commit, keyed by its fjall key.
+/// One entry of a commit, keyed by its table and fjall key.
 pub(super) enum Pending {
     Header(PartitionHeader),
     Row {
@@ -27,9 +27,11 @@ pub(super) enum Pending {
 /// Mutations in storage form, ready to commit to one store: what `prepare` makes before
 /// any lock is taken, and what a batchlog record holds.
 pub(crate) struct Prepared {
-    pub(super) entries: BTreeMap<Vec<u8>, Pending>,
+    pub(super) entries: BTreeMap<(TableId, Vec<u8>), Pending>,
     /// Lock stripes of the partitions touched, ascending and unique.
     pub(super) stripes: Vec<usize>,
+    /// Tables written, ascending and unique.
+    pub(super) tables: Vec<TableId>,
 }
 
 impl Store {
@@ -38,15 +40,19 @@ impl Store {
         mutations: impl IntoIterator<Item = &'a (&'l TableLayout, Mutation)>,
     ) -> Result<Prepared, StorageError> {
         let mutations = mutations.into_iter();
-        let mut entries: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
+        let mut entries: BTreeMap<(TableId, Vec<u8>), Pending> = BTreeMap::new();
         let mut stripes = Vec::with_capacity(mutations.size_hint().0);
+        let mut tables: Vec<TableId> = Vec::with_capacity(1);
         for (layout, m) in mutations {
             if layout.id != m.table {
                 return Err(StorageError::Corrupt(
                     "mutation and layout name different tables",
                 ));
             }
-            let prefix = keycodec::partition_prefix(&m.table, m.token, &m.partition_key);
+            if !tables.contains(&m.table) {
+                tables.push(m.table);
+            }
+            let prefix = keycodec::partition_prefix(m.token, &m.partition_key);
             if prefix.len() + 1 > MAX_KEY_LEN {
                 return Err(StorageError::TooLarge("partition key too large"));
             }
@@ -73,7 +79,7 @@ impl Store {
                 header.static_row = Some(row);
             }
             if !header.is_empty() {
-                let key = keycodec::header_key(&prefix);
+                let key = (m.table, keycodec::header_key(&prefix));
                 match entries.get_mut(&key) {
                     Some(Pending::Header(h)) => h.merge(header),
                     _ => {
@@ -93,6 +99,7 @@ impl Store {
                 if key.len() > MAX_KEY_LEN {
                     return Err(StorageError::TooLarge("clustering key too large"));
                 }
+                let key = (m.table, key);
                 let row = StoredRow::from_mutation(r);
                 let replaces_from = layout
                     .regular
@@ -124,7 +131,12 @@ impl Store {
         }
         stripes.sort_unstable();
         stripes.dedup();
-        Ok(Prepared { entries, stripes })
+        tables.sort_unstable();
+        Ok(Prepared {
+            entries,
+            stripes,
+            tables,
+        })
     }
 
     /// Commits prepared entries atomically (one engine batch, together with `batchlog`, a
@@ -137,10 +149,17 @@ impl Store {
         batchlog: Option<(&[u8], &[u8])>,
     ) -> Result<u64, StorageError> {
         self.check_open()?;
-        let Prepared { entries, stripes } = prepared;
+        let Prepared {
+            entries,
+            stripes,
+            tables,
+        } = prepared;
         if entries.is_empty() && batchlog.is_none() {
             return Ok(self.commit.applied.load(Ordering::Acquire));
         }
+        // Held to the end, purges included: no TRUNCATE or DROP retires a keyspace while this
+        // write uses it. Taken before the stripes, as every holder does.
+        let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
         // Room for every entry, the batchlog record and a timestamp-ceiling move.
         let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)
@@ -149,7 +168,7 @@ impl Store {
         // grow it step by step (each step is a reallocation and a copy).
         let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
         // Partitions that got a new deletion, to purge the rows it shadows afterwards.
-        let mut purges: Vec<(Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
+        let mut purges: Vec<(TableId, Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
         let mut replaced = 0u64;
         let mut journal_bytes = 0u64;
         let newest_written = entries
@@ -166,7 +185,11 @@ impl Store {
                 .iter()
                 .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
                 .collect();
-            for (key, pending) in entries {
+            for ((table, key), pending) in entries {
+                // A table dropped since the write was planned: its data is being deleted.
+                let Some(keyspace) = registry.keyspace(&table) else {
+                    continue;
+                };
                 buf.clear();
                 if let Pending::Row {
                     row,
@@ -182,12 +205,12 @@ impl Store {
                         // write that sets the whole row: the merge would return `row`.
                         row.encode(&mut buf)?;
                         journal_bytes += (key.len() + buf.len()) as u64;
-                        batch.insert(&self.data, key, buf.as_slice());
+                        batch.insert(keyspace, key, buf.as_slice());
                         replaced += 1;
                         continue;
                     }
                 }
-                let existing = self.data.get(&key).map_err(io)?;
+                let existing = keyspace.get(&key).map_err(io)?;
                 match pending {
                     Pending::Header(incoming) => {
                         let mut header = match existing {
@@ -207,7 +230,7 @@ impl Store {
                         header.merge(incoming);
                         if !purge_ranges.is_empty() {
                             let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
-                            purges.push((prefix, header.clone(), purge_ranges));
+                            purges.push((table, prefix, header.clone(), purge_ranges));
                         }
                         if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
                             return Err(StorageError::TooLarge(
@@ -229,7 +252,7 @@ impl Store {
                     }
                 }
                 journal_bytes += (key.len() + buf.len()) as u64;
-                batch.insert(&self.data, key, buf.as_slice());
+                batch.insert(keyspace, key, buf.as_slice());
             }
             if let Some((key, value)) = batchlog {
                 batch.insert(&self.meta, key, value);
@@ -252,9 +275,12 @@ impl Store {
             self.commit.lock_request().pending = true;
             self.commit.wake.notify_one();
         }
-        for (prefix, header, ranges) in purges {
+        for (table, prefix, header, ranges) in purges {
+            let Some(keyspace) = registry.keyspace(&table) else {
+                continue;
+            };
             for range in &ranges {
-                self.purge_shadowed_rows(&prefix, &header, range)?;
+                self.purge_shadowed_rows(&table, keyspace, &prefix, &header, range)?;
             }
         }
         Ok(ticket)

@@ -1,5 +1,6 @@
 //! `Store`: one fjall database of the row store (one per shard, see `storage.rs`), with
-//! striped partition locks and group commit.
+//! striped partition locks and group commit. Each table has a keyspace of its own in it
+//! (`tables.rs`), whose keys start with the token.
 //!
 //! Writes: `prepare` converts every mutation to storage form (clustering keys encoded, cells
 //! sorted and reconciled) BEFORE any lock is taken. `commit` then takes the stripe locks of the
@@ -21,7 +22,8 @@
 //! handle (`journal_sync`), so writers keep appending while the fsync runs instead of
 //! queueing behind fjall's journal lock.
 //!
-//! Reads take a fjall snapshot (no lock): the partition header (partition deletion, range
+//! Reads take a fjall snapshot under the table registry's read lock (held only against a
+//! TRUNCATE or DROP swapping the table's keyspace): the partition header (partition deletion, range
 //! tombstones, static row) with a point `get`, then the rows of each clustering range, or a
 //! point `get` for a full primary key. Deletions and TTL are applied at read time; dead
 //! rows are skipped and counted, and a read that steps over too many fails
@@ -31,7 +33,8 @@
 //! write path (`prepare`, `commit`); `ceiling.rs` the persisted timestamp ceiling;
 //! `batchlog.rs` the codec of batches that span stores; `sync.rs` the sync thread and the
 //! durability waits; `purge.rs` the removal of shadowed rows; `read.rs` partition reads;
-//! `scan.rs` token-range scans; `merge.rs` the merge of several stores' ranges.
+//! `scan.rs` token-range scans; `merge.rs` the merge of several stores' ranges; `tables.rs`
+//! the table keyspaces, TRUNCATE, DROP and the background deletion of old keyspaces.
 
 mod batchlog;
 mod ceiling;
@@ -41,18 +44,21 @@ mod purge;
 mod read;
 mod scan;
 mod sync;
+mod tables;
 
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
 pub use read::MAX_DEAD_ROWS_PER_READ;
 use sync::{CommitShared, DurableState, SyncRequest};
+#[cfg(test)]
+pub(crate) use tables::DeletionHold;
+use tables::Tables;
 
 use crate::keycodec;
 use crate::memtable_reaper::MemtableReaper;
 use crate::model::TableId;
 use crate::{Durability, StorageError};
-use fjall::config::RestartIntervalPolicy;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -66,27 +72,18 @@ const STRIPES: usize = 1024;
 /// Journal size on disk before fjall flushes memtables so that old journals can go.
 const MAX_JOURNAL_BYTES: u64 = 512 << 20;
 
-/// Key and value bytes the data keyspace may write into one memtable before the sync thread
+/// Key and value bytes a store's tables may write into one memtable before the sync thread
 /// seals it. A memtable is sealed when it is full, and fjall rotates the journal only when it
 /// flushes one; but a memtable of overwritten keys drops the versions it supersedes and may
 /// never fill; without this bound the journal (and the replay at the next start) grows without
 /// end. The same size as `MAX_JOURNAL_BYTES`, the bound on sealed journals.
 const JOURNAL_BYTES_PER_MEMTABLE: u64 = 512 << 20;
 
-/// Size at which the data keyspace's active memtable is sealed and flushed (fjall's default
-/// is 64 MiB). Every write inserts into a skiplist whose searches miss the cache more the
-/// larger it grows, and every version of an overwritten row stays in it until the flush:
-/// a smaller memtable made both writes and later reads cheaper.
-/// fjall stores it with the keyspace: a directory created before keeps its own.
-const DATA_MEMTABLE_BYTES: u64 = 16 << 20;
-
-/// Keys between restart points in the data keyspace's blocks (fjall: 10 in L0, 16 below).
-/// A range read seeks in every table it visits: a binary search over the restart points,
-/// then a linear decode of the prefix-compressed keys up to the target, which a short
-/// interval keeps short (2 measured best, writes unchanged). Stored with the keyspace like the memtable size.
-const DATA_BLOCK_RESTART_INTERVAL: u8 = 2;
-
-const DATA_KEYSPACE: &str = "data";
+/// The keyspace of every table's data in the layout of earlier versions, which this one
+/// refuses to open.
+const SHARED_DATA_KEYSPACE: &str = "data";
+/// The store's own metadata: the schema catalog (store 0), table records, batchlog records
+/// and the timestamp ceiling.
 const META_KEYSPACE: &str = "meta";
 
 /// Longest a clean shutdown waits for its memtables to reach disk tables. Everything is
@@ -101,7 +98,8 @@ pub(crate) struct Store {
     /// Stops itself when dropped: first of the fields, so before the database it reads.
     _reaper: MemtableReaper,
     db: Database,
-    data: Keyspace,
+    /// Each table's keyspace (see `tables.rs`).
+    tables: Arc<Tables>,
     meta: Keyspace,
     stripes: Box<[Mutex<Stripe>]>,
     /// Persisted bound on every stored timestamp (see `TimestampCeiling`).
@@ -117,6 +115,7 @@ pub(crate) struct Store {
 impl Drop for Store {
     fn drop(&mut self) {
         self.stop_sync_thread();
+        self.tables.stop_keeper();
     }
 }
 
@@ -141,7 +140,7 @@ impl Store {
         Self::open_with_journal_bound(path, durability, cache_bytes, JOURNAL_BYTES_PER_MEMTABLE)
     }
 
-    /// [`Store::open`], sealing the data memtable after `journal_bytes_per_memtable` of
+    /// [`Store::open`], sealing the tables' memtables after `journal_bytes_per_memtable` of
     /// writes instead of [`JOURNAL_BYTES_PER_MEMTABLE`] (tests use a small bound).
     pub(crate) fn open_with_journal_bound(
         path: &std::path::Path,
@@ -159,18 +158,23 @@ impl Store {
             .max_journaling_size(MAX_JOURNAL_BYTES)
             .open()
             .map_err(io)?;
-        let data = db
-            .keyspace(DATA_KEYSPACE, || {
-                KeyspaceCreateOptions::default()
-                    .max_memtable_size(DATA_MEMTABLE_BYTES)
-                    .data_block_restart_interval_policy(RestartIntervalPolicy::all(
-                        DATA_BLOCK_RESTART_INTERVAL,
-                    ))
-            })
-            .map_err(io)?;
+        if db.keyspace_exists(SHARED_DATA_KEYSPACE) {
+            tracing::error!(
+                path = %path.display(),
+                "this data directory keeps every table in one keyspace, the layout of an \
+                 earlier version of Sluice; this version keeps each table apart and does not \
+                 read it: start with an empty data directory"
+            );
+            return Err(StorageError::Corrupt(
+                "the data directory has the layout of an earlier version (one keyspace for \
+                 every table), which this version does not read; start with an empty data \
+                 directory",
+            ));
+        }
         let meta = db
             .keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)
             .map_err(io)?;
+        let tables = Arc::new(Tables::open(&db, &meta)?);
         let (durable, _) = watch::channel(DurableState {
             upto: 0,
             failed: false,
@@ -178,7 +182,7 @@ impl Store {
         });
         let commit = Arc::new(CommitShared {
             db: db.clone(),
-            data: data.clone(),
+            tables: tables.clone(),
             journal_bytes: AtomicU64::new(0),
             journal_bytes_per_memtable,
             path: path.to_path_buf(),
@@ -207,15 +211,18 @@ impl Store {
             threads = lowered,
             "storage background threads at lower priority"
         );
-        let reaper = MemtableReaper::start(data.clone())
-            .map_err(|_| StorageError::Io("cannot start the memtable reaper thread"))?;
-        let ceiling = load_timestamp_ceiling(&data, &meta)?;
+        let reaper_tables = tables.clone();
+        let reaper = MemtableReaper::start(move |visit| {
+            reaper_tables.read().keyspaces().for_each(visit);
+        })
+        .map_err(|_| StorageError::Io("cannot start the memtable reaper thread"))?;
+        let ceiling = load_timestamp_ceiling(&tables, &meta)?;
         let stripes = (0..STRIPES)
             .map(|_| Mutex::new(Stripe { newest: ceiling }))
             .collect();
         Ok(Store {
             db,
-            data,
+            tables,
             meta,
             stripes,
             ceiling: TimestampCeiling {
@@ -262,16 +269,15 @@ impl Store {
         (h >> 54) as usize % STRIPES
     }
 
-    /// The stripe of the partition a data key (or a partition's key prefix) belongs to.
-    fn stripe_of_key(key: &[u8]) -> Result<usize, StorageError> {
-        const SHORT: StorageError = StorageError::Corrupt("short data key");
-        let table: TableId = key.get(..16).and_then(|t| t.try_into().ok()).ok_or(SHORT)?;
+    /// The stripe of the partition a data key of `table` (or a partition's key prefix)
+    /// belongs to.
+    fn stripe_of_key(table: &TableId, key: &[u8]) -> Result<usize, StorageError> {
         let token = keycodec::token_from_bytes(
-            key.get(16..24)
+            key.get(..keycodec::TOKEN_LEN)
                 .and_then(|t| t.try_into().ok())
-                .ok_or(SHORT)?,
+                .ok_or(StorageError::Corrupt("short data key"))?,
         );
-        Ok(Self::stripe_of(&table, token))
+        Ok(Self::stripe_of(table, token))
     }
 
     /// Number of rows written whole without reading what they replace (tests, metrics).
@@ -292,7 +298,10 @@ impl Store {
     /// Test hook: the number of stored entries (headers and rows, live or not) of a table.
     #[cfg(test)]
     pub(crate) fn raw_entry_count(&self, table: TableId) -> usize {
-        self.data.prefix(table).count()
+        self.tables
+            .read()
+            .keyspace(&table)
+            .map_or(0, |k| k.iter().count())
     }
 
     /// Test hook: memtables the sync thread sealed because the journal grew.
@@ -301,9 +310,60 @@ impl Store {
         self.commit.memtables_sealed.load(Ordering::Relaxed)
     }
 
-    /// The number of disk tables of the data keyspace.
+    /// The number of disk tables over every table keyspace.
     pub(crate) fn data_table_count(&self) -> usize {
-        self.data.table_count()
+        self.tables
+            .read()
+            .keyspaces()
+            .map(|k| k.table_count())
+            .sum()
+    }
+
+    /// Truncated or dropped tables' keyspaces whose files are not removed yet.
+    pub(crate) fn pending_table_deletions(&self) -> usize {
+        self.tables.pending_deletions()
+    }
+
+    /// Test hook: the names of the store's keyspaces, as fjall lists them.
+    #[cfg(test)]
+    pub(crate) fn keyspace_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .db
+            .list_keyspace_names()
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Test hook: the name of a table's current keyspace, if it has one.
+    #[cfg(test)]
+    pub(crate) fn table_keyspace_name(&self, table: TableId) -> Option<String> {
+        self.tables
+            .read()
+            .keyspace(&table)
+            .map(|k| k.name().to_string())
+    }
+
+    /// Test hook: holds the table deleter before its next deletion while the guard lives.
+    #[cfg(test)]
+    pub(crate) fn hold_deleter(&self) -> DeletionHold<'_> {
+        self.tables.hold_deletions()
+    }
+
+    /// Empties a table (TRUNCATE): it switches to a fresh keyspace at once, and the old one
+    /// is deleted in the background.
+    pub(crate) fn truncate(&self, table: TableId) -> Result<(), StorageError> {
+        self.check_open()?;
+        self.tables.retire(&self.db, &self.meta, &table, false)
+    }
+
+    /// Drops a table (DROP TABLE): its data is deleted in the background, and writes that
+    /// race with the drop are discarded.
+    pub(crate) fn drop_table(&self, table: TableId) -> Result<(), StorageError> {
+        self.check_open()?;
+        self.tables.retire(&self.db, &self.meta, &table, true)
     }
 
     /// Test hook: journal files on disk, the active one included.
@@ -363,8 +423,10 @@ impl Store {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        // The sync thread makes everything applied so far durable before it exits.
+        // The sync thread makes everything applied so far durable before it exits. A
+        // deletion the deleter has not finished is found again at the next open.
         self.stop_sync_thread();
+        self.tables.stop_keeper();
         let upto = self.commit.applied.load(Ordering::Acquire);
         let result = self.db.persist(PersistMode::SyncAll).map_err(io);
         // Release every waiter: what was applied before this final fsync is durable; a
@@ -380,18 +442,26 @@ impl Store {
         Ok(())
     }
 
-    /// Seals both keyspaces' memtables and waits, at most `limit`, until fjall has written
+    /// Seals every keyspace's memtable and waits, at most `limit`, until fjall has written
     /// them to disk tables and let their journals go, so that a restart after a clean
     /// shutdown replays no journal.
     pub(crate) fn flush_memtables(&self, limit: Duration) {
         let started = Instant::now();
-        for keyspace in [&self.data, &self.meta] {
+        // Handles of their own: the wait below must not hold the registry.
+        let mut keyspaces: Vec<Keyspace> = self.tables.read().keyspaces().cloned().collect();
+        keyspaces.push(self.meta.clone());
+        for keyspace in &keyspaces {
             if let Err(e) = keyspace.rotate_memtable() {
                 tracing::warn!(error = ?e, "cannot seal a memtable at shutdown; the journal keeps it");
                 return;
             }
         }
-        while self.data.sealed_memtable_count() + self.meta.sealed_memtable_count() > 0 {
+        while keyspaces
+            .iter()
+            .map(|k| k.sealed_memtable_count())
+            .sum::<usize>()
+            > 0
+        {
             if started.elapsed() >= limit {
                 tracing::warn!(
                     waited = ?started.elapsed(),

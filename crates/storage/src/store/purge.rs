@@ -1,12 +1,12 @@
-//! Physical removal of data that deletions shadow, and of a whole table's data.
+//! Physical removal of the rows that a partition's deletions shadow.
 
 use super::read::full_range;
 use super::{io, Store};
-use crate::keycodec::{self, ByteRange, KIND_ROW};
+use crate::keycodec::{ByteRange, KIND_ROW};
 use crate::model::TableId;
 use crate::row::{PartitionHeader, StoredRow};
 use crate::StorageError;
-use fjall::PersistMode;
+use fjall::Keyspace;
 use std::ops::Bound;
 
 /// Most rows one `commit` examines to purge what a new deletion shadows; the rest stays
@@ -15,9 +15,6 @@ const PURGE_ROWS_PER_APPLY: usize = 16_384;
 
 /// Rows examined per stripe-lock hold while purging (bounds the lock hold time).
 const PURGE_CHUNK: usize = 256;
-
-/// Rows deleted per fjall batch by `truncate` (bounded batch memory).
-const TRUNCATE_CHUNK: usize = 1024;
 
 impl Store {
     /// Physically removes the rows of a partition that its header's deletions shadow
@@ -28,14 +25,17 @@ impl Store {
     /// ever grow, so an older copy of it is conservative. Runs in chunks, each under the
     /// partition's stripe lock (a concurrent write to a row cannot be lost), only over
     /// `range` (where the new deletion applies), and stops after `PURGE_ROWS_PER_APPLY`
-    /// rows so that one delete does bounded work.
+    /// rows so that one delete does bounded work. `keyspace` is `table`'s, borrowed from the
+    /// registry by the caller.
     pub(super) fn purge_shadowed_rows(
         &self,
+        table: &TableId,
+        keyspace: &Keyspace,
         prefix: &[u8],
         header: &PartitionHeader,
         range: &ByteRange,
     ) -> Result<(), StorageError> {
-        let stripe = Self::stripe_of_key(prefix)?;
+        let stripe = Self::stripe_of_key(table, prefix)?;
         let mut row_prefix = prefix.to_vec();
         row_prefix.push(KIND_ROW);
         let (mut from, end) = full_range(&row_prefix, range);
@@ -46,8 +46,7 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner());
             let mut batch = self.db.batch();
             let mut seen = 0usize;
-            for guard in self
-                .data
+            for guard in keyspace
                 .range((from.clone(), end.clone()))
                 .take(PURGE_CHUNK)
             {
@@ -59,7 +58,7 @@ impl Store {
                     .deletion_for(clustering)
                     .is_some_and(|d| row.max_timestamp() <= d)
                 {
-                    batch.remove(&self.data, key.clone());
+                    batch.remove(keyspace, key.clone());
                 }
                 from = Bound::Excluded(key.to_vec());
             }
@@ -70,29 +69,5 @@ impl Store {
             }
         }
         Ok(())
-    }
-
-    /// Deletes all data of a table (TRUNCATE / DROP TABLE).
-    pub(crate) fn truncate(&self, table: TableId) -> Result<(), StorageError> {
-        self.check_open()?;
-        let prefix = keycodec::table_prefix(&table);
-        loop {
-            let keys: Vec<fjall::UserKey> = self
-                .data
-                .prefix(prefix)
-                .take(TRUNCATE_CHUNK)
-                .map(|g| g.key())
-                .collect::<Result<_, _>>()
-                .map_err(io)?;
-            if keys.is_empty() {
-                break;
-            }
-            let mut batch = self.db.batch();
-            for k in keys {
-                batch.remove(&self.data, k);
-            }
-            batch.commit().map_err(io)?;
-        }
-        self.db.persist(PersistMode::SyncAll).map_err(io)
     }
 }

@@ -28,8 +28,17 @@ impl Store {
         now_secs: u32,
     ) -> Result<PartitionRead, StorageError> {
         self.check_open()?;
+        let registry = self.tables.read();
+        let Some(data) = registry.keyspace(&layout.id) else {
+            // Never written in this store, or dropped.
+            return Ok(PartitionRead {
+                static_row: None,
+                rows: Vec::new(),
+                more: false,
+            });
+        };
         let snapshot = self.db.snapshot();
-        let prefix = keycodec::partition_prefix(&layout.id, token, partition_key);
+        let prefix = keycodec::partition_prefix(token, partition_key);
 
         let mut ranges = Vec::with_capacity(slice.ranges.len());
         let resume = match after {
@@ -95,7 +104,7 @@ impl Store {
         let mut header = if header_in_range {
             PartitionHeader::default()
         } else {
-            read_header(&snapshot, &self.data, &header_key)?
+            read_header(&snapshot, data, &header_key)?
         };
         let mut row_prefix = prefix;
         row_prefix.push(KIND_ROW);
@@ -113,7 +122,7 @@ impl Store {
                 Some(k) => {
                     let mut key = row_prefix.clone();
                     key.extend_from_slice(k);
-                    let found = snapshot.get(&self.data, &key).map_err(io)?;
+                    let found = snapshot.get(data, &key).map_err(io)?;
                     Box::new(
                         found
                             .map(|v| Ok((fjall::UserKey::from(key), v)))
@@ -126,7 +135,7 @@ impl Store {
                         lo = Bound::Included(header_key.clone());
                     }
                     let iter = snapshot
-                        .range(&self.data, (lo, hi))
+                        .range(data, (lo, hi))
                         .map(|g| g.into_inner().map_err(io));
                     if slice.reversed {
                         Box::new(iter.rev())

@@ -2,13 +2,14 @@
 
 use super::merge::MergedRange;
 use super::read::read_header;
+use super::tables::TablesRead;
 use super::{Store, MAX_DEAD_ROWS_PER_READ};
 use crate::keycodec::{self, KIND_HEADER, KIND_ROW};
 use crate::model::{PartitionRead, TableLayout};
 use crate::row::{PartitionHeader, StoredRow};
 use crate::{ScanPage, ScanStart, ScannedPartition, StorageError};
 use bytes::Bytes;
-use fjall::Readable;
+use fjall::{Keyspace, Readable};
 use std::ops::Bound;
 
 impl Store {
@@ -33,26 +34,21 @@ impl Store {
         for store in stores {
             store.check_open()?;
         }
+        // One registry guard per store, in store order (each store has its own lock).
+        let registries: Vec<TablesRead<'_>> = stores.iter().map(|s| s.tables.read()).collect();
+        let keyspaces: Vec<Option<&Keyspace>> =
+            registries.iter().map(|r| r.keyspace(&layout.id)).collect();
         let snapshots: Vec<fjall::Snapshot> = stores.iter().map(|s| s.db.snapshot()).collect();
-        let table = keycodec::table_prefix(&layout.id);
-        let token_key = |t: i64| {
-            let mut k = table.to_vec();
-            k.extend_from_slice(&keycodec::token_bytes(t));
-            k
-        };
-        let table_end = keycodec::prefix_successor(&table);
+        let token_key = |t: i64| keycodec::token_bytes(t).to_vec();
         let hi: Option<Vec<u8>> = match end {
-            Bound::Unbounded => table_end.clone(),
+            Bound::Unbounded => None,
             Bound::Excluded(t) => Some(token_key(t)),
-            Bound::Included(t) => match t.checked_add(1) {
-                Some(n) => Some(token_key(n)),
-                None => table_end.clone(),
-            },
+            Bound::Included(t) => t.checked_add(1).map(token_key),
         };
         // The partition being assembled (a resumed one starts the page).
         let mut current: Option<ScanCursor> = None;
         let lo: Vec<u8> = match start {
-            ScanStart::Token(Bound::Unbounded) => table.to_vec(),
+            ScanStart::Token(Bound::Unbounded) => Vec::new(),
             ScanStart::Token(Bound::Included(t)) => token_key(*t),
             ScanStart::Token(Bound::Excluded(t)) => match t.checked_add(1) {
                 Some(n) => token_key(n),
@@ -63,12 +59,16 @@ impl Store {
                 partition_key,
                 after,
             } => {
-                let prefix = keycodec::partition_prefix(&layout.id, *token, partition_key);
-                let (snapshot, store) = snapshots
+                let prefix = keycodec::partition_prefix(*token, partition_key);
+                let (snapshot, data) = snapshots
                     .get(resume_in)
-                    .zip(stores.get(resume_in))
+                    .zip(keyspaces.get(resume_in))
                     .ok_or(StorageError::Corrupt("resumed partition in no store"))?;
-                let header = read_header(snapshot, &store.data, &keycodec::header_key(&prefix))?;
+                let header = match data {
+                    Some(data) => read_header(snapshot, data, &keycodec::header_key(&prefix))?,
+                    // Dropped or truncated since the last page: nothing left to read.
+                    None => PartitionHeader::default(),
+                };
                 let mut lo = prefix.clone();
                 lo.push(KIND_ROW);
                 if let Some(ck) = after {
@@ -103,8 +103,8 @@ impl Store {
         let merged = MergedRange::new(
             snapshots
                 .iter()
-                .zip(stores)
-                .map(|(snapshot, store)| snapshot.range(&store.data, range.clone()))
+                .zip(&keyspaces)
+                .filter_map(|(snapshot, data)| data.map(|d| snapshot.range(d, range.clone())))
                 .collect(),
         );
         for entry in merged {

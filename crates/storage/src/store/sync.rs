@@ -1,12 +1,13 @@
 //! The sync thread (group commit and periodic fsync of the journal) and the waits for
 //! durability.
 
+use super::tables::Tables;
 use super::{io, Store};
 use crate::journal_sync::{JournalSyncer, SideSyncError};
 use crate::{Durability, StorageError};
-use fjall::{Database, Keyspace, PersistMode};
+use fjall::{Database, PersistMode};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -35,9 +36,9 @@ pub(super) struct SyncRequest {
 /// State shared by writers and the sync thread.
 pub(super) struct CommitShared {
     pub(super) db: Database,
-    /// The data keyspace, whose memtable the sync thread seals (`seal_if_journal_grew`).
-    pub(super) data: Keyspace,
-    /// Key and value bytes committed to the data keyspace since its memtable was last sealed
+    /// The tables, whose memtables the sync thread seals (`seal_if_journal_grew`).
+    pub(super) tables: Arc<Tables>,
+    /// Key and value bytes committed to the tables since their memtables were last sealed
     /// for journal growth (the journal's own framing is not counted).
     pub(super) journal_bytes: AtomicU64,
     /// Journal bytes after which the sync thread seals the memtable.
@@ -118,17 +119,24 @@ impl CommitShared {
         }
     }
 
-    /// Seals the data keyspace's memtable once its writes have put
-    /// `journal_bytes_per_memtable` into the journal, so that fjall flushes it and rotates
-    /// the journal (see [`JOURNAL_BYTES_PER_MEMTABLE`]).
+    /// Seals the tables' memtables once their writes have put `journal_bytes_per_memtable`
+    /// into the journal, so that fjall flushes them and rotates the journal (see
+    /// [`JOURNAL_BYTES_PER_MEMTABLE`](super::JOURNAL_BYTES_PER_MEMTABLE)).
     fn seal_if_journal_grew(&self) {
         if self.journal_bytes.load(Ordering::Relaxed) < self.journal_bytes_per_memtable {
             return;
         }
         self.journal_bytes.store(0, Ordering::Relaxed);
-        if let Err(e) = self.data.rotate_memtable() {
-            tracing::error!(error = ?e, "cannot seal the memtable for journal growth");
-        } else {
+        let mut sealed = false;
+        for keyspace in self.tables.read().keyspaces() {
+            match keyspace.rotate_memtable() {
+                Ok(rotated) => sealed |= rotated,
+                Err(e) => {
+                    tracing::error!(error = ?e, "cannot seal a memtable for journal growth");
+                }
+            }
+        }
+        if sealed {
             self.memtables_sealed.fetch_add(1, Ordering::Relaxed);
         }
     }
