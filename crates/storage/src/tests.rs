@@ -2057,6 +2057,9 @@ mod table_keyspaces {
         // Most of it in disk tables, the rest in memtables.
         s.flush_memtables(Duration::from_secs(60));
         fill_big(&s, &l, 20);
+        // Another table with writes in the journal that it does not flush by itself: fjall
+        // keeps the journal, and with it the retired keyspaces, until it does.
+        write_small(&s, 8, "unflushed");
         // The second fill rewrote 20 of the partitions.
         assert_eq!(s.raw_entry_count(T1), 150 * 1_000);
         let first = s.table_keyspace_names(T1);

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Size at which a table keyspace's active memtable is sealed and flushed (fjall's default
 /// is 64 MiB). Every write inserts into a skiplist whose searches miss the cache more the
@@ -57,6 +57,12 @@ const SPARE_KEYSPACES: usize = 2;
 
 /// How often the keeper checks whether fjall still holds a deleted keyspace.
 const KEEPER_POLL: Duration = Duration::from_millis(50);
+
+/// How long the keeper waits for fjall to let a deleted keyspace go before it seals every
+/// keyspace's memtable (and then again at this interval): fjall holds a deleted keyspace
+/// until the journals that hold its writes are let go, and a journal is let go only once every
+/// other keyspace written in it has flushed, which an idle table may never do by itself.
+const KEEPER_FLUSH_AFTER: Duration = Duration::from_secs(2);
 
 /// Hashes a table id (16 random-looking bytes) with one multiply per word: ids are UUIDs
 /// chosen by the server, and SipHash would cost more than the rest of a lookup.
@@ -495,6 +501,22 @@ impl KeeperShared {
             .map_err(io)
     }
 
+    /// Seals the memtable of every keyspace of the database, so that fjall flushes them and
+    /// lets go of the journals (and the deleted keyspaces) they kept.
+    fn flush_every_keyspace(&self) {
+        for name in self.db.list_keyspace_names() {
+            // Only this thread deletes keyspaces, so a listed one still exists.
+            match self.db.keyspace(&name, keyspace_options) {
+                Ok(keyspace) => {
+                    if let Err(e) = keyspace.rotate_memtable() {
+                        tracing::warn!(error = ?e, keyspace = %name, "cannot seal a memtable");
+                    }
+                }
+                Err(e) => tracing::warn!(error = ?e, keyspace = %name, "cannot open a keyspace"),
+            }
+        }
+    }
+
     /// Waits for the next step, or None when stopped.
     fn next_work(&self, waiting_on_fjall: bool) -> Option<Work> {
         let mut state = self.lock_state();
@@ -532,6 +554,7 @@ impl KeeperShared {
     fn run(&self) {
         crate::background::lower_current_thread();
         let mut deleted: Vec<Keyspace> = Vec::new();
+        let mut last_flush = Instant::now();
         while let Some(work) = self.next_work(!deleted.is_empty()) {
             match work {
                 Work::Delete(keyspace) => {
@@ -555,7 +578,15 @@ impl KeeperShared {
                         std::thread::sleep(KEEPER_POLL);
                     }
                 },
-                Work::Poll => {}
+                Work::Poll => {
+                    if last_flush.elapsed() >= KEEPER_FLUSH_AFTER {
+                        self.flush_every_keyspace();
+                        last_flush = Instant::now();
+                    }
+                }
+            }
+            if deleted.is_empty() {
+                last_flush = Instant::now();
             }
             let before = deleted.len();
             deleted.retain(|k| k.handle_count() > 1);
