@@ -366,7 +366,7 @@ fn drop_keyspace(engine: &Engine, s: &Drop) -> Result<ResultMessage, DetailedErr
     for t in &tables {
         engine
             .storage
-            .truncate(*t.id.as_bytes())
+            .drop_table(*t.id.as_bytes())
             .map_err(storage_error)?;
     }
     Ok(ResultMessage::SchemaChange(ch))
@@ -686,7 +686,7 @@ fn drop_table(
     );
     engine
         .storage
-        .truncate(*t.id.as_bytes())
+        .drop_table(*t.id.as_bytes())
         .map_err(storage_error)?;
     Ok(ResultMessage::SchemaChange(ch))
 }

@@ -1,9 +1,8 @@
 //! Fsyncs fjall's active journal through our own file handle, outside fjall's journal lock.
 //!
 //! `Database::persist` runs `fdatasync` while holding the journal writer mutex, so every
-//! writer (and the stripe locks it holds) stalls for the whole fsync. Measured here with 16
-//! writers in batch mode: max `apply` latency ~100 ms with `persist`, ~3 ms with this, and
-//! 2-3x the durable write throughput. Writes are already in the OS page cache when a
+//! writer (and the stripe locks it holds) stalls for the whole fsync; with this, writers
+//! keep appending while it runs. Writes are already in the OS page cache when a
 //! ticket is handed out (fjall flushes its buffer on every batch), so `fdatasync` on any
 //! descriptor of the journal file makes them durable.
 //!
@@ -85,10 +84,7 @@ impl JournalSyncer {
     ///
     /// In periodic mode an fsync otherwise writes back up to a whole period of appends at
     /// once, and while ext4 allocates blocks for them it holds the inode's `i_data_sem`, which
-    /// the shard's next journal `write(2)` also needs: measured at 150,000 writes/s on one
-    /// pinned core with a 10 s period, 3 seconds in 30 with a p99 above 10 ms (up to 31 ms,
-    /// the shard asleep in `rwsem_down_write_slowpath` under `ext4_da_get_block_prep`);
-    /// 1 and 0 such seconds with this.
+    /// the shard's next journal `write(2)` also needs, so the shard stalls behind the fsync.
     /// RocksDB's `wal_bytes_per_sync` does the same. Durability is unchanged: only `sync`
     /// makes writes durable. Best effort: errors are left to the next `sync`.
     pub fn start_writeback(&mut self) {

@@ -1,7 +1,8 @@
 //! Order-preserving key encoding: the byte order of an encoded key equals CQL order.
 //!
-//! A data key is `table(16) ‖ token(8, sign bit flipped, BE) ‖ escaped partition key ‖
-//! kind(1) ‖ clustering components`. Every component encoding is self-delimiting (no
+//! A data key is `token(8, sign bit flipped, BE) ‖ escaped partition key ‖ kind(1) ‖
+//! clustering components`; each table has keyspaces of its own, so keys carry no table id
+//! and begin with the token. Every component encoding is self-delimiting (no
 //! encoding is a proper prefix of another), so the encoding of a clustering prefix is a byte
 //! prefix of the encoding of every key that starts with it, and prefix bounds map to byte
 //! ranges. A descending column is the bitwise complement of its ascending encoding
@@ -25,7 +26,7 @@
 //!   per entry then `00` (element-wise, then shorter first, as Cassandra compares them);
 //!   tuple / UDT: per declared field `00` (absent), `01` (null) or `02 ‖ field`.
 
-use crate::model::{Order, TableId};
+use crate::model::Order;
 use crate::StorageError;
 use bytes::Bytes;
 use num_bigint::{BigInt, Sign};
@@ -39,6 +40,9 @@ pub const KIND_ROW: u8 = 0x01;
 
 /// Largest key fjall accepts.
 pub const MAX_KEY_LEN: usize = 65_535;
+
+/// Length of the token at the start of every data key.
+pub const TOKEN_LEN: usize = 8;
 
 /// Maps a token to 8 bytes whose unsigned order is the signed order of tokens.
 pub fn token_bytes(token: i64) -> [u8; 8] {
@@ -85,15 +89,9 @@ pub fn unescape(input: &[u8]) -> Result<(Vec<u8>, usize), StorageError> {
     }
 }
 
-/// The key prefix shared by every entry of a table.
-pub fn table_prefix(table: &TableId) -> [u8; 16] {
-    *table
-}
-
-/// The key prefix of one partition: `table ‖ token ‖ escaped partition key`.
-pub fn partition_prefix(table: &TableId, token: i64, partition_key: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(16 + 8 + partition_key.len() + 4 + 64);
-    key.extend_from_slice(table);
+/// The key prefix of one partition: `token ‖ escaped partition key`.
+pub fn partition_prefix(token: i64, partition_key: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(TOKEN_LEN + partition_key.len() + 4 + 64);
     key.extend_from_slice(&token_bytes(token));
     escape_into(partition_key, &mut key);
     key
@@ -110,12 +108,12 @@ pub fn header_key(partition_prefix: &[u8]) -> Vec<u8> {
 
 /// Splits a data key into (token, partition key, kind, clustering bytes).
 pub fn split_data_key(key: &[u8]) -> Result<(i64, Vec<u8>, u8, &[u8]), StorageError> {
-    let token_raw: [u8; 8] = key
-        .get(16..24)
+    let token_raw: [u8; TOKEN_LEN] = key
+        .get(..TOKEN_LEN)
         .and_then(|s| s.try_into().ok())
         .ok_or(StorageError::Corrupt("short data key"))?;
     let rest = key
-        .get(24..)
+        .get(TOKEN_LEN..)
         .ok_or(StorageError::Corrupt("short data key"))?;
     let (pk, used) = unescape(rest)?;
     let kind = *rest
@@ -918,7 +916,7 @@ mod tests {
 
     #[test]
     fn data_keys_split_back() {
-        let mut key = partition_prefix(&[7; 16], -42, b"a\0b");
+        let mut key = partition_prefix(-42, b"a\0b");
         key.push(KIND_ROW);
         key.extend_from_slice(&[9, 9]);
         let (token, pk, kind, rest) = split_data_key(&key).unwrap();
@@ -926,6 +924,10 @@ mod tests {
             (token, pk.as_slice(), kind, rest),
             (-42, &b"a\0b"[..], KIND_ROW, &[9u8, 9][..])
         );
-        assert!(split_data_key(&key[..20]).is_err());
+        assert!(split_data_key(&key[..6]).is_err());
+        assert!(
+            split_data_key(&key[..10]).is_err(),
+            "unterminated partition key"
+        );
     }
 }

@@ -2,6 +2,9 @@
 //! last-write-wins by write timestamp, tombstones and TTL, with group commit so that
 //! concurrent writes share an fsync.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod background;
 mod journal_sync;
 pub mod keycodec;

@@ -2,21 +2,20 @@
 //!
 //! fjall drops a flushed memtable when it garbage-collects old tree versions, and it does
 //! so while holding the keyspace's version lock. Freeing a large skiplist node by node
-//! takes up to a few hundred milliseconds, and every read of the keyspace (so every write too:
-//! a write reads the row it merges into) waits for that lock meanwhile: a 0.2-0.3 s stall of
-//! the whole node at each flush. The reaper keeps its own reference to every memtable it
+//! takes long, and every read of the keyspace (so every write too: a write reads the row it
+//! merges into) waits for that lock meanwhile, a stall of the whole node at each flush. The reaper keeps its own reference to every memtable it
 //! sees become active, so that fjall's drop only decrements a count, and frees a memtable
 //! here, on its own thread and under no lock, once it holds the last reference.
 
 use fjall::{AbstractTree, Keyspace};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How often the reaper looks. A memtable active for less than this may escape it (fjall
-/// then frees it as before); a 16 MiB memtable takes most of a second to fill even at
-/// 150,000 writes/s.
+/// then frees it as before); a memtable of the configured size takes far longer to fill.
 const POLL: Duration = Duration::from_millis(20);
 
 /// The reaper thread and its stop flag.
@@ -26,13 +25,18 @@ pub(crate) struct MemtableReaper {
 }
 
 impl MemtableReaper {
-    /// Starts reaping the memtables of `keyspace`.
-    pub(crate) fn start(keyspace: Keyspace) -> std::io::Result<MemtableReaper> {
+    /// Starts reaping the memtables of the keyspaces that `for_each_keyspace` visits (it
+    /// calls its argument once per keyspace in use; a keyspace it stops visiting, such as a
+    /// dropped table's, has its memtables freed here too).
+    pub(crate) fn start<F>(for_each_keyspace: F) -> std::io::Result<MemtableReaper>
+    where
+        F: Fn(&mut dyn FnMut(&Keyspace)) + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("sluice-memtable-reaper".into())
-            .spawn(move || run(&keyspace, &flag))?;
+            .spawn(move || run(&for_each_keyspace, &flag))?;
         Ok(MemtableReaper {
             stop,
             handle: Some(handle),
@@ -53,12 +57,22 @@ impl Drop for MemtableReaper {
     }
 }
 
-fn run(keyspace: &Keyspace, stop: &AtomicBool) {
+fn run(for_each_keyspace: &dyn Fn(&mut dyn FnMut(&Keyspace)), stop: &AtomicBool) {
     crate::background::lower_current_thread();
-    let mut kept = Kept::default();
+    // By fjall's keyspace id.
+    let mut kept: HashMap<u64, Kept<_>> = HashMap::new();
+    let mut seen: Vec<u64> = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        let active = keyspace.tree.active_memtable();
-        kept.observe(active.id(), active);
+        seen.clear();
+        for_each_keyspace(&mut |keyspace| {
+            let active = keyspace.tree.active_memtable();
+            kept.entry(keyspace.id())
+                .or_default()
+                .observe(active.id(), active);
+            seen.push(keyspace.id());
+        });
+        // Keyspaces no longer in use: what was kept for them is freed here.
+        kept.retain(|id, _| seen.contains(id));
         std::thread::park_timeout(POLL);
     }
 }

@@ -427,9 +427,57 @@ impl Storage {
         )
     }
 
-    /// Deletes all data of a table (TRUNCATE / DROP TABLE).
+    /// Empties a table (TRUNCATE). Each store switches the table to a fresh keyspace at
+    /// once (a durable record and a handle swap, whatever the table's size); the old
+    /// keyspaces' files are deleted in the background.
     pub fn truncate(&self, table: TableId) -> Result<(), StorageError> {
         self.inner.stores.iter().try_for_each(|s| s.truncate(table))
+    }
+
+    /// Drops a table's data (DROP TABLE, DROP KEYSPACE): as [`truncate`](Self::truncate),
+    /// but the table keeps no keyspace, and a write that races with the drop is discarded.
+    pub fn drop_table(&self, table: TableId) -> Result<(), StorageError> {
+        self.inner
+            .stores
+            .iter()
+            .try_for_each(|s| s.drop_table(table))
+    }
+
+    /// Truncated or dropped tables' keyspaces whose files are not deleted yet, over every
+    /// store (tests, metrics).
+    pub fn pending_table_deletions(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::pending_table_deletions)
+            .sum()
+    }
+
+    /// Test hook: each store's keyspace names, as fjall lists them.
+    #[cfg(test)]
+    pub(crate) fn keyspace_names(&self) -> Vec<Vec<String>> {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::keyspace_names)
+            .collect()
+    }
+
+    /// Test hook: the names of a table's current keyspaces, each with its store's index.
+    #[cfg(test)]
+    pub(crate) fn table_keyspace_names(&self, table: TableId) -> Vec<(usize, String)> {
+        self.inner
+            .stores
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.table_keyspace_name(table).map(|n| (i, n)))
+            .collect()
+    }
+
+    /// Test hook: holds every store's table deleter while the guards live.
+    #[cfg(test)]
+    pub(crate) fn hold_deleters(&self) -> Vec<crate::store::DeletionHold<'_>> {
+        self.inner.stores.iter().map(Store::hold_deleter).collect()
     }
 
     /// Small durable metadata store for the schema catalog (synchronously fsynced).

@@ -1918,3 +1918,294 @@ mod stores {
         assert_eq!(seen, tokens);
     }
 }
+
+/// Each table's data lives in keyspaces of its own: TRUNCATE and DROP TABLE switch keyspaces
+/// at once and delete the old ones in the background.
+mod table_keyspaces {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// Rows per partition of the big table.
+    const ROWS_PER_PARTITION: i32 = 1_000;
+
+    /// Writes `partitions` partitions of [`ROWS_PER_PARTITION`] rows each to `l`'s table.
+    fn fill_big(s: &Storage, l: &TableLayout, partitions: i64) {
+        for p in 0..partitions {
+            let mut m = mutation(l.id, spread_token(p), &format!("big{p}"));
+            for r in 0..ROWS_PER_PARTITION {
+                m.rows
+                    .push(insert_row(ck(r, "x"), vec![cell(1, "value", 1)], 1));
+            }
+            s.apply(&[(l, m)]).unwrap();
+        }
+    }
+
+    fn write_small(s: &Storage, token: i64, pk: &str) {
+        let mut m = mutation(T2, token, pk);
+        m.rows
+            .push(insert_row(vec![], vec![cell(1, "small", 1)], 1));
+        s.apply(&[(&layout_no_ck(T2), m)]).unwrap();
+    }
+
+    /// Result rows of the first page (at most 1,000) of a scan of the whole table.
+    fn scan_first_page(s: &Storage, l: &TableLayout) -> usize {
+        let page = s
+            .scan(
+                l,
+                &ScanStart::Token(Bound::Unbounded),
+                Bound::Unbounded,
+                1_000,
+                0,
+            )
+            .unwrap();
+        scan_rows(&page)
+    }
+
+    /// Waits, at most 20 s, until every retired keyspace's files are gone.
+    fn wait_for_deletions(s: &Storage) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.pending_table_deletions() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(s.pending_table_deletions(), 0, "deletions left pending");
+    }
+
+    /// True when fjall lists none of `names` (store index, name) in their stores.
+    fn all_gone(s: &Storage, names: &[(usize, String)]) -> bool {
+        let listed = s.keyspace_names();
+        names
+            .iter()
+            .all(|(store, name)| !listed[*store].contains(name))
+    }
+
+    /// Keyspace folders on disk over every store.
+    fn keyspace_folders(dir: &std::path::Path) -> usize {
+        (0..STORES)
+            .map(|i| {
+                std::fs::read_dir(dir.join(format!("store-{i}")).join("keyspaces"))
+                    .unwrap()
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Every keyspace folder on disk belongs to a keyspace fjall lists (fjall's own meta
+    /// keyspace has one more folder per store).
+    fn no_stray_folders(dir: &std::path::Path, s: &Storage) {
+        let listed: usize = s.keyspace_names().iter().map(Vec::len).sum();
+        assert_eq!(
+            keyspace_folders(dir),
+            listed + STORES,
+            "{:?}",
+            s.keyspace_names()
+        );
+    }
+
+    /// Reads of one partition of another table, in a loop on their own thread, until
+    /// stopped: the number done and the slowest one.
+    struct Reader {
+        stop: Arc<AtomicBool>,
+        done: Arc<AtomicU64>,
+        thread: std::thread::JoinHandle<Duration>,
+    }
+
+    impl Reader {
+        fn start(s: &Storage) -> Reader {
+            let stop = Arc::new(AtomicBool::new(false));
+            let done = Arc::new(AtomicU64::new(0));
+            let (s, flag, count) = (s.clone(), stop.clone(), done.clone());
+            let thread = std::thread::spawn(move || {
+                let mut slowest = Duration::ZERO;
+                let l = layout_no_ck(T2);
+                while !flag.load(Ordering::Acquire) {
+                    let started = Instant::now();
+                    assert_eq!(read_all(&s, &l, 7, "other", 0).rows.len(), 1);
+                    slowest = slowest.max(started.elapsed());
+                    count.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                slowest
+            });
+            Reader { stop, done, thread }
+        }
+
+        /// Waits until `n` more reads are done than `after`.
+        fn wait_for(&self, after: u64, n: u64) -> u64 {
+            while self.done.load(Ordering::Relaxed) < after + n {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.done.load(Ordering::Relaxed)
+        }
+
+        fn stop(self) -> Duration {
+            self.stop.store(true, Ordering::Release);
+            self.thread.join().unwrap()
+        }
+    }
+
+    /// A table with many rows on disk and in memtables is truncated, then filled and dropped,
+    /// each in well under a second, while another table's reads go on; its old keyspaces
+    /// are then deleted in the background, leaving no folder behind.
+    #[test]
+    fn truncate_and_drop_take_no_time_on_a_big_table_while_another_table_reads() {
+        let (dir, s) = open(periodic());
+        let l = layout();
+        write_small(&s, 7, "other");
+        fill_big(&s, &l, 150);
+        // Most of it in disk tables, the rest in memtables.
+        s.flush_memtables(Duration::from_secs(60));
+        fill_big(&s, &l, 20);
+        // Another table with writes in the journal that it does not flush by itself: fjall
+        // keeps the journal, and with it the retired keyspaces, until it does.
+        write_small(&s, 8, "unflushed");
+        // The second fill rewrote 20 of the partitions.
+        assert_eq!(s.raw_entry_count(T1), 150 * 1_000);
+        let first = s.table_keyspace_names(T1);
+        assert_eq!(first.len(), STORES, "the big table is in every store");
+
+        let reader = Reader::start(&s);
+        let done = reader.wait_for(0, 10);
+        let started = Instant::now();
+        s.truncate(T1).unwrap();
+        let truncate_took = started.elapsed();
+        assert_eq!(scan_first_page(&s, &l), 0, "a truncated table scans empty");
+        assert!(read_all(&s, &l, spread_token(3), "big3", 0).rows.is_empty());
+        assert_eq!(s.raw_entry_count(T1), 0);
+        let second = s.table_keyspace_names(T1);
+        assert_eq!(second.len(), STORES);
+        assert!(second.iter().all(|n| !first.contains(n)), "fresh keyspaces");
+
+        fill_big(&s, &l, 20);
+        assert_eq!(s.raw_entry_count(T1), 20 * 1_000);
+        let started = Instant::now();
+        s.drop_table(T1).unwrap();
+        let drop_took = started.elapsed();
+        assert_eq!(scan_first_page(&s, &l), 0, "a dropped table scans empty");
+        assert!(
+            s.table_keyspace_names(T1).is_empty(),
+            "a dropped table has no keyspace"
+        );
+
+        reader.wait_for(done, 10);
+        let slowest_read = reader.stop();
+        eprintln!(
+            "truncate {truncate_took:?}, drop {drop_took:?}, slowest concurrent read {slowest_read:?}"
+        );
+        assert!(
+            truncate_took < Duration::from_secs(1),
+            "truncate took {truncate_took:?}"
+        );
+        assert!(
+            drop_took < Duration::from_secs(1),
+            "drop took {drop_took:?}"
+        );
+        assert!(
+            slowest_read < Duration::from_secs(1),
+            "a read took {slowest_read:?}"
+        );
+
+        wait_for_deletions(&s);
+        let retired: Vec<(usize, String)> = first.into_iter().chain(second).collect();
+        assert!(
+            all_gone(&s, &retired),
+            "{retired:?} in {:?}",
+            s.keyspace_names()
+        );
+        no_stray_folders(dir.path(), &s);
+        assert_eq!(read_all(&s, &layout_no_ck(T2), 7, "other", 0).rows.len(), 1);
+        s.close().unwrap();
+    }
+
+    /// Truncates and drops recorded before a restart hold after it, even when the
+    /// background deletion had not run: the old data is not visible and its keyspaces go.
+    #[test]
+    fn a_restart_in_the_middle_of_a_deletion_shows_no_old_data_and_leaks_no_keyspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = layout();
+        let l3 = TableLayout {
+            id: [3; 16],
+            ..layout()
+        };
+        let retired = {
+            let s = open_at(dir.path(), periodic());
+            write_small(&s, 7, "other");
+            fill_big(&s, &l, 30);
+            fill_big(&s, &l3, 30);
+            s.flush_memtables(Duration::from_secs(60));
+            let retired: Vec<(usize, String)> = s
+                .table_keyspace_names(T1)
+                .into_iter()
+                .chain(s.table_keyspace_names(l3.id))
+                .collect();
+            assert_eq!(retired.len(), 2 * STORES, "both tables are in every store");
+            let held = s.hold_deleters();
+            s.truncate(T1).unwrap();
+            s.drop_table(l3.id).unwrap();
+            assert_eq!(scan_first_page(&s, &l), 0);
+            assert_eq!(scan_first_page(&s, &l3), 0);
+            assert_eq!(s.pending_table_deletions(), 2 * STORES);
+            // Stopped with the deletions still queued, as by a crash.
+            s.close().unwrap();
+            drop(held);
+            retired
+        };
+        let s = open_at(dir.path(), periodic());
+        assert_eq!(scan_first_page(&s, &l), 0, "truncated data stays gone");
+        assert_eq!(s.raw_entry_count(T1), 0);
+        assert_eq!(scan_first_page(&s, &l3), 0, "dropped data stays gone");
+        assert_eq!(read_all(&s, &layout_no_ck(T2), 7, "other", 0).rows.len(), 1);
+        wait_for_deletions(&s);
+        assert!(
+            all_gone(&s, &retired),
+            "{retired:?} in {:?}",
+            s.keyspace_names()
+        );
+        assert!(s.table_keyspace_names(l3.id).is_empty());
+        // The truncated table takes writes again; the dropped one discards them.
+        fill_big(&s, &l, 2);
+        fill_big(&s, &l3, 2);
+        assert_eq!(s.raw_entry_count(T1), 2 * 1_000);
+        assert_eq!(scan_first_page(&s, &l3), 0);
+        assert!(s.table_keyspace_names(l3.id).is_empty());
+        no_stray_folders(dir.path(), &s);
+        s.close().unwrap();
+        drop(s);
+        let s = open_at(dir.path(), periodic());
+        assert_eq!(s.raw_entry_count(T1), 2 * 1_000);
+        assert_eq!(
+            scan_first_page(&s, &l3),
+            0,
+            "a write after the drop stays discarded"
+        );
+        assert!(s.table_keyspace_names(l3.id).is_empty());
+        s.close().unwrap();
+    }
+
+    /// A data directory written by an earlier version (every table in one keyspace) is
+    /// refused with an error that says so, not read as empty.
+    #[test]
+    fn a_directory_with_the_shared_keyspace_layout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = fjall::Database::builder(dir.path()).open().unwrap();
+            let data = db
+                .keyspace("data", fjall::KeyspaceCreateOptions::default)
+                .unwrap();
+            data.insert([1u8; 30], b"row").unwrap();
+            db.persist(fjall::PersistMode::SyncAll).unwrap();
+        }
+        let err = Storage::open(StorageConfig {
+            path: dir.path().to_path_buf(),
+            durability: periodic(),
+            cache_bytes: 8 << 20,
+            stores: 1,
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, StorageError::Corrupt(m) if m.contains("earlier version")),
+            "{err}"
+        );
+    }
+}

@@ -463,11 +463,22 @@ impl Database {
     ) -> crate::Result<Keyspace> {
         assert!(is_valid_keyspace_name(name));
 
-        let keyspaces = self.supervisor.keyspaces.write().expect("lock is poisoned");
+        // Sluice patch: a creation holds the meta keyspace's DDL lock rather than the
+        // `keyspaces` write lock, which every write batch read-locks: the files and fsyncs
+        // of a new keyspace no longer stall the writers of every other keyspace.
+        let _ddl = self.meta_keyspace.lock_ddl();
 
-        Ok(if let Some(keyspace) = keyspaces.get(name) {
+        let existing = self
+            .supervisor
+            .keyspaces
+            .read()
+            .expect("lock is poisoned")
+            .get(name)
+            .cloned();
+
+        Ok(if let Some(keyspace) = existing {
             log::trace!("Opening existing keyspace {name:?}");
-            keyspace.clone()
+            keyspace
         } else {
             let keyspace_id = self.allocate_keyspace_id()?;
 
@@ -487,7 +498,7 @@ impl Database {
             let handle = Keyspace::create_new(keyspace_id, self, name.clone(), opts)?;
 
             self.meta_keyspace
-                .create_keyspace(keyspace_id, &name, handle.clone(), keyspaces)?;
+                .create_keyspace(keyspace_id, &name, handle.clone())?;
 
             #[cfg(feature = "__internal_whitebox")]
             crate::drop::increment_drop_counter();

@@ -5,7 +5,7 @@
 use crate::{db::Keyspaces, keyspace::InternalKeyspaceId, Keyspace};
 use byteview::StrView;
 use lsm_tree::{AbstractTree, AnyTree, SeqNo, SequenceNumberCounter, UserValue};
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 pub fn encode_config_key(keyspace_id: InternalKeyspaceId, name: &str) -> crate::UserKey {
     use byteorder::{WriteBytesExt, BE};
@@ -54,6 +54,10 @@ pub struct MetaKeyspace {
 
     seqno_generator: SequenceNumberCounter,
     visible_seqno: SequenceNumberCounter,
+
+    /// Sluice patch: serializes the creation and removal of keyspaces, so that neither holds
+    /// the `keyspaces` write lock across its I/O (every write batch read-locks it).
+    ddl: Arc<Mutex<()>>,
 }
 
 impl MetaKeyspace {
@@ -68,7 +72,13 @@ impl MetaKeyspace {
             keyspaces,
             seqno_generator,
             visible_seqno,
+            ddl: Arc::default(),
         }
+    }
+
+    /// Sluice patch: held across a keyspace's creation or removal (see `ddl`).
+    pub(crate) fn lock_ddl(&self) -> MutexGuard<'_, ()> {
+        self.ddl.lock().expect("lock is poisoned")
     }
 
     #[cfg(test)]
@@ -98,12 +108,13 @@ impl MetaKeyspace {
             .map_err(Into::into)
     }
 
+    /// The caller holds `lock_ddl` (Sluice patch: instead of the `keyspaces` write lock,
+    /// which is now taken only to insert the handle).
     pub(crate) fn create_keyspace(
         &self,
         keyspace_id: InternalKeyspaceId,
         name: &str,
         keyspace: Keyspace,
-        mut keyspaces: RwLockWriteGuard<'_, Keyspaces>,
     ) -> crate::Result<()> {
         let mut kvs = keyspace.config.encode_kvs(keyspace_id);
 
@@ -136,7 +147,10 @@ impl MetaKeyspace {
 
         ingestion.finish()?;
 
-        keyspaces.insert(name.into(), keyspace);
+        self.keyspaces
+            .write()
+            .expect("lock is poisoned")
+            .insert(name.into(), keyspace);
 
         self.maintenance()
             .inspect_err(|e| {
@@ -148,9 +162,17 @@ impl MetaKeyspace {
     }
 
     pub(crate) fn remove_keyspace(&self, name: &str) -> crate::Result<()> {
-        let mut lock = self.keyspaces.write().expect("lock is poisoned");
+        // Sluice patch: the `keyspaces` write lock is taken only to remove the handle, after
+        // the I/O; `ddl` keeps creations and removals apart meanwhile.
+        let _ddl = self.lock_ddl();
 
-        let Some(keyspace) = lock.get(name) else {
+        let Some(keyspace) = self
+            .keyspaces
+            .read()
+            .expect("lock is poisoned")
+            .get(name)
+            .cloned()
+        else {
             return Ok(());
         };
 
@@ -184,7 +206,10 @@ impl MetaKeyspace {
 
         self.visible_seqno.fetch_max(seqno + 1);
 
-        lock.remove(name);
+        self.keyspaces
+            .write()
+            .expect("lock is poisoned")
+            .remove(name);
 
         self.maintenance()
             .inspect_err(|e| {

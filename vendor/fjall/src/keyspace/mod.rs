@@ -193,6 +193,16 @@ impl Keyspace {
         self.id
     }
 
+    /// Sluice patch: the number of handles to this keyspace, fjall's own included (flush
+    /// tasks, journal watermarks). The folder of a deleted keyspace is removed by whichever
+    /// handle drops last, so a caller that waits until its own is the only one removes it on
+    /// its own thread.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
     /// Returns the keyspace's name.
     ///
     /// # Examples

@@ -1,0 +1,288 @@
+//! Writes: `prepare` (no lock) and `commit` (under the partitions' stripe locks).
+
+use super::{io, Store, Stripe};
+use crate::keycodec::{self, ByteRange, KIND_ROW, MAX_KEY_LEN};
+use crate::model::{Mutation, TableId, TableLayout};
+use crate::row::{PartitionHeader, StoredRangeTombstone, StoredRow, MAX_RANGE_TOMBSTONES};
+use crate::{Durability, StorageError};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+/// Initial size of the buffer a commit encodes its rows into (it grows for larger rows).
+const ENCODE_BUFFER_BYTES: usize = 1024;
+
+/// One entry of a commit, keyed by its table and fjall key.
+pub(super) enum Pending {
+    Header(PartitionHeader),
+    Row {
+        row: StoredRow,
+        /// Its lowest timestamp when the write sets every regular column of the table
+        /// (`RegularColumns::replaced_by`): above the stripe's newest, it needs no read.
+        replaces_from: Option<i64>,
+        stripe: usize,
+    },
+}
+
+/// Mutations in storage form, ready to commit to one store: what `prepare` makes before
+/// any lock is taken, and what a batchlog record holds.
+pub(crate) struct Prepared {
+    pub(super) entries: BTreeMap<(TableId, Vec<u8>), Pending>,
+    /// Lock stripes of the partitions touched, ascending and unique.
+    pub(super) stripes: Vec<usize>,
+    /// Tables written, ascending and unique.
+    pub(super) tables: Vec<TableId>,
+}
+
+impl Store {
+    /// Converts mutations to storage form, merging entries for the same key. No lock held.
+    pub(crate) fn prepare<'a, 'l: 'a>(
+        mutations: impl IntoIterator<Item = &'a (&'l TableLayout, Mutation)>,
+    ) -> Result<Prepared, StorageError> {
+        let mutations = mutations.into_iter();
+        let mut entries: BTreeMap<(TableId, Vec<u8>), Pending> = BTreeMap::new();
+        let mut stripes = Vec::with_capacity(mutations.size_hint().0);
+        let mut tables: Vec<TableId> = Vec::with_capacity(1);
+        for (layout, m) in mutations {
+            if layout.id != m.table {
+                return Err(StorageError::Corrupt(
+                    "mutation and layout name different tables",
+                ));
+            }
+            if !tables.contains(&m.table) {
+                tables.push(m.table);
+            }
+            let prefix = keycodec::partition_prefix(m.token, &m.partition_key);
+            if prefix.len() + 1 > MAX_KEY_LEN {
+                return Err(StorageError::TooLarge("partition key too large"));
+            }
+            let stripe = Self::stripe_of(&m.table, m.token);
+            stripes.push(stripe);
+            let mut header = PartitionHeader {
+                deletion: m.partition_deletion,
+                ..Default::default()
+            };
+            for rd in &m.range_deletions {
+                let range =
+                    keycodec::prefix_bounds_to_range(&layout.clustering, &rd.start, &rd.end)?;
+                if !range.is_empty() {
+                    header.range_tombstones.push(StoredRangeTombstone {
+                        range,
+                        timestamp: rd.timestamp,
+                    });
+                }
+            }
+            if let Some(s) = &m.static_row {
+                let mut row = StoredRow::from_mutation(s);
+                // The static row has no clustering key, whatever the mutation carried.
+                row.clustering.clear();
+                header.static_row = Some(row);
+            }
+            if !header.is_empty() {
+                let key = (m.table, keycodec::header_key(&prefix));
+                match entries.get_mut(&key) {
+                    Some(Pending::Header(h)) => h.merge(header),
+                    _ => {
+                        entries.insert(key, Pending::Header(header));
+                    }
+                }
+            }
+            for r in &m.rows {
+                if r.clustering.len() != layout.clustering.len() {
+                    return Err(StorageError::Corrupt(
+                        "row clustering key does not match the table layout",
+                    ));
+                }
+                let mut key = prefix.clone();
+                key.push(KIND_ROW);
+                keycodec::encode_clustering(&layout.clustering, &r.clustering, &mut key)?;
+                if key.len() > MAX_KEY_LEN {
+                    return Err(StorageError::TooLarge("clustering key too large"));
+                }
+                let key = (m.table, key);
+                let row = StoredRow::from_mutation(r);
+                let replaces_from = layout
+                    .regular
+                    .as_ref()
+                    .filter(|regular| regular.replaced_by(r))
+                    .map(|_| row.min_timestamp());
+                match entries.get_mut(&key) {
+                    Some(Pending::Row {
+                        row: existing,
+                        replaces_from,
+                        ..
+                    }) => {
+                        existing.merge(row);
+                        // Two writes of one row in a batch: merge as usual.
+                        *replaces_from = None;
+                    }
+                    _ => {
+                        entries.insert(
+                            key,
+                            Pending::Row {
+                                row,
+                                replaces_from,
+                                stripe,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        stripes.sort_unstable();
+        stripes.dedup();
+        tables.sort_unstable();
+        Ok(Prepared {
+            entries,
+            stripes,
+            tables,
+        })
+    }
+
+    /// Commits prepared entries atomically (one engine batch, together with `batchlog`, a
+    /// meta entry, when given). LWW merge per cell happens here, under the stripe locks.
+    /// Returns the commit's sequence number once the data is visible to reads; durability
+    /// is awaited with `wait_durable`.
+    pub(crate) fn commit(
+        &self,
+        prepared: Prepared,
+        batchlog: Option<(&[u8], &[u8])>,
+    ) -> Result<u64, StorageError> {
+        self.check_open()?;
+        let Prepared {
+            entries,
+            stripes,
+            tables,
+        } = prepared;
+        if entries.is_empty() && batchlog.is_none() {
+            return Ok(self.commit.applied.load(Ordering::Acquire));
+        }
+        // Held to the end, purges included: no TRUNCATE or DROP retires a keyspace while this
+        // write uses it. Taken before the stripes, as every holder does.
+        let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
+        // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
+        // Room for every entry, the batchlog record and a timestamp-ceiling move.
+        let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)
+            .durability(None);
+        // One buffer for every entry, sized for a typical row so that encoding does not
+        // grow it step by step (each step is a reallocation and a copy).
+        let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
+        // Partitions that got a new deletion, to purge the rows it shadows afterwards.
+        let mut purges: Vec<(TableId, Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
+        let mut replaced = 0u64;
+        let mut journal_bytes = 0u64;
+        let newest_written = entries
+            .values()
+            .map(|p| match p {
+                Pending::Header(h) => h.max_timestamp(),
+                Pending::Row { row, .. } => row.max_timestamp(),
+            })
+            .max()
+            .unwrap_or(i64::MIN);
+        {
+            // Stripes are taken in ascending order: two batches cannot deadlock.
+            let mut guards: Vec<MutexGuard<'_, Stripe>> = stripes
+                .iter()
+                .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
+                .collect();
+            for ((table, key), pending) in entries {
+                // A table dropped since the write was planned: its data is being deleted.
+                let Some(keyspace) = registry.keyspace(&table) else {
+                    continue;
+                };
+                buf.clear();
+                if let Pending::Row {
+                    row,
+                    replaces_from: Some(oldest),
+                    stripe,
+                } = &pending
+                {
+                    let newest_stored = stripes
+                        .binary_search(stripe)
+                        .map_or(i64::MAX, |at| guards[at].newest);
+                    if *oldest > newest_stored {
+                        // Everything stored under this key is older than every cell of a
+                        // write that sets the whole row: the merge would return `row`.
+                        row.encode(&mut buf)?;
+                        journal_bytes += (key.len() + buf.len()) as u64;
+                        batch.insert(keyspace, key, buf.as_slice());
+                        replaced += 1;
+                        continue;
+                    }
+                }
+                let existing = keyspace.get(&key).map_err(io)?;
+                match pending {
+                    Pending::Header(incoming) => {
+                        let mut header = match existing {
+                            Some(v) => PartitionHeader::decode_value(&v)?,
+                            None => PartitionHeader::default(),
+                        };
+                        // Where the new deletions apply: the whole partition, or their ranges.
+                        let purge_ranges: Vec<ByteRange> = if incoming.deletion.is_some() {
+                            vec![ByteRange { lo: None, hi: None }]
+                        } else {
+                            incoming
+                                .range_tombstones
+                                .iter()
+                                .map(|t| t.range.clone())
+                                .collect()
+                        };
+                        header.merge(incoming);
+                        if !purge_ranges.is_empty() {
+                            let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
+                            purges.push((table, prefix, header.clone(), purge_ranges));
+                        }
+                        if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
+                            return Err(StorageError::TooLarge(
+                                "too many range tombstones in partition",
+                            ));
+                        }
+                        header.encode(&mut buf)?;
+                    }
+                    Pending::Row { row: incoming, .. } => {
+                        let row = match existing {
+                            Some(v) => {
+                                let mut row = StoredRow::decode_value(&v)?;
+                                row.merge(incoming);
+                                row
+                            }
+                            None => incoming,
+                        };
+                        row.encode(&mut buf)?;
+                    }
+                }
+                journal_bytes += (key.len() + buf.len()) as u64;
+                batch.insert(keyspace, key, buf.as_slice());
+            }
+            if let Some((key, value)) = batchlog {
+                batch.insert(&self.meta, key, value);
+            }
+            self.commit_with_ceiling(batch, newest_written)?;
+            for guard in &mut guards {
+                guard.newest = guard.newest.max(newest_written);
+            }
+        }
+        if replaced > 0 {
+            self.replaced_rows.fetch_add(replaced, Ordering::Relaxed);
+        }
+        self.commit
+            .journal_bytes
+            .fetch_add(journal_bytes, Ordering::Relaxed);
+        // The ticket is handed out after the batch is in the journal, so an fsync that
+        // starts after reading `applied >= t` covers ticket t.
+        let ticket = self.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.durability == Durability::Batch {
+            self.commit.lock_request().pending = true;
+            self.commit.wake.notify_one();
+        }
+        for (table, prefix, header, ranges) in purges {
+            let Some(keyspace) = registry.keyspace(&table) else {
+                continue;
+            };
+            for range in &ranges {
+                self.purge_shadowed_rows(&table, keyspace, &prefix, &header, range)?;
+            }
+        }
+        Ok(ticket)
+    }
+}

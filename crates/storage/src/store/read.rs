@@ -1,0 +1,213 @@
+//! Point reads of one partition.
+
+use super::{io, Store};
+use crate::keycodec::{self, ByteRange, KIND_ROW};
+use crate::model::{ClusteringSlice, PartitionRead, TableLayout};
+use crate::row::{PartitionHeader, StoredRow};
+use crate::StorageError;
+use bytes::Bytes;
+use fjall::{Keyspace, Readable};
+use std::ops::Bound;
+
+/// Most dead entries (tombstoned or expired rows) one read may step over before it fails,
+/// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
+pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
+
+impl Store {
+    /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
+    /// rows are not returned (`now_secs` = now as epoch seconds).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn read_partition(
+        &self,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        slice: &ClusteringSlice,
+        after: Option<&[Bytes]>,
+        limit: usize,
+        now_secs: u32,
+    ) -> Result<PartitionRead, StorageError> {
+        self.check_open()?;
+        let registry = self.tables.read();
+        let Some(data) = registry.keyspace(&layout.id) else {
+            // Never written in this store, or dropped.
+            return Ok(PartitionRead {
+                static_row: None,
+                rows: Vec::new(),
+                more: false,
+            });
+        };
+        let snapshot = self.db.snapshot();
+        let prefix = keycodec::partition_prefix(token, partition_key);
+
+        let mut ranges = Vec::with_capacity(slice.ranges.len());
+        let resume = match after {
+            Some(ck) => Some(keycodec::clustering_bytes(&layout.clustering, ck)?),
+            None => None,
+        };
+        for (start, end) in &slice.ranges {
+            // A full primary key (or a table without clustering columns) is a point read:
+            // a `get` uses the bloom filters and skips building a range iterator.
+            let point = match (start, end) {
+                (Bound::Included(a), Bound::Included(b))
+                    if a == b && a.len() == layout.clustering.len() && !a.is_empty() =>
+                {
+                    Some(keycodec::clustering_bytes(&layout.clustering, a)?)
+                }
+                (Bound::Unbounded, Bound::Unbounded) if layout.clustering.is_empty() => {
+                    Some(Vec::new())
+                }
+                _ => None,
+            };
+            let mut range = keycodec::prefix_bounds_to_range(&layout.clustering, start, end)?;
+            if let Some(ck) = &resume {
+                let cut = if slice.reversed {
+                    ByteRange {
+                        lo: None,
+                        hi: Some(ck.clone()),
+                    }
+                } else {
+                    // The smallest key after a full key: full keys are prefix-free.
+                    let mut lo = ck.clone();
+                    lo.push(0x00);
+                    ByteRange {
+                        lo: Some(lo),
+                        hi: None,
+                    }
+                };
+                range = range.intersect(&cut);
+            }
+            if !range.is_empty() {
+                match point {
+                    // The `after` cut removed the point: nothing to read in this range.
+                    Some(k) if !range.contains(&k) => {}
+                    _ => ranges.push((range, point)),
+                }
+            }
+        }
+        ranges.sort_by(|(a, _), (b, _)| match (&a.lo, &b.lo) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => x.cmp(y),
+        });
+        if slice.reversed {
+            ranges.reverse();
+        }
+
+        // The header key sorts just before the partition's first row: a forward read that
+        // starts there takes the header from its own range instead of a second lookup
+        // (which would search every memtable and consult every table's filter again).
+        let header_in_range =
+            !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
+        let header_key = keycodec::header_key(&prefix);
+        let mut header = if header_in_range {
+            PartitionHeader::default()
+        } else {
+            read_header(&snapshot, data, &header_key)?
+        };
+        let mut row_prefix = prefix;
+        row_prefix.push(KIND_ROW);
+        let mut out = PartitionRead {
+            static_row: None,
+            rows: Vec::new(),
+            more: false,
+        };
+        let mut dead = 0usize;
+        'ranges: for (i, (range, point)) in ranges.iter().enumerate() {
+            let with_header = header_in_range && i == 0;
+            let iter: Box<
+                dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
+            > = match point {
+                Some(k) => {
+                    let mut key = row_prefix.clone();
+                    key.extend_from_slice(k);
+                    let found = snapshot.get(data, &key).map_err(io)?;
+                    Box::new(
+                        found
+                            .map(|v| Ok((fjall::UserKey::from(key), v)))
+                            .into_iter(),
+                    )
+                }
+                None => {
+                    let (mut lo, hi) = full_range(&row_prefix, range);
+                    if with_header {
+                        lo = Bound::Included(header_key.clone());
+                    }
+                    let iter = snapshot
+                        .range(data, (lo, hi))
+                        .map(|g| g.into_inner().map_err(io));
+                    if slice.reversed {
+                        Box::new(iter.rev())
+                    } else {
+                        Box::new(iter)
+                    }
+                }
+            };
+            for entry in iter {
+                let (key, value) = entry?;
+                if with_header && *key == header_key[..] {
+                    header = PartitionHeader::decode_value(&value)?;
+                    continue;
+                }
+                let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
+                let row = StoredRow::decode_value(&value)?;
+                match row.live_view(header.deletion_for(clustering), now_secs) {
+                    Some(view) => {
+                        if out.rows.len() >= limit {
+                            out.more = true;
+                            break 'ranges;
+                        }
+                        out.rows.push(view);
+                    }
+                    None => {
+                        dead += 1;
+                        if dead > MAX_DEAD_ROWS_PER_READ {
+                            return Err(StorageError::TooLarge(
+                                "read stepped over too many dead rows",
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out.static_row = header
+            .static_row
+            .as_ref()
+            .and_then(|s| s.live_view(header.deletion, now_secs));
+        Ok(out)
+    }
+}
+
+/// Reads and decodes a partition header (absent = empty) by its key
+/// ([`keycodec::header_key`]).
+pub(super) fn read_header(
+    snapshot: &fjall::Snapshot,
+    data: &Keyspace,
+    header_key: &[u8],
+) -> Result<PartitionHeader, StorageError> {
+    match snapshot.get(data, header_key).map_err(io)? {
+        Some(v) => PartitionHeader::decode_value(&v),
+        None => Ok(PartitionHeader::default()),
+    }
+}
+
+/// The fjall key range of a clustering byte range within one partition's rows.
+pub(super) fn full_range(row_prefix: &[u8], range: &ByteRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let with = |suffix: &[u8]| {
+        let mut k = Vec::with_capacity(row_prefix.len() + suffix.len());
+        k.extend_from_slice(row_prefix);
+        k.extend_from_slice(suffix);
+        k
+    };
+    let lo = Bound::Included(with(range.lo.as_deref().unwrap_or(&[])));
+    let hi = match &range.hi {
+        Some(h) => Bound::Excluded(with(h)),
+        // The end of this partition's rows: the successor of the row prefix.
+        None => match keycodec::prefix_successor(row_prefix) {
+            Some(s) => Bound::Excluded(s),
+            None => Bound::Unbounded,
+        },
+    };
+    (lo, hi)
+}
