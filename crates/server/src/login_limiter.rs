@@ -8,10 +8,13 @@
 //! entry is forgotten (an attacker with many addresses can only reset its own entries).
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How the limiter throttles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +79,33 @@ pub struct LoginLimiter {
     hasher: RandomState,
     slots: Mutex<Box<[Slot]>>,
     mask: usize,
+    /// Addresses with a password check under way, each with its one turn. An entry lives only
+    /// while a login from that address is being checked or waits to be, so the map is bounded
+    /// by the logins in progress.
+    turns: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+}
+
+/// An address's turn to have a password checked: one at a time per address, so that the
+/// attempts of one address (an attacker's, or a pool's) hold at most one of the node's few
+/// hashing slots and a login from another address never queues behind them.
+#[derive(Debug)]
+pub struct CheckTurn<'a> {
+    limiter: &'a LoginLimiter,
+    addr: IpAddr,
+    turn: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for CheckTurn<'_> {
+    fn drop(&mut self) {
+        self.permit.take();
+        let mut turns = self.limiter.turns.lock().unwrap_or_else(|p| p.into_inner());
+        // Held by the map and by this turn only: nobody waits, the entry goes.
+        if Arc::strong_count(&self.turn) == 2 {
+            turns.remove(&self.addr);
+        }
+        debug_assert!(Arc::strong_count(&self.turn) >= 1);
+    }
 }
 
 impl LoginLimiter {
@@ -88,7 +118,33 @@ impl LoginLimiter {
             hasher: RandomState::new(),
             slots: Mutex::new(vec![Slot::default(); buckets * WAYS].into_boxed_slice()),
             mask: buckets - 1,
+            turns: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Waits for `addr`'s turn to have a password checked (one check at a time per address).
+    pub async fn turn(&self, addr: IpAddr) -> CheckTurn<'_> {
+        let turn = {
+            let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+            turns
+                .entry(addr)
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone()
+        };
+        // The semaphore is never closed, so acquiring only fails if it were.
+        let permit = turn.clone().acquire_owned().await.ok();
+        debug_assert!(permit.is_some(), "a login turn's semaphore is never closed");
+        CheckTurn {
+            limiter: self,
+            addr,
+            turn,
+            permit,
+        }
+    }
+
+    /// Addresses with a login being checked or waiting for its turn.
+    pub fn turns_in_use(&self) -> usize {
+        self.turns.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     fn ms(&self, now: Instant) -> u64 {
@@ -201,6 +257,36 @@ mod tests {
             },
             t0,
         )
+    }
+
+    #[test]
+    fn one_check_at_a_time_per_address_and_no_entry_left_behind() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = limiter(Instant::now());
+            let first = l.turn(ip(2)).await;
+            // Another address is not held up by the first one's check.
+            let other = tokio::time::timeout(Duration::from_millis(100), l.turn(ip(3)))
+                .await
+                .expect("another address gets its turn at once");
+            // The same address waits until the first check is done.
+            let waiting = tokio::time::timeout(Duration::from_millis(20), l.turn(ip(2))).await;
+            assert!(
+                waiting.is_err(),
+                "a second check of one address waits its turn"
+            );
+            assert_eq!(l.turns_in_use(), 2);
+            drop(first);
+            let second = tokio::time::timeout(Duration::from_millis(100), l.turn(ip(2)))
+                .await
+                .expect("the next check of that address goes once the first is done");
+            drop(second);
+            drop(other);
+            assert_eq!(l.turns_in_use(), 0, "finished turns leave no entry");
+        });
     }
 
     #[test]

@@ -20,9 +20,12 @@ use serde::{Deserialize, Serialize};
 
 use sluice_protocol::ErrorCode;
 use sluice_storage::Storage;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// The class name STARTUP is answered with when passwords are required (drivers check it).
 pub const PASSWORD_AUTHENTICATOR: &str = "org.apache.cassandra.auth.PasswordAuthenticator";
@@ -35,6 +38,11 @@ pub const DEFAULT_BCRYPT_COST: u32 = 10;
 /// How many password hashes may be computed at once: they are deliberately slow, so more
 /// would only take CPU from requests.
 const CONCURRENT_HASHES: usize = 2;
+/// How long a verified password is remembered, so that a driver opening its pool of
+/// connections pays the slow hash once (Cassandra's `credentials_validity` default).
+const CREDENTIALS_VALIDITY: Duration = Duration::from_secs(2);
+/// Most verified logins remembered at once.
+const CREDENTIALS_CACHE_ENTRIES: usize = 1024;
 /// The metadata key the auth document is stored under.
 const AUTH_META_KEY: &[u8] = b"auth/v1";
 
@@ -254,6 +262,22 @@ pub struct AuthState {
     /// A hash verified when the user does not exist, so that unknown users cost the same.
     decoy_hash: String,
     default_password_in_use: AtomicBool,
+    /// Recently verified logins: role name to a keyed digest of the password, the auth
+    /// generation it was verified at, and when it expires. Only a match skips the hash; a
+    /// mismatch is checked the slow way, so the cache is no cheap way to guess.
+    credentials: Mutex<HashMap<Arc<str>, VerifiedLogin>>,
+    /// The per-process random key of those digests.
+    credentials_key: RandomState,
+    /// Passwords checked against their slow hash since start.
+    password_checks: AtomicU64,
+}
+
+/// A password verified recently (see `AuthState::credentials`).
+#[derive(Debug, Clone, Copy)]
+struct VerifiedLogin {
+    digest: u64,
+    generation: u64,
+    until: Instant,
 }
 
 impl std::fmt::Debug for AuthState {
@@ -320,6 +344,9 @@ impl AuthState {
                 String::new()
             },
             default_password_in_use: AtomicBool::new(default_in_use),
+            credentials: Mutex::new(HashMap::new()),
+            credentials_key: RandomState::new(),
+            password_checks: AtomicU64::new(0),
         };
         state.warn_default_password();
         Ok(state)
@@ -378,6 +405,14 @@ impl AuthState {
     ) -> Result<AuthenticatedUser, LoginError> {
         let data = self.data();
         let found = data.roles.get_key_value(user);
+        let digest = self.credentials_key.hash_one((user, password));
+        if let Some((name, rec)) = found {
+            if rec.can_login && self.remembered(user, digest) {
+                return Ok(AuthenticatedUser {
+                    name: Arc::from(name.as_str()),
+                });
+            }
+        }
         let (hash, known) = match found {
             Some((_, rec)) => match &rec.salted_hash {
                 Some(h) => (h.clone(), true),
@@ -391,6 +426,7 @@ impl AuthState {
             .await
             .map_err(|_| LoginError::INTERNAL)?;
         let pw = password.to_vec();
+        self.password_checks.fetch_add(1, Ordering::Relaxed);
         let ok = tokio::task::spawn_blocking(move || verify_password(&pw, &hash))
             .await
             .map_err(|_| LoginError::INTERNAL)?;
@@ -404,9 +440,43 @@ impl AuthState {
         if name == DEFAULT_SUPERUSER && password == DEFAULT_SUPERUSER_PASSWORD.as_bytes() {
             self.warn_default_password();
         }
-        Ok(AuthenticatedUser {
-            name: Arc::from(name.as_str()),
+        let name: Arc<str> = Arc::from(name.as_str());
+        self.remember(name.clone(), digest);
+        Ok(AuthenticatedUser { name })
+    }
+
+    /// Passwords checked against their slow hash since start (a remembered login is not).
+    pub fn password_checks(&self) -> u64 {
+        self.password_checks.load(Ordering::Relaxed)
+    }
+
+    /// True when `user` logged in with a password of this `digest` less than
+    /// [`CREDENTIALS_VALIDITY`] ago, and no role or grant changed since.
+    fn remembered(&self, user: &str, digest: u64) -> bool {
+        let generation = self.generation();
+        let cache = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(user).is_some_and(|v| {
+            v.digest == digest && v.generation == generation && Instant::now() < v.until
         })
+    }
+
+    /// Remembers a verified login; a full cache first forgets the expired ones, else all.
+    fn remember(&self, user: Arc<str>, digest: u64) {
+        let now = Instant::now();
+        let entry = VerifiedLogin {
+            digest,
+            generation: self.generation(),
+            until: now + CREDENTIALS_VALIDITY,
+        };
+        let mut cache = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CREDENTIALS_CACHE_ENTRIES && !cache.contains_key(&user) {
+            cache.retain(|_, v| v.until > now);
+            if cache.len() >= CREDENTIALS_CACHE_ENTRIES {
+                cache.clear();
+            }
+        }
+        cache.insert(user, entry);
+        debug_assert!(cache.len() <= CREDENTIALS_CACHE_ENTRIES);
     }
 
     /// Hashes a new password on the blocking pool (bounded like logins).

@@ -160,6 +160,43 @@ async fn default_superuser_logs_in_and_wrong_passwords_do_not() {
 }
 
 #[tokio::test]
+async fn a_verified_login_is_remembered_briefly_and_forgotten_on_a_role_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(dir.path(), config());
+    let auth = e.auth();
+    let checks = auth.password_checks();
+    let mut su = login(&e, DEFAULT_SUPERUSER, DEFAULT_SUPERUSER_PASSWORD).await;
+    assert_eq!(
+        auth.password_checks(),
+        checks + 1,
+        "the first login is hashed"
+    );
+    // A pool's further connections: remembered, no second hash.
+    login(&e, DEFAULT_SUPERUSER, DEFAULT_SUPERUSER_PASSWORD).await;
+    assert_eq!(
+        auth.password_checks(),
+        checks + 1,
+        "a repeated login is remembered"
+    );
+    // A wrong password is never answered from the cache: it is hashed and refused.
+    let wrong = auth.login(DEFAULT_SUPERUSER, b"nope").await;
+    assert_eq!(wrong.unwrap_err().code, ErrorCode::BadCredentials);
+    assert_eq!(auth.password_checks(), checks + 2);
+    // A password change forgets what was remembered: the old password is refused.
+    ok(
+        &e,
+        &mut su,
+        "ALTER ROLE cassandra WITH PASSWORD = 'changed'",
+    )
+    .await;
+    let old = auth
+        .login(DEFAULT_SUPERUSER, DEFAULT_SUPERUSER_PASSWORD.as_bytes())
+        .await;
+    assert_eq!(old.unwrap_err().code, ErrorCode::BadCredentials);
+    login(&e, DEFAULT_SUPERUSER, "changed").await;
+}
+
+#[tokio::test]
 async fn allow_all_creates_no_roles_and_refuses_role_statements() {
     let dir = tempfile::tempdir().unwrap();
     let e = open(

@@ -77,6 +77,25 @@ pub fn authenticate(request: Request, token: Option<Bytes>) {
     };
     conn.login.set(LoginPhase::Checking);
     tokio::task::spawn_local(async move {
+        // One check at a time per address; the address may have been throttled while it
+        // waited for its turn, by the failures of the checks before it.
+        // Held until the outcome is recorded, so that the next attempt sees this failure.
+        let _turn = match ip {
+            Some(ip) => Some(shard.logins.turn(ip).await),
+            None => None,
+        };
+        if let Some(ip) = ip {
+            if let LoginVerdict::Throttled { .. } = shard.logins.check(ip, Instant::now()) {
+                shard.metrics.logins_throttled.fetch_add(1, Relaxed);
+                warn!(
+                    target: "sluice::audit",
+                    source = ?peer,
+                    "login refused unchecked: too many failures from this address"
+                );
+                conn.login.set(LoginPhase::Awaiting);
+                return refuse(request, &THROTTLED);
+            }
+        }
         let outcome = shard.engine.auth().login(&user, &password).await;
         match outcome {
             Ok(u) => {
