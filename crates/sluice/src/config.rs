@@ -537,6 +537,15 @@ impl ServeArgs {
         } else {
             None
         };
+        check_limit_relations(
+            LimitRelations {
+                per_conn,
+                per_shard,
+                bytes_per_conn,
+                bytes_per_shard,
+            },
+            admission.as_ref(),
+        )?;
         let test_only_service_delay = match &self.test_only_service_delay {
             Some(s) => Some(parse_duration(s)?),
             None => None,
@@ -663,6 +672,61 @@ impl AdmissionSettings {
         c.adaptive_lifo = self.lifo;
         c
     }
+}
+
+/// The in-flight caps that [`check_limit_relations`] compares.
+#[derive(Clone, Copy, Debug)]
+struct LimitRelations {
+    per_conn: usize,
+    per_shard: usize,
+    bytes_per_conn: usize,
+    bytes_per_shard: usize,
+}
+
+/// Relations between limits that each look valid alone: a connection's cap above its
+/// shard's would never apply, and a per-connection cap below the admission queue hides a
+/// backlog in the socket where the queue's delay cannot see it. Checked at start-up so that
+/// a bad combination fails with its reason instead of misbehaving under load.
+fn check_limit_relations(
+    caps: LimitRelations,
+    admission: Option<&AdmissionSettings>,
+) -> Result<()> {
+    if caps.per_conn > caps.per_shard {
+        bail!(
+            "max-inflight-per-connection ({}) must not exceed max-inflight-per-shard ({}): \
+             the shard's cap would stop a single connection first",
+            caps.per_conn,
+            caps.per_shard
+        );
+    }
+    if caps.bytes_per_conn > caps.bytes_per_shard {
+        bail!(
+            "max-inflight-bytes-per-connection ({}) must not exceed \
+             max-inflight-bytes-per-shard ({})",
+            caps.bytes_per_conn,
+            caps.bytes_per_shard
+        );
+    }
+    if let Some(a) = admission {
+        if caps.per_conn < a.queue {
+            bail!(
+                "max-inflight-per-connection ({}) must be at least admission-queue ({}): \
+                 below it, a connection's backlog waits unread in its socket, unseen by \
+                 admission; lower admission-queue or raise the cap",
+                caps.per_conn,
+                a.queue
+            );
+        }
+        if a.target >= a.interval {
+            bail!(
+                "admission-target ({:?}) must be shorter than admission-interval ({:?}): \
+                 a standing delay is one that outlasts a whole interval",
+                a.target,
+                a.interval
+            );
+        }
+    }
+    Ok(())
 }
 
 /// An `on`/`off` option: flag or env, else the file, else `default`.
@@ -915,6 +979,48 @@ mod tests {
         ] {
             assert!(bad.resolve().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn relations_between_limits_are_checked_at_start_up() {
+        let err = |args: ServeArgs| format!("{:#}", args.resolve().unwrap_err());
+        let below_queue = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission_queue: Some(200),
+            ..ServeArgs::default()
+        };
+        assert!(err(below_queue).contains("must be at least admission-queue (200)"));
+        let over_shard = ServeArgs {
+            max_inflight_per_connection: Some(9000),
+            max_inflight_per_shard: Some(8192),
+            ..ServeArgs::default()
+        };
+        assert!(err(over_shard).contains("must not exceed max-inflight-per-shard (8192)"));
+        let bytes = ServeArgs {
+            max_inflight_bytes_per_connection: Some("2MiB".into()),
+            max_inflight_bytes_per_shard: Some("1MiB".into()),
+            ..ServeArgs::default()
+        };
+        assert!(err(bytes).contains("max-inflight-bytes-per-shard (1048576)"));
+        let codel = ServeArgs {
+            admission_target: Some("100ms".into()),
+            admission_interval: Some("50ms".into()),
+            ..ServeArgs::default()
+        };
+        assert!(err(codel).contains("admission-target"));
+        // The same caps are fine once they agree, and admission off drops its relations.
+        let agreeing = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission_queue: Some(100),
+            ..ServeArgs::default()
+        };
+        assert!(agreeing.resolve().is_ok());
+        let off = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission: Some("off".into()),
+            ..ServeArgs::default()
+        };
+        assert!(off.resolve().is_ok());
     }
 
     #[test]
