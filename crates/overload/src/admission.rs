@@ -471,6 +471,9 @@ pub struct Queued<T> {
     pub enqueued: Nanos,
     /// Its absolute deadline.
     pub deadline: Deadline,
+    /// Its connection obeys backpressure ([`AdmissionController::enqueue_paced`]): the queue
+    /// turns it away only when its deadline has passed, never for its wait.
+    pub paced: bool,
 }
 
 /// The per-shard admission controller and its bounded queue.
@@ -576,8 +579,63 @@ impl<T> AdmissionController<T> {
             item,
             enqueued: arrived,
             deadline,
+            paced: false,
         });
         Ok(())
+    }
+
+    /// Queues a request of a connection that obeys backpressure (see [`crate::backlog`]):
+    /// its backlog is bounded by its client's window, so neither its age nor the overloaded
+    /// bound turns it away at enqueue; only a full queue does. Its age still feeds CoDel's
+    /// standing delay (so that an overload is seen and watched), but its wait in the queue
+    /// counts from `now`: the wait before was the client's window, held back on purpose.
+    #[inline]
+    pub fn enqueue_paced(
+        &mut self,
+        item: T,
+        arrival: Arrival,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Result<(), T> {
+        if self.queue.len() >= self.capacity {
+            self.stats.shed_full += 1;
+            self.codel.on_turned_away(now);
+            return Err(item);
+        }
+        let arrived = arrival.with_lag(self.lag.estimate(now));
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        self.stats.enqueued += 1;
+        self.queue.push_back(Queued {
+            item,
+            enqueued: now,
+            deadline,
+            paced: true,
+        });
+        Ok(())
+    }
+
+    /// [`Self::dispatch_at_once`] for a request of a connection that obeys backpressure: its
+    /// age is CoDel's sample but never a reason to turn it away (see [`Self::enqueue_paced`]).
+    #[inline]
+    pub fn dispatch_paced_at_once(
+        &mut self,
+        arrival: Arrival,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Option<Duration> {
+        if !self.queue.is_empty() || self.inflight >= self.limit() || deadline.expired(now) {
+            return None;
+        }
+        let arrived = arrival.with_lag(self.lag.estimate(now));
+        let waited = now.saturating_duration_since(arrived);
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        self.overload_bound(now);
+        self.stats.enqueued += 1;
+        self.codel.on_dequeue(waited, now);
+        self.inflight += 1;
+        self.stats.dispatched += 1;
+        self.count_dispatch(now);
+        Some(waited)
     }
 
     /// The fast path of an arrival that finds the queue empty and a free execution place:
@@ -733,7 +791,7 @@ impl<T> AdmissionController<T> {
             let waited = now.saturating_duration_since(head.enqueued);
             let verdict = if head.deadline.expired(now) {
                 Verdict::Expired
-            } else if self.codel.should_shed(now, waited) {
+            } else if !head.paced && self.codel.should_shed(now, waited) {
                 Verdict::Shed
             } else {
                 break;

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod admission;
+pub mod backlog;
 pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
@@ -45,6 +46,7 @@ pub use admission::{
     AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Codel, CodelConfig,
     ConcurrencyLimit, ConcurrencyLimitConfig, Queued, Verdict,
 };
+pub use backlog::{BacklogConfig, BacklogWatch};
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{
