@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
-use sluice_overload::Arrival;
+use sluice_overload::{Arrival, BacklogConfig, BacklogWatch};
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
 use sluice_storage::AckBarrier;
@@ -155,6 +155,11 @@ pub struct ConnState {
     pub permissions: RefCell<sluice_engine::auth::PermissionCache>,
     /// The denial of the request being turned away as Unauthorized, for its answer.
     pub denial: RefCell<Option<sluice_engine::auth::Unauthorized>>,
+    /// Tells this connection's bounded backlog (served, held back) from a client that does
+    /// not slow down (its excess turned away): see `sluice_overload::backlog`.
+    pub backlog: Cell<BacklogWatch>,
+    /// The backlog watch's latest verdict: the client does not slow down when held back.
+    pub pushing: Cell<bool>,
 }
 
 /// Where a connection is in the login exchange of the password authenticator.
@@ -186,6 +191,14 @@ impl ConnState {
             login: Cell::new(LoginPhase::NotRequired),
             permissions: RefCell::new(Default::default()),
             denial: RefCell::new(None),
+            backlog: Cell::new(BacklogWatch::new(BacklogConfig {
+                interval: shard
+                    .config
+                    .admission
+                    .map_or(BacklogConfig::default().interval, |a| a.codel.interval),
+                ..BacklogConfig::default()
+            })),
+            pushing: Cell::new(false),
         }
     }
 }
@@ -256,6 +269,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         if conn.outbox.closed.get() {
             break;
         }
+        watch_backlog(&shard, &conn, &rd, &buf, &mut reads);
         make_room(&mut buf, reads.size);
         let spare = buf.capacity() - buf.len();
         tokio::select! {
@@ -360,6 +374,37 @@ impl ClientWriter {
             ClientWriter::Tls(w) => w.shutdown().await,
         }
     }
+}
+
+/// Overloaded, samples the connection's backlog (unread in the kernel, and the start of a
+/// frame still buffered) for its watch; unless it is pushing, the next read takes no more
+/// than needed, so that the rest of its window waits in its client (held back).
+fn watch_backlog(
+    shard: &ShardCtx,
+    conn: &ConnState,
+    rd: &ClientReader,
+    buf: &BytesMut,
+    reads: &mut ReadState,
+) {
+    let mut watch = conn.backlog.get();
+    let pushing = if shard.admission.borrow_mut().is_overloaded() {
+        // A TLS reader's kernel bytes are ciphertext in records: not watched.
+        let ClientReader::Plain(rd) = rd else {
+            return;
+        };
+        let unread = crate::socket_wait::unread_bytes(rd.as_ref()).unwrap_or(0);
+        let now = shard.admission.borrow().nanos_of(Instant::now());
+        let pushing = watch.observe(now, (unread + buf.len()) as u64);
+        if !pushing {
+            reads.size = READ_CHUNK;
+        }
+        pushing
+    } else {
+        watch.calm();
+        false
+    };
+    conn.backlog.set(watch);
+    conn.pushing.set(pushing);
 }
 
 /// The socket in non-blocking mode, split, and whether the kernel stamps its reads. With
