@@ -6,13 +6,19 @@
 //! finishes well inside its requests' deadlines. CoDel's 5 ms target sees that backlog as a
 //! standing queue; turning it away makes every stock driver fail or retry, so it is served,
 //! held back by the reader taking the socket no faster than it answers. An open-loop client
-//! does not slow down when it is not answered: its backlog keeps growing. So, while the
-//! shard has a standing delay, each connection's backlog (unread bytes in the kernel plus
-//! unprocessed bytes in the reader's buffer, in frames of the connection's mean size) is
-//! sampled once per interval; a connection whose backlog grew in consecutive intervals by
-//! more than a share of what it was answered meanwhile is *pushing*: its excess is turned
-//! away with `Overloaded`, as the shard's CoDel decides, for a while. One interval of growth
-//! is not enough: a windowed client fills its window once, when it starts.
+//! does not slow down when it is not answered: its backlog keeps growing. So each
+//! connection's backlog (unread bytes in the kernel plus unprocessed bytes in the reader's
+//! buffer, in frames of the connection's mean size) is compared from one interval to the
+//! next; a connection whose backlog grew in consecutive intervals by more than a share of
+//! what it was answered meanwhile is *pushing*: while the shard is overloaded, its excess is
+//! turned away with `Overloaded`, as the shard's CoDel decides, for a while. One interval of
+//! growth is not enough: a windowed client fills its window once, when it starts.
+//!
+//! The growth shows only until the kernel's socket buffer is full: after that TCP paces an
+//! open-loop client by the reads, as a window paces itself, and the server cannot tell them
+//! apart (the rest waits in the client). So the watch runs all the time, not only once the
+//! shard is overloaded, and a pushing connection whose excess is still turned away faster
+//! than it is served stays pushing.
 
 use crate::clock::{duration_nanos, Nanos};
 use std::time::Duration;
@@ -30,6 +36,12 @@ pub struct BacklogConfig {
     pub answered_divisor: u64,
     /// Consecutive growing windows that make a connection pushing (2).
     pub windows: u32,
+    /// A backlog of up to this many frames is a client's window however it grows (1024):
+    /// a driver that builds requests slower than the shard would serve them fills its window
+    /// over many intervals, as slowly as it can send. Drivers keep a few hundred in flight
+    /// per connection (cqlsh's COPY 512); an open-loop client's backlog grows until the
+    /// socket buffer is full, thousands of frames.
+    pub max_window_frames: u64,
     /// How long a connection stays pushing once seen so (5 s): while it is, its excess is
     /// read and turned away, so its backlog no longer grows and says nothing.
     pub hold: Duration,
@@ -42,6 +54,7 @@ impl Default for BacklogConfig {
             slack_frames: 32,
             answered_divisor: 4,
             windows: 2,
+            max_window_frames: 1024,
             hold: Duration::from_secs(5),
         }
     }
@@ -55,6 +68,7 @@ pub struct BacklogWatch {
     slack_frames: u64,
     answered_divisor: u64,
     windows: u32,
+    max_window_frames: u64,
     hold: u64,
     /// End of the current window; `None`: no window open (the shard is not overloaded).
     window_end: Option<Nanos>,
@@ -80,6 +94,7 @@ impl BacklogWatch {
             slack_frames: cfg.slack_frames,
             answered_divisor: cfg.answered_divisor.max(1),
             windows: cfg.windows.max(1),
+            max_window_frames: cfg.max_window_frames,
             hold: duration_nanos(cfg.hold),
             window_end: None,
             window_start_frames: 0,
@@ -121,12 +136,13 @@ impl BacklogWatch {
         match self.window_end {
             None => self.open_window(now, frames),
             Some(end) if now >= end => {
-                if self.is_pushing(now) && self.turned_away > self.slack_frames {
+                let served = self.answered.saturating_sub(self.turned_away);
+                if self.is_pushing(now) && self.turned_away > self.slack_frames.max(served) {
                     self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
                 }
                 let grew = frames.saturating_sub(self.window_start_frames);
                 let allowed = self.slack_frames.max(self.answered / self.answered_divisor);
-                if grew > allowed {
+                if grew > allowed && frames > self.max_window_frames {
                     self.growing += 1;
                     if self.growing >= self.windows {
                         self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
@@ -140,14 +156,6 @@ impl BacklogWatch {
             Some(_) => {}
         }
         self.is_pushing(now)
-    }
-
-    /// The shard has no standing delay: nothing to watch, the next overload starts afresh
-    /// (a pushing connection stays so until its hold ends).
-    #[inline]
-    pub fn calm(&mut self) {
-        self.window_end = None;
-        self.growing = 0;
     }
 
     /// True while the connection is known not to slow down when held back.
@@ -218,24 +226,12 @@ mod tests {
             w.on_frame(1_000);
             assert!(!w.observe(at_ms(t), 512_000), "t={t}");
         }
-    }
-
-    #[test]
-    fn calm_restarts_the_count() {
-        let mut w = BacklogWatch::new(BacklogConfig::default());
-        w.on_frame(100);
-        w.observe(at_ms(0), 0);
-        assert!(!w.observe(at_ms(100), 1_000_000), "first growing window");
-        w.calm();
-        w.observe(at_ms(150), 1_000_000);
-        assert!(
-            !w.observe(at_ms(250), 1_000_000),
-            "no growth after the calm"
-        );
-        assert!(
-            !w.observe(at_ms(350), 2_000_000),
-            "one growing window again"
-        );
-        assert!(w.observe(at_ms(450), 3_000_000));
+        // A client that builds its window slower than it is served: 1,000 frames over a
+        // second, growing in every interval, still a window.
+        let mut slow = BacklogWatch::new(BacklogConfig::default());
+        for t in (0..1_000).step_by(10) {
+            slow.on_frame(1_000);
+            assert!(!slow.observe(at_ms(t), t * 1_000_000 / 1_000), "t={t}");
+        }
     }
 }
