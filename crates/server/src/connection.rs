@@ -60,6 +60,8 @@ use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
 
+/// Shortest time between two samples of a connection's backlog (see [`watch_backlog`]).
+const BACKLOG_SAMPLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Answers waiting to be written beyond which the reader stops reading requests.
 pub const MAX_OUTBOX_BYTES: usize = 8 << 20;
 /// Read buffer growth step.
@@ -376,8 +378,9 @@ impl ClientWriter {
     }
 }
 
-/// Overloaded, samples the connection's backlog (unread in the kernel, and the start of a
-/// frame still buffered) for its watch; unless it is pushing, the next read takes no more
+/// Samples the connection's backlog (unread in the kernel, and the start of a frame still
+/// buffered) for its watch, at most once per [`BACKLOG_SAMPLE`] (an `ioctl` each). While
+/// the shard is overloaded and the connection is not pushing, the next read takes no more
 /// than needed, so that the rest of its window waits in its client (held back).
 fn watch_backlog(
     shard: &ShardCtx,
@@ -386,25 +389,23 @@ fn watch_backlog(
     buf: &BytesMut,
     reads: &mut ReadState,
 ) {
-    let mut watch = conn.backlog.get();
-    let pushing = if shard.admission.borrow_mut().is_overloaded() {
+    let now = Instant::now();
+    if now >= reads.next_backlog_sample {
+        reads.next_backlog_sample = now + BACKLOG_SAMPLE;
         // A TLS reader's kernel bytes are ciphertext in records: not watched.
         let ClientReader::Plain(rd) = rd else {
             return;
         };
+        let mut watch = conn.backlog.get();
         let unread = crate::socket_wait::unread_bytes(rd.as_ref()).unwrap_or(0);
-        let now = shard.admission.borrow().nanos_of(Instant::now());
-        let pushing = watch.observe(now, (unread + buf.len()) as u64);
-        if !pushing {
-            reads.size = READ_CHUNK;
-        }
-        pushing
-    } else {
-        watch.calm();
-        false
-    };
-    conn.backlog.set(watch);
-    conn.pushing.set(pushing);
+        let at = shard.admission.borrow().nanos_of(now);
+        conn.pushing
+            .set(watch.observe(at, (unread + buf.len()) as u64));
+        conn.backlog.set(watch);
+    }
+    if !conn.pushing.get() && shard.admission.borrow_mut().is_overloaded() {
+        reads.size = READ_CHUNK;
+    }
 }
 
 /// The socket in non-blocking mode, split, and whether the kernel stamps its reads. With
@@ -467,6 +468,8 @@ struct ReadState {
     resumed_at: Instant,
     /// The next read's size.
     size: usize,
+    /// When the backlog watch takes its next sample.
+    next_backlog_sample: Instant,
 }
 
 impl ReadState {
@@ -476,6 +479,7 @@ impl ReadState {
             last_read: LastRead::connected(connected_at),
             resumed_at: connected_at,
             size: READ_CHUNK,
+            next_backlog_sample: connected_at,
         }
     }
 
