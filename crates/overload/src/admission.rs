@@ -357,6 +357,11 @@ pub struct AdmissionConfig {
     /// the excess `Overloaded` from the header instead of pausing its socket, so the excess
     /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
     pub reject_over_cap: bool,
+    /// Serve the bounded backlog of a connection that slows down when held back, and turn
+    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (false:
+    /// an open-loop client whose backlog fills its socket buffer before the growth shows is
+    /// held back as a window would be, and its requests wait in the client).
+    pub pace_windows: bool,
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one
     /// thread, a request's latency includes the rest of its event-loop turn, so it grows with
@@ -386,6 +391,7 @@ impl Default for AdmissionConfig {
             lag_probe_interval: Duration::from_millis(1),
             shed_at_enqueue: true,
             reject_over_cap: true,
+            pace_windows: false,
             concurrency_floor_window: Duration::from_micros(500),
         }
     }

@@ -142,6 +142,8 @@ pub struct ShardAdmission {
     lag_max: Duration,
     /// The CoDel interval, if admission is on.
     interval: Option<Duration>,
+    /// `AdmissionConfig::pace_windows`, false when admission is off.
+    pace_windows: bool,
 }
 
 impl ShardAdmission {
@@ -183,6 +185,7 @@ impl ShardAdmission {
             lag_probe,
             lag_max: Duration::ZERO,
             interval: config.admission.map(|c| c.codel.interval),
+            pace_windows: config.admission.is_some_and(|c| c.pace_windows),
         }
     }
 
@@ -361,6 +364,12 @@ impl ShardAdmission {
     /// The CoDel interval (the window of a connection's backlog watch), if admission is on.
     pub fn interval(&self) -> Option<Duration> {
         self.interval
+    }
+
+    /// True if connections that slow down when held back are paced rather than shed
+    /// (`AdmissionConfig::pace_windows`); false when admission is off.
+    pub fn paces_windows(&self) -> bool {
+        self.pace_windows
     }
 
     /// Counts one request answered `Overloaded` because its connection or shard was at its

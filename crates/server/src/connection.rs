@@ -389,6 +389,9 @@ fn watch_backlog(
     buf: &BytesMut,
     reads: &mut ReadState,
 ) {
+    if !shard.admission.borrow().paces_windows() {
+        return;
+    }
     let now = Instant::now();
     if now >= reads.next_backlog_sample {
         reads.next_backlog_sample = now + BACKLOG_SAMPLE;

@@ -192,6 +192,14 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_ADMISSION_REJECT_OVER_CAP", value_name = "on|off")]
     pub admission_reject_over_cap: Option<String>,
 
+    /// Serve the bounded backlog of a connection that slows down when held back (a driver's
+    /// window, a bulk loader) without `Overloaded`; only the excess of a connection whose
+    /// backlog keeps growing is turned away. Off by default: an open-loop client whose
+    /// backlog fills its socket buffer before the growth shows is held back, not shed
+    /// [default: off].
+    #[arg(long, env = "SLUICE_ADMISSION_PACE_WINDOWS", value_name = "on|off")]
+    pub admission_pace_windows: Option<String>,
+
     /// While overloaded, serve the newest queued request first (adaptive LIFO) [default: off].
     #[arg(long, env = "SLUICE_ADMISSION_LIFO", value_name = "on|off")]
     pub admission_lifo: Option<String>,
@@ -275,6 +283,7 @@ struct FileConfig {
     admission_lag_probe: Option<String>,
     admission_shed_at_enqueue: Option<String>,
     admission_reject_over_cap: Option<String>,
+    admission_pace_windows: Option<String>,
     admission_lifo: Option<String>,
     transparent_huge_pages: Option<String>,
     log: Option<String>,
@@ -348,6 +357,8 @@ pub struct AdmissionSettings {
     pub reject_over_cap: bool,
     /// Adaptive LIFO while overloaded.
     pub lifo: bool,
+    /// Serve windowed connections' backlogs; shed only connections that keep pushing.
+    pub pace_windows: bool,
     /// CoDel target queue delay.
     pub target: Duration,
     /// CoDel interval.
@@ -514,6 +525,12 @@ impl ServeArgs {
                     &file.admission_reject_over_cap,
                     admission_defaults.reject_over_cap,
                 )?,
+                pace_windows: on_off(
+                    "admission-pace-windows",
+                    &self.admission_pace_windows,
+                    &file.admission_pace_windows,
+                    admission_defaults.pace_windows,
+                )?,
                 lifo: on_off(
                     "admission-lifo",
                     &self.admission_lifo,
@@ -669,6 +686,7 @@ impl AdmissionSettings {
         c.lag_probe_interval = self.lag_probe.unwrap_or(Duration::ZERO);
         c.shed_at_enqueue = self.shed_at_enqueue;
         c.reject_over_cap = self.reject_over_cap;
+        c.pace_windows = self.pace_windows;
         c.adaptive_lifo = self.lifo;
         c
     }
@@ -898,7 +916,7 @@ mod tests {
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
-        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo);
+        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
         assert_eq!(cfg.lag_probe_interval, Duration::from_millis(1));
         assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);

@@ -43,7 +43,7 @@ pub async fn admit(
     conn.backlog.set(watch);
     // A connection that slows down when held back is served, and held back over its caps;
     // one that keeps pushing has its excess turned away while the shard is overloaded.
-    let paced = !conn.pushing.get();
+    let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
     let (permits, arrival, paused) = match try_permits(shard, conn, bytes) {
         Some(p) => (p, arrival, false),
         None => {
