@@ -120,6 +120,11 @@ pub struct BenchArgs {
     /// Goodput deadline from the intended send time [default: 20ms for ramp, 100ms otherwise].
     #[arg(long, value_parser = parse_duration)]
     pub deadline: Option<Duration>,
+    /// Rows per write with --client raw: more than one makes each write an UNLOGGED BATCH of
+    /// that many rows of its partition, a heavier request, so that 10xC stays within the
+    /// generator's ceiling.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch_rows: u16,
     /// Client-side timeout of the driver [default: the deadline].
     #[arg(long, value_parser = parse_duration)]
     pub client_timeout: Option<Duration>,
@@ -468,6 +473,9 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
         (s == Scenario::Ramp && !args.using_timeout.is_zero()).then_some(args.using_timeout);
     match args.client {
         ClientKind::Driver => {
+            if args.batch_rows > 1 {
+                bail!("--batch-rows needs --client raw");
+            }
             let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
             r.notes.push(format!(
                 "client: scylla driver, {} connection(s)/host",
@@ -477,9 +485,21 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
         }
         ClientKind::Raw => {
-            let (target, notes) =
-                RawTarget::connect(&args.nodes, args.connections(), table, using_timeout).await?;
+            let (target, notes) = RawTarget::connect_with(
+                &args.nodes,
+                args.connections(),
+                table,
+                using_timeout,
+                usize::from(args.batch_rows),
+            )
+            .await?;
             r.notes.push(format!("client: {}", target.describe()));
+            if args.batch_rows > 1 {
+                r.notes.push(format!(
+                    "writes: UNLOGGED BATCH of {} rows of one partition",
+                    args.batch_rows
+                ));
+            }
             r.notes.extend(notes);
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
         }
@@ -891,6 +911,7 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         workload: Workload::Write,
         arrival: Arrival::Constant,
         deadline: None,
+        batch_rows: 1,
         client_timeout: None,
         // Forgiving settings: a first run on a laptop or a busy machine must still find a C.
         lag_tolerance: Duration::from_millis(10),

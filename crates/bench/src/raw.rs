@@ -26,7 +26,8 @@ use anyhow::{anyhow, bail, Context};
 use bytes::{Buf, Bytes, BytesMut};
 use sluice_protocol::frame::{FLAG_CUSTOM_PAYLOAD, FLAG_TRACING, FLAG_WARNING, RESPONSE_VERSION};
 use sluice_protocol::{
-    decode_request, Consistency, FrameHeader, Opcode, QueryParameters, Request, Value, HEADER_LEN,
+    decode_request, BatchEntry, BatchQuery, BatchRequest, Consistency, FrameHeader, Opcode,
+    QueryParameters, Request, Value, HEADER_LEN,
 };
 use sluice_types::token::{murmur3_token, shard_of};
 use std::collections::VecDeque;
@@ -49,6 +50,8 @@ const OP_AUTHENTICATE: u8 = Opcode::Authenticate as u8;
 const OP_SUPPORTED: u8 = Opcode::Supported as u8;
 const OP_RESULT: u8 = Opcode::Result as u8;
 
+/// BATCH type UNLOGGED.
+const BATCH_UNLOGGED: u8 = 1;
 /// RESULT kind of an answer to PREPARE.
 const RESULT_PREPARED: i32 = 0x0004;
 
@@ -102,6 +105,8 @@ struct ExecTemplate {
     frame: Bytes,
     pk_at: usize,
     ck_at: Option<usize>,
+    /// A write batch: where each further statement's pk and ck are (the first is above).
+    more_rows: Vec<(usize, usize)>,
 }
 
 impl ExecTemplate {
@@ -139,6 +144,41 @@ impl ExecTemplate {
             frame,
             pk_at,
             ck_at,
+            more_rows: Vec::new(),
+        })
+    }
+
+    /// A write of `rows` rows of one partition as one UNLOGGED BATCH of the prepared write
+    /// `id` (clustering keys `ck * rows + i`): a heavier request, so that a multiple of the
+    /// server's capacity stays within what one generator core can offer. One row is a plain
+    /// EXECUTE.
+    fn write_batch(id: &[u8], rows: usize) -> anyhow::Result<Self> {
+        if rows <= 1 {
+            return Self::new(id, OpKind::Write);
+        }
+        let entry = BatchEntry {
+            statement: BatchQuery::Prepared(Bytes::copy_from_slice(id)),
+            values: vec![
+                Value::Set(Bytes::from_static(&[0; 8])),
+                Value::Set(Bytes::from_static(&[0; 4])),
+                Value::Set(Bytes::from(vec![0x5a; VALUE_LEN])),
+            ],
+        };
+        let request = Request::Batch(BatchRequest {
+            batch_type: BATCH_UNLOGGED,
+            entries: vec![entry; rows.min(u16::MAX as usize)],
+            consistency: Consistency::One,
+            serial_consistency: None,
+            default_timestamp: None,
+        });
+        let frame = request.to_frame(0).freeze();
+        let mut at = batch_key_offsets(&frame)?;
+        let (pk_at, ck_at) = *at.first().context("BATCH template without a statement")?;
+        Ok(Self {
+            frame,
+            pk_at,
+            ck_at: Some(ck_at),
+            more_rows: at.split_off(1),
         })
     }
 
@@ -149,8 +189,14 @@ impl ExecTemplate {
         let f = &mut out[start..];
         f[2..4].copy_from_slice(&stream.to_be_bytes());
         f[self.pk_at..self.pk_at + 8].copy_from_slice(&op.pk.to_be_bytes());
+        let rows = 1 + self.more_rows.len() as i32;
         if let Some(at) = self.ck_at {
-            f[at..at + 4].copy_from_slice(&op.ck.to_be_bytes());
+            f[at..at + 4].copy_from_slice(&op.ck.wrapping_mul(rows).to_be_bytes());
+        }
+        for (i, &(pk_at, ck_at)) in self.more_rows.iter().enumerate() {
+            let ck = op.ck.wrapping_mul(rows).wrapping_add(i as i32 + 1);
+            f[pk_at..pk_at + 8].copy_from_slice(&op.pk.to_be_bytes());
+            f[ck_at..ck_at + 4].copy_from_slice(&ck.to_be_bytes());
         }
     }
 }
@@ -175,6 +221,34 @@ fn value_offsets(frame: &Bytes) -> anyhow::Result<Vec<usize>> {
         .map(|v| match v {
             Value::Set(b) => Ok(HEADER_LEN + (b.as_ptr() as usize - body.as_ptr() as usize)),
             _ => bail!("a bound key is not set"),
+        })
+        .collect()
+}
+
+/// Where the first two bound values (pk, ck) of each statement of an uncompressed BATCH
+/// frame start, from the frame's start (as [`value_offsets`] for an EXECUTE).
+fn batch_key_offsets(frame: &Bytes) -> anyhow::Result<Vec<(usize, usize)>> {
+    let raw: &[u8; HEADER_LEN] = frame
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .context("frame shorter than its header")?;
+    let header = FrameHeader::parse(raw, u32::MAX).map_err(|e| anyhow!("{e}"))?;
+    let body = frame.slice(HEADER_LEN..);
+    let Request::Batch(batch) =
+        decode_request(&header, body.clone()).map_err(|e| anyhow!("{e}"))?
+    else {
+        bail!("not a BATCH frame");
+    };
+    let at = |v: &Value| match v {
+        Value::Set(b) => Ok(HEADER_LEN + (b.as_ptr() as usize - body.as_ptr() as usize)),
+        _ => bail!("a bound key is not set"),
+    };
+    batch
+        .entries
+        .iter()
+        .map(|e| match e.values.as_slice() {
+            [pk, ck, ..] => Ok((at(pk)?, at(ck)?)),
+            _ => bail!("a batch statement without its keys"),
         })
         .collect()
 }
@@ -648,6 +722,22 @@ struct ConnState {
     out: BytesMut,
     /// Someone (a flusher, or the stall task) is writing `out`: the others only append to it.
     flushing: bool,
+    /// Bytes ever appended to `out`, and ever written to the socket.
+    queued_bytes: u64,
+    written_bytes: u64,
+    /// Runner requests not yet written: where their frame ends in the `queued_bytes` count,
+    /// and when the schedule meant them to go out.
+    unsent: VecDeque<(u64, Instant)>,
+    /// Delay from intended send time to the write that carried each runner request (µs).
+    send_delays: hdrhistogram::Histogram<u64>,
+}
+
+/// Largest send delay the histograms hold exactly (60 s, in microseconds).
+const MAX_SEND_DELAY_US: u64 = 60_000_000;
+
+fn send_delay_histogram() -> hdrhistogram::Histogram<u64> {
+    // Constant bounds that hdrhistogram accepts.
+    hdrhistogram::Histogram::new_with_bounds(1, MAX_SEND_DELAY_US, 2).expect("valid bounds")
 }
 
 /// One pipelined connection. Requests are encoded into `out`; whoever claims the flush
@@ -672,6 +762,10 @@ impl Conn {
                 inflight: InFlight::new(),
                 out: BytesMut::with_capacity(64 * 1024),
                 flushing: false,
+                queued_bytes: 0,
+                written_bytes: 0,
+                unsent: VecDeque::new(),
+                send_delays: send_delay_histogram(),
             }),
             wr,
             stalled: Notify::new(),
@@ -700,6 +794,10 @@ impl Conn {
     /// Appends `op`'s frame to `out`, to go out at the next flush; a request that cannot
     /// take a stream id is answered `Reply::Other` at once.
     fn queue(&self, op: &Op, waiter: Waiter) {
+        let intended = match &waiter {
+            Waiter::Ticket(t) => Some(t.intended()),
+            _ => None,
+        };
         let mut st = self.lock();
         let id = match st.inflight.take(waiter) {
             Ok(id) => id,
@@ -714,7 +812,35 @@ impl Conn {
         } else {
             &self.read
         };
+        let before = st.out.len();
         tpl.encode(&mut st.out, id, op);
+        st.queued_bytes += (st.out.len() - before) as u64;
+        if let Some(at) = intended {
+            let end = st.queued_bytes;
+            st.unsent.push_back((end, at));
+        }
+    }
+
+    /// Counts `n` bytes written now: the requests whose frames they complete went out late by
+    /// now minus their intended time.
+    fn written(&self, n: usize) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.written_bytes += n as u64;
+        while let Some(&(end, at)) = st.unsent.front() {
+            if end > st.written_bytes {
+                break;
+            }
+            st.unsent.pop_front();
+            let us =
+                u64::try_from(now.saturating_duration_since(at).as_micros()).unwrap_or(u64::MAX);
+            st.send_delays.saturating_record(us.max(1));
+        }
+    }
+
+    /// The send delays recorded since the last call, leaving an empty histogram.
+    fn take_send_delays(&self) -> hdrhistogram::Histogram<u64> {
+        std::mem::replace(&mut self.lock().send_delays, send_delay_histogram())
     }
 
     /// Takes the duty to write `out`: true if there is something to write and nobody is
@@ -744,7 +870,10 @@ impl Conn {
             };
             while !chunk.is_empty() {
                 match self.wr.try_write(&chunk) {
-                    Ok(n) if n > 0 => chunk.advance(n),
+                    Ok(n) if n > 0 => {
+                        chunk.advance(n);
+                        self.written(n);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         // Put the rest back in front of what was queued meanwhile.
                         let mut st = self.lock();
@@ -769,6 +898,8 @@ impl Conn {
         st.inflight.close();
         st.out.clear();
         st.flushing = false;
+        st.unsent.clear();
+        st.written_bytes = st.queued_bytes;
     }
 }
 
@@ -866,6 +997,18 @@ impl RawTarget {
         connections: usize,
         table: &str,
         using_timeout: Option<Duration>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        Self::connect_with(nodes, connections, table, using_timeout, 1).await
+    }
+
+    /// [`Self::connect`], with each write an UNLOGGED BATCH of `batch_rows` rows of its
+    /// partition when `batch_rows` > 1.
+    pub async fn connect_with(
+        nodes: &[String],
+        connections: usize,
+        table: &str,
+        using_timeout: Option<Duration>,
+        batch_rows: usize,
     ) -> anyhow::Result<(Self, Vec<String>)> {
         let [node] = nodes else {
             bail!(
@@ -982,7 +1125,7 @@ impl RawTarget {
             let (rd, wr) = c.stream.into_split();
             let conn = Arc::new(Conn::new(
                 wr,
-                ExecTemplate::new(&write_id, OpKind::Write)?,
+                ExecTemplate::write_batch(&write_id, batch_rows)?,
                 ExecTemplate::new(&read_id, OpKind::Read)?,
             ));
             let opt_in = c.sharding.rate_limit_error.is_some();
@@ -1123,6 +1266,15 @@ impl Target for RawTarget {
             }
         }
     }
+
+    fn take_send_delays(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        let mut all = send_delay_histogram();
+        for c in self.shards.iter().flat_map(|s| &s.conns) {
+            // Same bounds on both sides: adding cannot fail.
+            let _ = all.add(c.take_send_delays());
+        }
+        Some(all)
+    }
 }
 
 #[cfg(test)]
@@ -1247,6 +1399,43 @@ mod tests {
         assert_eq!(e.query_parameters.page_size, None);
         // The template itself is untouched by encoding.
         assert_eq!(&write.frame[2..4], &[0, 0]);
+    }
+
+    #[test]
+    fn batch_writes_decode_with_the_oracle() {
+        use cassandra_protocol::frame::message_batch::{BatchQuerySubj, BatchType};
+        let id: Vec<u8> = (1..=16).collect();
+        let batch = ExecTemplate::write_batch(&id, 3).expect("template");
+        let op = Op {
+            kind: OpKind::Write,
+            pk: 99,
+            ck: 5,
+        };
+        let mut buf = BytesMut::new();
+        batch.encode(&mut buf, 12, &op);
+        let RequestBody::Batch(b) = oracle_request(&buf, 12, Opcode::Batch) else {
+            panic!("not BATCH")
+        };
+        assert_eq!(b.batch_type, BatchType::Unlogged);
+        assert_eq!(b.consistency, Consistency::One);
+        assert_eq!(b.queries.len(), 3);
+        for (i, q) in b.queries.iter().enumerate() {
+            let BatchQuerySubj::PreparedId(got) = &q.subject else {
+                panic!("not by prepared id")
+            };
+            assert_eq!(got.clone().into_bytes(), Some(id.clone()));
+            assert_eq!(
+                q.values,
+                QueryValues::SimpleValues(vec![
+                    Value::Some(99i64.to_be_bytes().to_vec()),
+                    Value::Some((15 + i as i32).to_be_bytes().to_vec()),
+                    Value::Some(vec![0x5a; VALUE_LEN]),
+                ])
+            );
+        }
+        // One row stays a plain EXECUTE.
+        let one = ExecTemplate::write_batch(&id, 1).expect("template");
+        assert_eq!(one.frame[4], 0x0A, "EXECUTE");
     }
 
     #[test]
@@ -1672,5 +1861,51 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), work)
             .await
             .expect("bounded");
+    }
+
+    #[tokio::test]
+    async fn the_send_delay_counts_the_wait_for_a_full_socket() {
+        let (listener, addr) = loopback_listener().await;
+        // The server reads nothing for 300 ms: most frames wait in the client to be written.
+        let n = 20_000;
+        let server = tokio::spawn(fake_server(listener, n, Duration::from_millis(300)));
+        let conn = client(addr, Some(4096)).await;
+        let cfg = RunConfig {
+            arrival: crate::schedule::Arrival::Constant,
+            deadline: Duration::from_secs(10),
+            client_timeout: Duration::from_secs(10),
+            lag_tolerance: Duration::from_millis(2),
+            max_in_flight: n,
+            seed: 1,
+            progress: false,
+        };
+        let sink = Arc::new(StepSink::new(Recorder::new(1, Instant::now(), 0), &cfg));
+        let intended = Instant::now();
+        for pk in 0..n as i64 {
+            let ticket = sink.begin(intended, 0).expect("below the cap");
+            let op = Op {
+                kind: OpKind::Write,
+                pk,
+                ck: 0,
+            };
+            conn.queue(&op, Waiter::Ticket(ticket));
+        }
+        if conn.claim_flush() {
+            conn.flush();
+        }
+        let answered = async {
+            while sink.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), answered)
+            .await
+            .expect("bounded");
+        assert_eq!(server.await.expect("server"), n);
+        let d = crate::runner::SendDelay::of(&conn.take_send_delays()).expect("recorded");
+        assert_eq!(d.written, n as u64, "every request once");
+        assert!(d.max_us >= 250_000, "the last waited for the server: {d:?}");
+        assert!(d.over_1ms > 0.5, "most went out late: {d:?}");
+        assert!(conn.take_send_delays().is_empty(), "taking resets");
     }
 }

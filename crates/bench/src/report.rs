@@ -61,6 +61,9 @@ pub struct StepSummary {
     pub goodput_vs_c: Option<f64>,
     /// Server arrivals per logical request sent (retry amplification).
     pub arrivals_per_request: Option<f64>,
+    /// The generator's delay from intended send time to socket write, if measured.
+    #[serde(default)]
+    pub send_delay: Option<crate::runner::SendDelay>,
 }
 
 impl StepSummary {
@@ -151,6 +154,7 @@ impl RunReport {
             classes,
             goodput_vs_c: None,
             arrivals_per_request,
+            send_delay: run.send_delay,
         };
         if step.lag_fraction() > 0.01 {
             self.notes.push(format!(
@@ -198,7 +202,7 @@ fn ms(us: u64) -> String {
 }
 
 /// Column headers of the summary table.
-pub const TABLE_HEADERS: [&str; 16] = [
+pub const TABLE_HEADERS: [&str; 18] = [
     "step",
     "class",
     "offered/s",
@@ -215,6 +219,8 @@ pub const TABLE_HEADERS: [&str; 16] = [
     "p99 ms",
     "p999 ms",
     "arrivals/req",
+    "send p99 ms",
+    "send >1ms %",
 ];
 
 /// The summary table: one row per step and class.
@@ -250,6 +256,14 @@ pub fn table_rows(r: &RunReport) -> Vec<Vec<String>> {
                 s.arrivals_per_request
                     .filter(|_| i == 0)
                     .map(|a| format!("{a:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                s.send_delay
+                    .filter(|_| i == 0)
+                    .map(|d| ms(d.p99_us))
+                    .unwrap_or_else(|| "-".into()),
+                s.send_delay
+                    .filter(|_| i == 0)
+                    .map(|d| format!("{:.1}", d.over_1ms * 100.0))
                     .unwrap_or_else(|| "-".into()),
             ]);
         }
@@ -885,6 +899,7 @@ mod tests {
             }],
             goodput_vs_c: None,
             arrivals_per_request: Some(1.0),
+            send_delay: None,
         });
         r
     }

@@ -53,6 +53,41 @@ pub struct StepRun {
     pub totals: Vec<ClassTotals>,
     /// Server arrivals (with retries) during the step, if the target counts them.
     pub attempts: Option<u64>,
+    /// The generator's delay from each request's intended send time to the socket write
+    /// that carried it, if the target measures it.
+    pub send_delay: Option<SendDelay>,
+}
+
+/// The generator's own delay, from intended send time to the socket write, over a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SendDelay {
+    /// Requests written.
+    pub written: u64,
+    /// Median delay, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile, microseconds.
+    pub p99_us: u64,
+    /// Largest, microseconds.
+    pub max_us: u64,
+    /// Share of requests written more than 1 ms late.
+    pub over_1ms: f64,
+}
+
+impl SendDelay {
+    /// The figures of a histogram of delays in microseconds (`None` when it is empty).
+    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Option<SendDelay> {
+        if h.is_empty() {
+            return None;
+        }
+        let over = h.len() - h.count_between(0, 1_000);
+        Some(SendDelay {
+            written: h.len(),
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            max_us: h.max(),
+            over_1ms: over as f64 / h.len() as f64,
+        })
+    }
 }
 
 fn lock(m: &Mutex<Recorder>) -> MutexGuard<'_, Recorder> {
@@ -140,6 +175,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// When the schedule meant the request to go out.
+    pub fn intended(&self) -> Instant {
+        self.intended
+    }
+
     /// When the client stops waiting for the answer.
     pub fn expires(&self) -> Instant {
         self.intended + self.sink.client_timeout
@@ -214,6 +254,8 @@ pub async fn run_step<T: Target>(
         cfg,
     ));
     let attempts_before = target.attempts();
+    // What an earlier step left in the target's delay histograms is not this step's.
+    let _ = target.take_send_delays();
 
     let printed = Arc::new(AtomicUsize::new(0));
     let ticker = cfg.progress.then(|| {
@@ -307,6 +349,7 @@ pub async fn run_step<T: Target>(
     };
     // The aborted ticker may still hold a clone of the Arc for a moment: take the state out.
     let (seconds, totals) = sink.finish(Instant::now());
+    let send_delay = target.take_send_delays().as_ref().and_then(SendDelay::of);
     if cfg.progress {
         for row in seconds.iter().skip(printed.load(Ordering::Relaxed)) {
             crate::progress::line(progress_line(row));
@@ -318,5 +361,6 @@ pub async fn run_step<T: Target>(
         seconds,
         totals,
         attempts,
+        send_delay,
     }
 }

@@ -189,6 +189,12 @@ pub trait Target: Send + Sync + 'static {
     /// Sends whatever [`submit`](Target::submit) queued; the runner calls it after each burst
     /// of arrivals that were due together. Nothing is queued by default.
     fn flush(&self) {}
+
+    /// The delays from intended send time to socket write (microseconds) recorded since the
+    /// last call, if the target measures them; the histogram is reset.
+    fn take_send_delays(&self) -> Option<hdrhistogram::Histogram<u64>> {
+        None
+    }
 }
 
 /// Writes `rows` rows in each of `pks` through any target, 128 at a time (closed loop: setup

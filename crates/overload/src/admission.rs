@@ -357,6 +357,11 @@ pub struct AdmissionConfig {
     /// the excess `Overloaded` from the header instead of pausing its socket, so the excess
     /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
     pub reject_over_cap: bool,
+    /// Serve the bounded backlog of a connection that slows down when held back, and turn
+    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (false:
+    /// an open-loop client whose backlog fills its socket buffer before the growth shows is
+    /// held back as a window would be, and its requests wait in the client).
+    pub pace_windows: bool,
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one
     /// thread, a request's latency includes the rest of its event-loop turn, so it grows with
@@ -386,6 +391,7 @@ impl Default for AdmissionConfig {
             lag_probe_interval: Duration::from_millis(1),
             shed_at_enqueue: true,
             reject_over_cap: true,
+            pace_windows: false,
             concurrency_floor_window: Duration::from_micros(500),
         }
     }
@@ -471,6 +477,9 @@ pub struct Queued<T> {
     pub enqueued: Nanos,
     /// Its absolute deadline.
     pub deadline: Deadline,
+    /// Its connection obeys backpressure ([`AdmissionController::enqueue_paced`]): the queue
+    /// turns it away only when its deadline has passed, never for its wait.
+    pub paced: bool,
 }
 
 /// The per-shard admission controller and its bounded queue.
@@ -576,8 +585,63 @@ impl<T> AdmissionController<T> {
             item,
             enqueued: arrived,
             deadline,
+            paced: false,
         });
         Ok(())
+    }
+
+    /// Queues a request of a connection that obeys backpressure (see [`crate::backlog`]):
+    /// its backlog is bounded by its client's window, so neither its age nor the overloaded
+    /// bound turns it away at enqueue; only a full queue does. Its age still feeds CoDel's
+    /// standing delay (so that an overload is seen and watched), but its wait in the queue
+    /// counts from `now`: the wait before was the client's window, held back on purpose.
+    #[inline]
+    pub fn enqueue_paced(
+        &mut self,
+        item: T,
+        arrival: Arrival,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Result<(), T> {
+        if self.queue.len() >= self.capacity {
+            self.stats.shed_full += 1;
+            self.codel.on_turned_away(now);
+            return Err(item);
+        }
+        let arrived = arrival.with_lag(self.lag.estimate(now));
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        self.stats.enqueued += 1;
+        self.queue.push_back(Queued {
+            item,
+            enqueued: now,
+            deadline,
+            paced: true,
+        });
+        Ok(())
+    }
+
+    /// [`Self::dispatch_at_once`] for a request of a connection that obeys backpressure: its
+    /// age is CoDel's sample but never a reason to turn it away (see [`Self::enqueue_paced`]).
+    #[inline]
+    pub fn dispatch_paced_at_once(
+        &mut self,
+        arrival: Arrival,
+        now: Nanos,
+        deadline: Deadline,
+    ) -> Option<Duration> {
+        if !self.queue.is_empty() || self.inflight >= self.limit() || deadline.expired(now) {
+            return None;
+        }
+        let arrived = arrival.with_lag(self.lag.estimate(now));
+        let waited = now.saturating_duration_since(arrived);
+        self.last_arrival = (now, now.0.saturating_sub(arrived.0));
+        self.overload_bound(now);
+        self.stats.enqueued += 1;
+        self.codel.on_dequeue(waited, now);
+        self.inflight += 1;
+        self.stats.dispatched += 1;
+        self.count_dispatch(now);
+        Some(waited)
     }
 
     /// The fast path of an arrival that finds the queue empty and a free execution place:
@@ -733,7 +797,7 @@ impl<T> AdmissionController<T> {
             let waited = now.saturating_duration_since(head.enqueued);
             let verdict = if head.deadline.expired(now) {
                 Verdict::Expired
-            } else if self.codel.should_shed(now, waited) {
+            } else if !head.paced && self.codel.should_shed(now, waited) {
                 Verdict::Shed
             } else {
                 break;

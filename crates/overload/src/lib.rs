@@ -39,6 +39,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod admission;
+pub mod backlog;
 pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
@@ -48,6 +49,7 @@ pub use admission::{
     AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Codel, CodelConfig,
     ConcurrencyLimit, ConcurrencyLimitConfig, Queued, Verdict,
 };
+pub use backlog::{BacklogConfig, BacklogWatch};
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{

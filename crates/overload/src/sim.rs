@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 pub mod event_loop;
+pub mod window;
 
 /// How requests arrive.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -140,6 +140,10 @@ pub struct ShardAdmission {
     lag_probe: Option<Duration>,
     /// Largest loop lag measured since the last log line.
     lag_max: Duration,
+    /// The CoDel interval, if admission is on.
+    interval: Option<Duration>,
+    /// `AdmissionConfig::pace_windows`, false when admission is off.
+    pace_windows: bool,
 }
 
 impl ShardAdmission {
@@ -180,6 +184,8 @@ impl ShardAdmission {
             next_log: Nanos::ZERO,
             lag_probe,
             lag_max: Duration::ZERO,
+            interval: config.admission.map(|c| c.codel.interval),
+            pace_windows: config.admission.is_some_and(|c| c.pace_windows),
         }
     }
 
@@ -187,6 +193,12 @@ impl ShardAdmission {
     #[inline]
     fn nanos(&self, at: Instant) -> Nanos {
         self.clock.at(at)
+    }
+
+    /// Shard-local monotonic time of `at`, for the controllers of the overload crate.
+    #[inline]
+    pub fn nanos_of(&self, at: Instant) -> Nanos {
+        self.nanos(at)
     }
 
     /// Shard-local monotonic time of an arrival (cached for the frames of one read).
@@ -214,6 +226,20 @@ impl ShardAdmission {
         conn: usize,
         metrics: &ShardMetrics,
     ) -> Admit {
+        self.admit_paced(header, arrival, conn, false, metrics)
+    }
+
+    /// [`Self::admit`], for a connection that obeys backpressure when `paced` (it is not
+    /// pushing, see [`sluice_overload::backlog`]): while overloaded, its requests are not
+    /// turned away for their age or the queue's overloaded bound, only for a full queue.
+    pub fn admit_paced(
+        &mut self,
+        header: &FrameHeader,
+        arrival: Arrival<Instant>,
+        conn: usize,
+        paced: bool,
+        metrics: &ShardMetrics,
+    ) -> Admit {
         if self.ctl.is_none() || bypasses_queue(header.opcode) {
             self.admitted += 1;
             return Admit::Accept(Ticket::BYPASS);
@@ -226,7 +252,7 @@ impl ShardAdmission {
         }
         // Overloaded and the queue already holds what it dispatches in time: as cheap, no
         // clock read (the bound is refreshed at every dispatch and loop-lag probe).
-        if self.ctl.as_mut().is_some_and(|c| c.turn_away_at_once()) {
+        if !paced && self.ctl.as_mut().is_some_and(|c| c.turn_away_at_once()) {
             self.counts.shed_at_enqueue += 1;
             metrics.rejected_overloaded.fetch_add(1, Relaxed);
             return Admit::Reject;
@@ -243,17 +269,21 @@ impl ShardAdmission {
         let now = self.now();
         let deadline = Deadline(read.at().saturating_add(self.queue_timeout));
         // Nothing waits and there is room: straight to running, as the queue would have.
-        if let Some(waited) = self
-            .ctl
-            .as_mut()
-            .and_then(|c| c.dispatch_at_once(read, now, deadline))
-        {
+        let at_once = self.ctl.as_mut().and_then(|c| {
+            if paced {
+                c.dispatch_paced_at_once(read, now, deadline)
+            } else {
+                c.dispatch_at_once(read, now, deadline)
+            }
+        });
+        if let Some(waited) = at_once {
             self.last_now = self.last_now.max(now);
             metrics.observe_queue_delay(waited);
             self.occupy(idx, conn, SlotState::Running(now));
             return Admit::Accept(Ticket(Some(idx)));
         }
         let queued = match self.ctl.as_mut() {
+            Some(ctl) if paced => ctl.enqueue_paced(idx, read, now, deadline).is_ok(),
             Some(ctl) => ctl.enqueue_read(idx, read, now, deadline).is_ok(),
             None => false,
         };
@@ -321,6 +351,25 @@ impl ShardAdmission {
     pub fn reject_over_cap(&mut self, at: Instant) -> bool {
         let now = self.nanos(at);
         self.ctl.as_mut().is_some_and(|c| c.reject_over_cap(now))
+    }
+
+    /// True while the shard has a standing delay (CoDel's overloaded state), as of the
+    /// latest instant admission saw: no clock read. False when admission is off.
+    #[inline]
+    pub fn is_overloaded(&mut self) -> bool {
+        let now = self.last_now;
+        self.ctl.as_mut().is_some_and(|c| c.is_overloaded(now))
+    }
+
+    /// The CoDel interval (the window of a connection's backlog watch), if admission is on.
+    pub fn interval(&self) -> Option<Duration> {
+        self.interval
+    }
+
+    /// True if connections that slow down when held back are paced rather than shed
+    /// (`AdmissionConfig::pace_windows`); false when admission is off.
+    pub fn paces_windows(&self) -> bool {
+        self.pace_windows
     }
 
     /// Counts one request answered `Overloaded` because its connection or shard was at its

@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
-use sluice_overload::Arrival;
+use sluice_overload::{Arrival, BacklogConfig, BacklogWatch};
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{FrameDecoder, FrameHeader, HEADER_LEN};
 use sluice_storage::AckBarrier;
@@ -60,6 +60,8 @@ use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
 
+/// Shortest time between two samples of a connection's backlog (see [`watch_backlog`]).
+const BACKLOG_SAMPLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Answers waiting to be written beyond which the reader stops reading requests.
 pub const MAX_OUTBOX_BYTES: usize = 8 << 20;
 /// Read buffer growth step.
@@ -155,6 +157,11 @@ pub struct ConnState {
     pub permissions: RefCell<sluice_engine::auth::PermissionCache>,
     /// The denial of the request being turned away as Unauthorized, for its answer.
     pub denial: RefCell<Option<sluice_engine::auth::Unauthorized>>,
+    /// Tells this connection's bounded backlog (served, held back) from a client that does
+    /// not slow down (its excess turned away): see `sluice_overload::backlog`.
+    pub backlog: Cell<BacklogWatch>,
+    /// The backlog watch's latest verdict: the client does not slow down when held back.
+    pub pushing: Cell<bool>,
 }
 
 /// Where a connection is in the login exchange of the password authenticator.
@@ -186,6 +193,14 @@ impl ConnState {
             login: Cell::new(LoginPhase::NotRequired),
             permissions: RefCell::new(Default::default()),
             denial: RefCell::new(None),
+            backlog: Cell::new(BacklogWatch::new(BacklogConfig {
+                interval: shard
+                    .config
+                    .admission
+                    .map_or(BacklogConfig::default().interval, |a| a.codel.interval),
+                ..BacklogConfig::default()
+            })),
+            pushing: Cell::new(false),
         }
     }
 }
@@ -256,6 +271,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         if conn.outbox.closed.get() {
             break;
         }
+        watch_backlog(&shard, &conn, &rd, &buf, &mut reads);
         make_room(&mut buf, reads.size);
         let spare = buf.capacity() - buf.len();
         tokio::select! {
@@ -362,6 +378,39 @@ impl ClientWriter {
     }
 }
 
+/// Samples the connection's backlog (unread in the kernel, and the start of a frame still
+/// buffered) for its watch, at most once per [`BACKLOG_SAMPLE`] (an `ioctl` each). While
+/// the shard is overloaded and the connection is not pushing, the next read takes no more
+/// than needed, so that the rest of its window waits in its client (held back).
+fn watch_backlog(
+    shard: &ShardCtx,
+    conn: &ConnState,
+    rd: &ClientReader,
+    buf: &BytesMut,
+    reads: &mut ReadState,
+) {
+    if !shard.admission.borrow().paces_windows() {
+        return;
+    }
+    let now = Instant::now();
+    if now >= reads.next_backlog_sample {
+        reads.next_backlog_sample = now + BACKLOG_SAMPLE;
+        // A TLS reader's kernel bytes are ciphertext in records: not watched.
+        let ClientReader::Plain(rd) = rd else {
+            return;
+        };
+        let mut watch = conn.backlog.get();
+        let unread = crate::socket_wait::unread_bytes(rd.as_ref()).unwrap_or(0);
+        let at = shard.admission.borrow().nanos_of(now);
+        conn.pushing
+            .set(watch.observe(at, (unread + buf.len()) as u64));
+        conn.backlog.set(watch);
+    }
+    if !conn.pushing.get() && shard.admission.borrow_mut().is_overloaded() {
+        reads.size = READ_CHUNK;
+    }
+}
+
 /// The socket in non-blocking mode, split, and whether the kernel stamps its reads. With
 /// TLS, the handshake first (bounded): a client that fails it, such as one that speaks
 /// plaintext CQL, is closed at once.
@@ -422,6 +471,8 @@ struct ReadState {
     resumed_at: Instant,
     /// The next read's size.
     size: usize,
+    /// When the backlog watch takes its next sample.
+    next_backlog_sample: Instant,
 }
 
 impl ReadState {
@@ -431,6 +482,7 @@ impl ReadState {
             last_read: LastRead::connected(connected_at),
             resumed_at: connected_at,
             size: READ_CHUNK,
+            next_backlog_sample: connected_at,
         }
     }
 

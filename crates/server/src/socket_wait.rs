@@ -39,6 +39,25 @@ pub fn enable(fd: RawFd) -> io::Result<()> {
     }
 }
 
+/// Bytes received on `stream` and not yet read (`FIONREAD`): the part of a connection's
+/// backlog that waits in the kernel.
+pub fn unread_bytes(stream: &tokio::net::TcpStream) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which outlives the call.
+    let rc = unsafe {
+        libc::ioctl(
+            stream.as_raw_fd(),
+            libc::FIONREAD,
+            &mut n as *mut libc::c_int,
+        )
+    };
+    if rc == 0 {
+        Ok(usize::try_from(n).unwrap_or(0))
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// What one socket read returned, and what it tells of when its bytes arrived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Read {

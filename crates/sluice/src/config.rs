@@ -192,6 +192,14 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_ADMISSION_REJECT_OVER_CAP", value_name = "on|off")]
     pub admission_reject_over_cap: Option<String>,
 
+    /// Serve the bounded backlog of a connection that slows down when held back (a driver's
+    /// window, a bulk loader) without `Overloaded`; only the excess of a connection whose
+    /// backlog keeps growing is turned away. Off by default: an open-loop client whose
+    /// backlog fills its socket buffer before the growth shows is held back, not shed
+    /// [default: off].
+    #[arg(long, env = "SLUICE_ADMISSION_PACE_WINDOWS", value_name = "on|off")]
+    pub admission_pace_windows: Option<String>,
+
     /// While overloaded, serve the newest queued request first (adaptive LIFO) [default: off].
     #[arg(long, env = "SLUICE_ADMISSION_LIFO", value_name = "on|off")]
     pub admission_lifo: Option<String>,
@@ -275,6 +283,7 @@ struct FileConfig {
     admission_lag_probe: Option<String>,
     admission_shed_at_enqueue: Option<String>,
     admission_reject_over_cap: Option<String>,
+    admission_pace_windows: Option<String>,
     admission_lifo: Option<String>,
     transparent_huge_pages: Option<String>,
     log: Option<String>,
@@ -348,6 +357,8 @@ pub struct AdmissionSettings {
     pub reject_over_cap: bool,
     /// Adaptive LIFO while overloaded.
     pub lifo: bool,
+    /// Serve windowed connections' backlogs; shed only connections that keep pushing.
+    pub pace_windows: bool,
     /// CoDel target queue delay.
     pub target: Duration,
     /// CoDel interval.
@@ -514,6 +525,12 @@ impl ServeArgs {
                     &file.admission_reject_over_cap,
                     admission_defaults.reject_over_cap,
                 )?,
+                pace_windows: on_off(
+                    "admission-pace-windows",
+                    &self.admission_pace_windows,
+                    &file.admission_pace_windows,
+                    admission_defaults.pace_windows,
+                )?,
                 lifo: on_off(
                     "admission-lifo",
                     &self.admission_lifo,
@@ -537,6 +554,15 @@ impl ServeArgs {
         } else {
             None
         };
+        check_limit_relations(
+            LimitRelations {
+                per_conn,
+                per_shard,
+                bytes_per_conn,
+                bytes_per_shard,
+            },
+            admission.as_ref(),
+        )?;
         let test_only_service_delay = match &self.test_only_service_delay {
             Some(s) => Some(parse_duration(s)?),
             None => None,
@@ -660,9 +686,65 @@ impl AdmissionSettings {
         c.lag_probe_interval = self.lag_probe.unwrap_or(Duration::ZERO);
         c.shed_at_enqueue = self.shed_at_enqueue;
         c.reject_over_cap = self.reject_over_cap;
+        c.pace_windows = self.pace_windows;
         c.adaptive_lifo = self.lifo;
         c
     }
+}
+
+/// The in-flight caps that [`check_limit_relations`] compares.
+#[derive(Clone, Copy, Debug)]
+struct LimitRelations {
+    per_conn: usize,
+    per_shard: usize,
+    bytes_per_conn: usize,
+    bytes_per_shard: usize,
+}
+
+/// Relations between limits that each look valid alone: a connection's cap above its
+/// shard's would never apply, and a per-connection cap below the admission queue hides a
+/// backlog in the socket where the queue's delay cannot see it. Checked at start-up so that
+/// a bad combination fails with its reason instead of misbehaving under load.
+fn check_limit_relations(
+    caps: LimitRelations,
+    admission: Option<&AdmissionSettings>,
+) -> Result<()> {
+    if caps.per_conn > caps.per_shard {
+        bail!(
+            "max-inflight-per-connection ({}) must not exceed max-inflight-per-shard ({}): \
+             the shard's cap would stop a single connection first",
+            caps.per_conn,
+            caps.per_shard
+        );
+    }
+    if caps.bytes_per_conn > caps.bytes_per_shard {
+        bail!(
+            "max-inflight-bytes-per-connection ({}) must not exceed \
+             max-inflight-bytes-per-shard ({})",
+            caps.bytes_per_conn,
+            caps.bytes_per_shard
+        );
+    }
+    if let Some(a) = admission {
+        if caps.per_conn < a.queue {
+            bail!(
+                "max-inflight-per-connection ({}) must be at least admission-queue ({}): \
+                 below it, a connection's backlog waits unread in its socket, unseen by \
+                 admission; lower admission-queue or raise the cap",
+                caps.per_conn,
+                a.queue
+            );
+        }
+        if a.target >= a.interval {
+            bail!(
+                "admission-target ({:?}) must be shorter than admission-interval ({:?}): \
+                 a standing delay is one that outlasts a whole interval",
+                a.target,
+                a.interval
+            );
+        }
+    }
+    Ok(())
 }
 
 /// An `on`/`off` option: flag or env, else the file, else `default`.
@@ -834,7 +916,7 @@ mod tests {
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
-        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo);
+        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
         assert_eq!(cfg.lag_probe_interval, Duration::from_millis(1));
         assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);
@@ -915,6 +997,48 @@ mod tests {
         ] {
             assert!(bad.resolve().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn relations_between_limits_are_checked_at_start_up() {
+        let err = |args: ServeArgs| format!("{:#}", args.resolve().unwrap_err());
+        let below_queue = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission_queue: Some(200),
+            ..ServeArgs::default()
+        };
+        assert!(err(below_queue).contains("must be at least admission-queue (200)"));
+        let over_shard = ServeArgs {
+            max_inflight_per_connection: Some(9000),
+            max_inflight_per_shard: Some(8192),
+            ..ServeArgs::default()
+        };
+        assert!(err(over_shard).contains("must not exceed max-inflight-per-shard (8192)"));
+        let bytes = ServeArgs {
+            max_inflight_bytes_per_connection: Some("2MiB".into()),
+            max_inflight_bytes_per_shard: Some("1MiB".into()),
+            ..ServeArgs::default()
+        };
+        assert!(err(bytes).contains("max-inflight-bytes-per-shard (1048576)"));
+        let codel = ServeArgs {
+            admission_target: Some("100ms".into()),
+            admission_interval: Some("50ms".into()),
+            ..ServeArgs::default()
+        };
+        assert!(err(codel).contains("admission-target"));
+        // The same caps are fine once they agree, and admission off drops its relations.
+        let agreeing = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission_queue: Some(100),
+            ..ServeArgs::default()
+        };
+        assert!(agreeing.resolve().is_ok());
+        let off = ServeArgs {
+            max_inflight_per_connection: Some(100),
+            admission: Some("off".into()),
+            ..ServeArgs::default()
+        };
+        assert!(off.resolve().is_ok());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use sluice_overload::Arrival;
-use sluice_protocol::frame::FrameHeader;
+use sluice_protocol::frame::{FrameHeader, HEADER_LEN};
 
 use super::{Permits, Request};
 use crate::admission::{Admit, Admitted};
@@ -38,10 +38,17 @@ pub async fn admit(
     // A frame larger than a byte cap takes the whole cap (frames are bounded by
     // max_frame_bytes), so it waits for the scope to drain instead of stalling.
     let bytes = header.length as usize;
+    let mut watch = conn.backlog.get();
+    watch.on_frame(HEADER_LEN + bytes);
+    conn.backlog.set(watch);
+    // A connection that slows down when held back is served, and held back over its caps;
+    // one that keeps pushing has its excess turned away while the shard is overloaded.
+    let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
     let (permits, arrival, paused) = match try_permits(shard, conn, bytes) {
         Some(p) => (p, arrival, false),
         None => {
-            if !super::control::bypasses_queue(header.opcode)
+            if !paced
+                && !super::control::bypasses_queue(header.opcode)
                 && conn.outbox.pending() < MAX_OUTBOX_BYTES
                 && shard.admission.borrow_mut().reject_over_cap(Instant::now())
             {
@@ -49,7 +56,7 @@ pub async fn admit(
                     .admission
                     .borrow_mut()
                     .count_rejected_over_cap(&shard.metrics);
-                return Admission::Overloaded;
+                return turned_away(conn);
             }
             shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
             let p = wait_permits(shard, conn, bytes).await;
@@ -57,13 +64,14 @@ pub async fn admit(
         }
     };
     let conn_id = Rc::as_ptr(conn) as usize;
-    let admit = shard
-        .admission
-        .borrow_mut()
-        .admit(header, arrival, conn_id, &shard.metrics);
+    let admit =
+        shard
+            .admission
+            .borrow_mut()
+            .admit_paced(header, arrival, conn_id, paced, &shard.metrics);
     let ticket = match admit {
         Admit::Accept(t) => t,
-        Admit::Reject => return Admission::Overloaded,
+        Admit::Reject => return turned_away(conn),
     };
     let admitted = Admitted::new(shard.clone(), ticket);
     let request = Request::new(
@@ -79,6 +87,14 @@ pub async fn admit(
     } else {
         Admission::Admitted(request)
     }
+}
+
+/// Counts a frame turned away in its connection's backlog watch.
+fn turned_away(conn: &ConnState) -> Admission {
+    let mut watch = conn.backlog.get();
+    watch.on_turned_away();
+    conn.backlog.set(watch);
+    Admission::Overloaded
 }
 
 /// Takes a request's units if all four are free now, without awaiting (so without spending

@@ -1,0 +1,237 @@
+//! Telling a connection's bounded backlog from overload that backpressure cannot stop.
+//!
+//! A closed-loop client (a driver with a window of requests in flight, a bulk loader) sends
+//! about one request per answer: whatever it has waiting for the shard, in the kernel's
+//! socket buffer and in the reader's buffer, stays at most its window, a backlog that
+//! finishes well inside its requests' deadlines. CoDel's 5 ms target sees that backlog as a
+//! standing queue; turning it away makes every stock driver fail or retry, so it is served,
+//! held back by the reader taking the socket no faster than it answers. An open-loop client
+//! does not slow down when it is not answered: its backlog keeps growing. So each
+//! connection's backlog (unread bytes in the kernel plus unprocessed bytes in the reader's
+//! buffer, in frames of the connection's mean size) is compared from one interval to the
+//! next; a connection whose backlog grew in consecutive intervals by more than a share of
+//! what it was answered meanwhile is *pushing*: while the shard is overloaded, its excess is
+//! turned away with `Overloaded`, as the shard's CoDel decides, for a while. One interval of
+//! growth is not enough: a windowed client fills its window once, when it starts.
+//!
+//! The growth shows only until the kernel's socket buffer is full: after that TCP paces an
+//! open-loop client by the reads, as a window paces itself, and the server cannot tell them
+//! apart (the rest waits in the client). So the watch runs all the time, not only once the
+//! shard is overloaded, and a pushing connection whose excess is still turned away faster
+//! than it is served stays pushing.
+
+use crate::clock::{duration_nanos, Nanos};
+use std::time::Duration;
+
+/// Constants of [`BacklogWatch`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BacklogConfig {
+    /// Length of one observation window (the CoDel interval, 100 ms).
+    pub interval: Duration,
+    /// Growth below this many frames in a window is never pushing (32): a client's own
+    /// jitter, a few requests sent before the answers that would have paced them.
+    pub slack_frames: u64,
+    /// Growth above `answered / answered_divisor` frames in a window counts (4: a backlog
+    /// that grows by more than a quarter of what the connection was answered meanwhile).
+    pub answered_divisor: u64,
+    /// Consecutive growing windows that make a connection pushing (2).
+    pub windows: u32,
+    /// A backlog of up to this many frames is a client's window however it grows (1024):
+    /// a driver that builds requests slower than the shard would serve them fills its window
+    /// over many intervals, as slowly as it can send. Drivers keep a few hundred in flight
+    /// per connection (cqlsh's COPY 512); an open-loop client's backlog grows until the
+    /// socket buffer is full, thousands of frames.
+    pub max_window_frames: u64,
+    /// How long a connection stays pushing once seen so (5 s): while it is, its excess is
+    /// read and turned away, so its backlog no longer grows and says nothing.
+    pub hold: Duration,
+}
+
+impl Default for BacklogConfig {
+    fn default() -> Self {
+        BacklogConfig {
+            interval: Duration::from_millis(100),
+            slack_frames: 32,
+            answered_divisor: 4,
+            windows: 2,
+            max_window_frames: 1024,
+            hold: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One connection's backlog watch (see the module documentation). No allocation; the
+/// reader feeds it the frames it takes and, while the shard is overloaded, its backlog.
+#[derive(Copy, Clone, Debug)]
+pub struct BacklogWatch {
+    interval: u64,
+    slack_frames: u64,
+    answered_divisor: u64,
+    windows: u32,
+    max_window_frames: u64,
+    hold: u64,
+    /// End of the current window; `None`: no window open (the shard is not overloaded).
+    window_end: Option<Nanos>,
+    /// Backlog in frames when the window opened.
+    window_start_frames: u64,
+    /// Frames taken from the buffer since the window opened.
+    answered: u64,
+    /// Of those, frames turned away (`Overloaded`) since the window opened.
+    turned_away: u64,
+    /// Consecutive windows in which the backlog grew too much.
+    growing: u32,
+    /// Pushing until this instant.
+    pushing_until: Nanos,
+    /// Mean frame size (bytes, header included), a moving average; 0 before any frame.
+    frame_bytes: u64,
+}
+
+impl BacklogWatch {
+    /// A watch that has seen nothing: not pushing.
+    pub fn new(cfg: BacklogConfig) -> BacklogWatch {
+        BacklogWatch {
+            interval: duration_nanos(cfg.interval).max(1),
+            slack_frames: cfg.slack_frames,
+            answered_divisor: cfg.answered_divisor.max(1),
+            windows: cfg.windows.max(1),
+            max_window_frames: cfg.max_window_frames,
+            hold: duration_nanos(cfg.hold),
+            window_end: None,
+            window_start_frames: 0,
+            answered: 0,
+            turned_away: 0,
+            growing: 0,
+            pushing_until: Nanos::ZERO,
+            frame_bytes: 0,
+        }
+    }
+
+    /// The reader took a frame of `bytes` (header included) from its buffer: served, queued
+    /// or turned away, it is one answer the client will get.
+    #[inline]
+    pub fn on_frame(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
+        self.frame_bytes = if self.frame_bytes == 0 {
+            bytes
+        } else {
+            // A 1/16 moving average: integer, no float on the reader's path.
+            (self.frame_bytes * 15 + bytes) / 16
+        };
+        self.answered += 1;
+    }
+
+    /// The frame last taken was turned away `Overloaded`. A pushing connection whose excess
+    /// is still turned away when its hold ends stays pushing: turned away, its backlog no
+    /// longer grows, and would otherwise look like a window.
+    #[inline]
+    pub fn on_turned_away(&mut self) {
+        self.turned_away += 1;
+    }
+
+    /// The connection's backlog at `now`, `backlog_bytes` (unread in the kernel plus not yet
+    /// taken from the reader's buffer), sampled while the shard is overloaded. Closes the
+    /// window when it is over and says whether the connection is pushing.
+    pub fn observe(&mut self, now: Nanos, backlog_bytes: u64) -> bool {
+        let frames = backlog_bytes / self.frame_bytes.max(1);
+        match self.window_end {
+            None => self.open_window(now, frames),
+            Some(end) if now >= end => {
+                let served = self.answered.saturating_sub(self.turned_away);
+                if self.is_pushing(now) && self.turned_away > self.slack_frames.max(served) {
+                    self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
+                }
+                let grew = frames.saturating_sub(self.window_start_frames);
+                let allowed = self.slack_frames.max(self.answered / self.answered_divisor);
+                if grew > allowed && frames > self.max_window_frames {
+                    self.growing += 1;
+                    if self.growing >= self.windows {
+                        self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
+                        self.growing = 0;
+                    }
+                } else {
+                    self.growing = 0;
+                }
+                self.open_window(now, frames);
+            }
+            Some(_) => {}
+        }
+        self.is_pushing(now)
+    }
+
+    /// True while the connection is known not to slow down when held back.
+    #[inline]
+    pub fn is_pushing(&self, now: Nanos) -> bool {
+        now < self.pushing_until
+    }
+
+    fn open_window(&mut self, now: Nanos, frames: u64) {
+        self.window_end = Some(Nanos(now.0.saturating_add(self.interval)));
+        self.window_start_frames = frames;
+        self.answered = 0;
+        self.turned_away = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at_ms(ms: u64) -> Nanos {
+        Nanos::from_millis(ms)
+    }
+
+    #[test]
+    fn a_steady_window_is_never_pushing_and_a_growing_backlog_is_after_two_intervals() {
+        let mut w = BacklogWatch::new(BacklogConfig::default());
+        // 100-byte frames; 50 answered per 10 ms and a steady 256-frame backlog.
+        for t in (0..2_000).step_by(10) {
+            for _ in 0..50 {
+                w.on_frame(100);
+            }
+            assert!(!w.observe(at_ms(t), 25_600), "t={t}");
+        }
+        // Now the backlog grows by 100 frames per 10 ms: more than the slack and a quarter
+        // of the 500 answered per interval.
+        let mut first = None;
+        for (i, t) in (2_000..2_500).step_by(10).enumerate() {
+            for _ in 0..50 {
+                w.on_frame(100);
+            }
+            if w.observe(at_ms(t), 25_600 + 10_000 * (i as u64 + 1)) && first.is_none() {
+                first = Some(t);
+            }
+        }
+        assert_eq!(first, Some(2_200), "two whole windows of growth");
+        // It stays pushing for the hold, even with the backlog gone, and longer while its
+        // excess is still turned away.
+        for t in (2_500..9_000).step_by(10) {
+            for _ in 0..50 {
+                w.on_frame(100);
+                w.on_turned_away();
+            }
+            assert!(w.observe(at_ms(t), 0), "t={t}");
+        }
+        assert!(w.is_pushing(at_ms(13_850)));
+        assert!(!w.is_pushing(at_ms(13_950)), "the hold ended");
+    }
+
+    #[test]
+    fn one_window_of_growth_is_a_client_filling_its_window() {
+        let mut w = BacklogWatch::new(BacklogConfig::default());
+        w.on_frame(1_000);
+        w.observe(at_ms(0), 0);
+        // 512 frames arrive at once, then the backlog is steady.
+        assert!(!w.observe(at_ms(100), 512_000));
+        for t in (110..1_000).step_by(10) {
+            w.on_frame(1_000);
+            assert!(!w.observe(at_ms(t), 512_000), "t={t}");
+        }
+        // A client that builds its window slower than it is served: 1,000 frames over a
+        // second, growing in every interval, still a window.
+        let mut slow = BacklogWatch::new(BacklogConfig::default());
+        for t in (0..1_000).step_by(10) {
+            slow.on_frame(1_000);
+            assert!(!slow.observe(at_ms(t), t * 1_000_000 / 1_000), "t={t}");
+        }
+    }
+}
