@@ -365,16 +365,13 @@ pub struct AdmissionConfig {
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one
     /// thread, a request's latency includes the rest of its event-loop turn, so it grows with
-    /// the limit even without a hidden queue and the gradient settles at its minimum; each
-    /// turn also pays fixed costs (an `epoll_wait`, a journal `write(2)`, a `send` per
-    /// connection that wakes its client). Measured on one pinned core at 70,000 writes/s:
-    /// 7.2 us of CPU per write with the limit at its minimum of 4, 5.6-5.9 us at 32, 64 or
-    /// 128. The floor bounds the queue hidden behind the limit to this window, small against
-    /// the CoDel target, whatever the requests cost: slow requests give a low rate and so a
-    /// floor below the minimum. Zero turns it off. A wider window batches more per turn but
-    /// hands arrivals to execution ahead of the queue CoDel watches: at 5 ms, writes at twice
-    /// capacity kept 10-16% more goodput and waited 30 ms at the median instead of 4 ms
-    /// (docs/benchmark.md, eighth session).
+    /// the limit even without a hidden queue and the gradient would settle at its minimum,
+    /// where each turn's fixed costs (an `epoll_wait`, a journal `write(2)`, a `send` per
+    /// connection) are shared by too few requests. The floor bounds the queue hidden behind
+    /// the limit to this window, small against the CoDel target, whatever the requests cost.
+    /// Zero turns it off. Figures, and why the window is not wider:
+    /// docs/decisions/2026-11-24-concurrency-floor-superseded-versions-writeback.md and
+    /// 2026-11-25-read-ahead-that-reads-ahead.md.
     pub concurrency_floor_window: Duration,
 }
 

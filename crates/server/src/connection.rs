@@ -26,7 +26,8 @@
 //! bytes can have come ([`crate::socket_wait::ReadArrivals`]). Without the stamp, a saturated
 //! shard that kept its own queue short let its excess age unseen in the socket buffer;
 //! without the spread, a reader that runs its requests itself saw every read as young and
-//! shed nothing until deadlines passed (docs/benchmark.md records both).
+//! shed nothing until deadlines passed (docs/decisions/2026-11-25-kernel-receive-stamps.md and
+//! 2026-11-25-requests-run-in-the-reader.md).
 //! The reader takes its in-flight slots without awaiting while they are free (no cooperative
 //! yield per frame, so it drains what it read instead of leaving it to age in the buffer)
 //! and yields to the shard's other tasks every [`READ_QUANTUM`] frames (a request it ran
