@@ -4,79 +4,18 @@
 //! is overloaded, the cap answers the excess `Overloaded` instead, but a client that does
 //! not read its answers is still stopped: memory stays bounded.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use sluice_protocol::{Compression, Request};
-use sluice_server::{Server, ServerConfig};
+mod support;
 
-/// A QUERY of `text` at consistency ONE on `stream`.
-fn query(stream: i16, text: &str) -> Vec<u8> {
-    Request::query(text.to_owned()).to_frame(stream).to_vec()
-}
+use support::node::{query, TestNode};
 
-fn read_frame(s: &mut TcpStream) -> (i16, u8) {
-    let mut h = [0u8; 9];
-    s.read_exact(&mut h).unwrap();
-    let mut body = vec![0u8; u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize];
-    s.read_exact(&mut body).unwrap();
-    (i16::from_be_bytes([h[2], h[3]]), h[4])
-}
-
-struct TestNode {
-    server: Option<Server>,
-    storage: sluice_storage::Storage,
-    _dir: tempfile::TempDir,
-}
-
-impl TestNode {
-    fn start(config: impl FnOnce(&mut ServerConfig)) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
-            path: dir.path().join("db"),
-            durability: sluice_storage::Durability::Periodic {
-                interval: Duration::from_secs(1),
-            },
-            cache_bytes: 8 << 20,
-            stores: 1,
-        })
-        .unwrap();
-        let host = uuid::Uuid::new_v4();
-        let info = sluice_engine::NodeInfo::single([127, 0, 0, 1].into(), 9042, host);
-        let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
-        let mut c = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, host.to_string());
-        config(&mut c);
-        let server = Server::start(c, engine, storage.ack_barrier()).unwrap();
-        TestNode {
-            server: Some(server),
-            storage,
-            _dir: dir,
-        }
-    }
-
-    fn server(&self) -> &Server {
-        self.server.as_ref().unwrap()
-    }
-
-    fn connect(&self) -> TcpStream {
-        let mut s = TcpStream::connect(self.server().local_addr()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        s.write_all(&Request::startup(Compression::None).to_frame(0))
-            .unwrap();
-        assert_eq!(read_frame(&mut s), (0, 0x02), "READY");
-        s
-    }
-}
-
-impl Drop for TestNode {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.shutdown();
-        }
-        let _ = self.storage.close();
-    }
+/// Reads one frame's stream and opcode.
+fn read_frame(s: &mut std::net::TcpStream) -> (i16, u8) {
+    let (stream, opcode, _) = support::node::read_frame(s);
+    (stream, opcode)
 }
 
 #[test]

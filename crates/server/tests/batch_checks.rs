@@ -1,133 +1,23 @@
 //! BATCH goes through the same checks as QUERY and EXECUTE: its `USING TIMEOUT` sets its
 //! deadline, an expired batch is answered with a write timeout and is no latency sample for
 //! the adaptive concurrency limit, and the rate limiter answers a limited batch with the
-//! rate-limit error. Drives the real server over loopback with raw frames.
+//! rate-limit error. Drives the real server over loopback with frames from the protocol's request codec.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 
-use sluice_server::{Server, ServerConfig};
+mod support;
 
-const QUERY: u8 = 0x07;
-const BATCH: u8 = 0x0D;
-const RESULT: u8 = 0x08;
-const ERROR: u8 = 0x00;
+use support::node::{ask, batch, query, TestNode, ERROR, RESULT};
 
-struct Node {
-    server: Option<Server>,
-    storage: sluice_storage::Storage,
-    _dir: tempfile::TempDir,
+/// A node with the default configuration.
+fn start() -> TestNode {
+    TestNode::start(|_| {})
 }
 
-impl Node {
-    fn start() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
-            path: dir.path().join("db"),
-            durability: sluice_storage::Durability::Periodic {
-                interval: Duration::from_secs(1),
-            },
-            cache_bytes: 8 << 20,
-            stores: 1,
-        })
-        .unwrap();
-        let host = uuid::Uuid::new_v4();
-        let info = sluice_engine::NodeInfo::single([127, 0, 0, 1].into(), 9042, host);
-        let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
-        let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), 1, host.to_string());
-        let server = Server::start(config, engine, storage.ack_barrier()).unwrap();
-        Node {
-            server: Some(server),
-            storage,
-            _dir: dir,
-        }
-    }
-
-    fn server(&self) -> &Server {
-        self.server.as_ref().unwrap()
-    }
-
-    fn connect(&self) -> TcpStream {
-        let mut s = TcpStream::connect(self.server().local_addr()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut body = vec![0, 1];
-        body.extend(string("CQL_VERSION"));
-        body.extend(string("3.0.0"));
-        s.write_all(&frame(0, 0x01, &body)).unwrap();
-        assert_eq!(read_frame(&mut s).1, 0x02, "READY");
-        s
-    }
-
-    fn latency_samples(&self) -> u64 {
-        self.server().metrics()[0].latency_samples.load(Relaxed)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.shutdown();
-        }
-        let _ = self.storage.close();
-    }
-}
-
-fn frame(stream: i16, opcode: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = vec![4, 0];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.push(opcode);
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(body);
-    f
-}
-
-fn string(s: &str) -> Vec<u8> {
-    let mut b = (s.len() as u16).to_be_bytes().to_vec();
-    b.extend_from_slice(s.as_bytes());
-    b
-}
-
-fn long_string(s: &str) -> Vec<u8> {
-    let mut b = (s.len() as u32).to_be_bytes().to_vec();
-    b.extend_from_slice(s.as_bytes());
-    b
-}
-
-fn query(stream: i16, text: &str) -> Vec<u8> {
-    let mut body = long_string(text);
-    body.extend_from_slice(&[0, 1, 0]); // consistency ONE, no flags
-    frame(stream, QUERY, &body)
-}
-
-/// An unlogged BATCH of text statements without values, at consistency ONE.
-fn batch(stream: i16, statements: &[&str]) -> Vec<u8> {
-    let mut body = vec![1];
-    body.extend_from_slice(&(statements.len() as u16).to_be_bytes());
-    for s in statements {
-        body.push(0);
-        body.extend(long_string(s));
-        body.extend_from_slice(&0u16.to_be_bytes());
-    }
-    body.extend_from_slice(&[0, 1, 0]);
-    frame(stream, BATCH, &body)
-}
-
-fn read_frame(s: &mut TcpStream) -> (i16, u8, Vec<u8>) {
-    let mut h = [0u8; 9];
-    s.read_exact(&mut h).unwrap();
-    let mut body = vec![0u8; u32::from_be_bytes([h[5], h[6], h[7], h[8]]) as usize];
-    s.read_exact(&mut body).unwrap();
-    (i16::from_be_bytes([h[2], h[3]]), h[4], body)
-}
-
-/// Sends `request` and returns its answer's opcode and, for an error, its code.
-fn ask(s: &mut TcpStream, request: &[u8]) -> (u8, Option<u32>) {
-    s.write_all(request).unwrap();
-    let (_, opcode, body) = read_frame(s);
-    let code = (opcode == ERROR).then(|| u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
-    (opcode, code)
+/// The latency samples the shard's concurrency limit has been taught.
+fn latency_samples(node: &TestNode) -> u64 {
+    node.server().metrics()[0].latency_samples.load(Relaxed)
 }
 
 fn create(s: &mut TcpStream, ddl: &[&str]) {
@@ -138,7 +28,7 @@ fn create(s: &mut TcpStream, ddl: &[&str]) {
 
 #[test]
 fn an_expired_batch_is_a_write_timeout_and_no_latency_sample() {
-    let node = Node::start();
+    let node = start();
     let mut s = node.connect();
     create(
         &mut s,
@@ -154,10 +44,10 @@ fn an_expired_batch_is_a_write_timeout_and_no_latency_sample() {
             "INSERT INTO ks.t (k, v) VALUES (2, 2)",
         ],
     );
-    let samples = node.latency_samples();
+    let samples = latency_samples(&node);
     assert_eq!(ask(&mut s, &served), (RESULT, None), "a batch in time runs");
     assert_eq!(
-        node.latency_samples(),
+        latency_samples(&node),
         samples + 1,
         "and is a latency sample"
     );
@@ -171,7 +61,7 @@ fn an_expired_batch_is_a_write_timeout_and_no_latency_sample() {
             "INSERT INTO ks.t (k, v) VALUES (4, 4) USING TIMEOUT 0ms",
         ],
     );
-    let samples = node.latency_samples();
+    let samples = latency_samples(&node);
     for _ in 0..20 {
         assert_eq!(
             ask(&mut s, &expired),
@@ -180,7 +70,7 @@ fn an_expired_batch_is_a_write_timeout_and_no_latency_sample() {
         );
     }
     assert_eq!(
-        node.latency_samples(),
+        latency_samples(&node),
         samples,
         "an expired batch taught the concurrency limit a latency"
     );
@@ -194,7 +84,7 @@ fn an_expired_batch_is_a_write_timeout_and_no_latency_sample() {
 
 #[test]
 fn a_rate_limited_batch_is_answered_with_the_rate_limit_error() {
-    let node = Node::start();
+    let node = start();
     let mut s = node.connect();
     create(
         &mut s,
@@ -204,7 +94,7 @@ fn a_rate_limited_batch_is_answered_with_the_rate_limit_error() {
         ],
     );
     let limited = batch(40, &["INSERT INTO ks.t (k, v) VALUES (7, 1)"]);
-    let samples = node.latency_samples();
+    let samples = latency_samples(&node);
     let mut answers = std::collections::HashMap::new();
     const N: usize = 50;
     for _ in 0..N {
@@ -225,7 +115,7 @@ fn a_rate_limited_batch_is_answered_with_the_rate_limit_error() {
     let m = &node.server().metrics()[0];
     assert_eq!(m.rejected_rate_limited.load(Relaxed), rejected as u64);
     assert_eq!(
-        node.latency_samples(),
+        latency_samples(&node),
         samples + served as u64,
         "only the batches that ran are latency samples"
     );

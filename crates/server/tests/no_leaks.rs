@@ -20,16 +20,7 @@ const ERROR: u8 = 0x00;
 
 /// An unlogged BATCH of one text statement, at consistency ONE.
 fn batch_frame(stream: i16, statement: &str) -> Vec<u8> {
-    let mut body = vec![1, 0, 1, 0];
-    body.extend_from_slice(&(statement.len() as u32).to_be_bytes());
-    body.extend_from_slice(statement.as_bytes());
-    body.extend_from_slice(&[0, 0, 0, 1, 0]);
-    let mut f = vec![4, 0];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.push(0x0D);
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(&body);
-    f
+    support::node::batch(stream, &[statement])
 }
 
 fn assert_nothing_held(shard: &ShardCtx, conns: &[&Rc<ConnState>]) {

@@ -254,6 +254,25 @@ impl Request {
             params: QueryParameters::default(),
         }
     }
+
+    /// An UNLOGGED BATCH of text `statements` without values, at consistency ONE.
+    pub fn unlogged_batch(statements: &[&str]) -> Request {
+        Request::Batch(crate::messages::BatchRequest {
+            batch_type: 1,
+            entries: statements
+                .iter()
+                .map(|s| crate::messages::BatchEntry {
+                    statement: crate::messages::BatchQuery::Text(bytes::Bytes::copy_from_slice(
+                        s.as_bytes(),
+                    )),
+                    values: Vec::new(),
+                })
+                .collect(),
+            consistency: crate::messages::Consistency::One,
+            serial_consistency: None,
+            default_timestamp: None,
+        })
+    }
 }
 
 #[cfg(test)]
