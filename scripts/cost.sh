@@ -7,7 +7,9 @@
 #      slowed down ~50x by callgrind (1 s / 10 s), so that 64 in flight are not taken for a
 #      standing queue: served, rate-limited and expired writes;
 #   B  --durability batch --admission-queue 1 --admission-{min,max}-concurrency 1: nearly
-#      every pipelined write is turned away `Overloaded` from its header.
+#      every pipelined write is turned away `Overloaded` from its header;
+#   C  as A, with --authenticator password --authorizer cassandra: the served write by a role
+#      that logged in and holds MODIFY through a GRANT (goal: at most 2% more than on A).
 # `sluice-cost-phase` (crates/bench/src/cost.rs, `--help`) drives them with the stock Rust
 # scylla driver, IN_FLIGHT requests pipelined on one connection, and brackets each phase with
 # `callgrind_control --zero` / `--dump`, so start-up, schema changes and warm-up do not count;
@@ -74,15 +76,23 @@ wait_listening() {
     exit 1
 }
 
-start A --admission-target 1s --admission-interval 10s
-start B --durability batch --admission-queue 1 --admission-min-concurrency 1 \
+# The event-loop lag probe wakes every 1 ms: under callgrind's ~50x slowdown that is one
+# wake-up per few requests instead of one per hundreds, time-driven work that would read as
+# per-request cost (and differ between runs with the machine's load); it is off here.
+start A --admission-target 1s --admission-interval 10s --admission-lag-probe off
+start B --admission-lag-probe off --durability batch --admission-queue 1 --admission-min-concurrency 1 \
     --admission-max-concurrency 1
+start C --admission-target 1s --admission-interval 10s --admission-lag-probe off \
+    --authenticator password \
+    --authorizer cassandra --auth-bcrypt-cost 4
 wait_listening "$PORT_A" "$PID_A" "$WORK/A.log"
 wait_listening "$PORT_B" "$PID_B" "$WORK/B.log"
+wait_listening "$PORT_C" "$PID_C" "$WORK/C.log"
 
 echo "sluice serve under callgrind, 1 shard, $N requests per phase, $IN_FLIGHT in flight (scylla driver)"
 started=$(date +%s)
 "$BIN/sluice-cost-phase" --requests "$N" --in-flight "$IN_FLIGHT" \
     --node "127.0.0.1:$PORT_A" --pid "$PID_A" --out "$WORK/A.out" \
-    --overload-node "127.0.0.1:$PORT_B" --overload-pid "$PID_B" --overload-out "$WORK/B.out"
+    --overload-node "127.0.0.1:$PORT_B" --overload-pid "$PID_B" --overload-out "$WORK/B.out" \
+    --auth-node "127.0.0.1:$PORT_C" --auth-pid "$PID_C" --auth-out "$WORK/C.out"
 echo "phases took $(($(date +%s) - started)) s"

@@ -456,6 +456,7 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
         client_timeout: plan.run.client_timeout,
         retry: args.retry_policy,
         retries: args.retries,
+        credentials: None,
     };
     let conn = Connection::open(&opts).await?;
     let classes: &[&str] = if s == Scenario::HotPartition {
@@ -711,6 +712,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
             client_timeout: plan.run.client_timeout,
             retry: args.retry_policy,
             retries: args.retries,
+            credentials: None,
         };
         let conn = Connection::open(&opts)
             .await

@@ -27,6 +27,8 @@ const DUMP_WAIT: Duration = Duration::from_secs(60);
 const OVERLOADED_GOAL: f64 = 0.02;
 /// Goal of a rate-limited or expired rejection, as a share of a served write (T2).
 const REJECTION_GOAL: f64 = 0.10;
+/// Goal for a served write with logins and permissions checked: at most 2% more than without.
+const AUTHENTICATED_GOAL: f64 = 1.02;
 
 /// Arguments of `sluice-cost-phase`.
 #[derive(Clone, Debug, clap::Parser)]
@@ -39,8 +41,10 @@ the scylla driver, --in-flight requests pipelined on one connection, and bracket
 the same INSERT on a table with per_partition_rate_limit 1/s to one partition (rate-limited), and \
 with USING TIMEOUT bound to 1 ns (expired). On --overload-node (a server started with batch \
 durability and an admission queue and concurrency of 1): the same INSERT, nearly all turned away \
-`Overloaded`. Prints instructions per request of each outcome, its ratio to the served write \
-beside the goal, and the outcome counts; exits non-zero when a phase did not produce its outcome."
+`Overloaded`. On --auth-node (a server started with --authenticator password and --authorizer \
+cassandra): the served INSERT by a role that logged in and holds MODIFY through a GRANT. Prints \
+instructions per request of each outcome, its ratio to the served write beside the goal, and the \
+outcome counts; exits non-zero when a phase did not produce its outcome."
 )]
 pub struct CostArgs {
     /// CQL address of the server for the served, rate-limited and expired phases.
@@ -61,6 +65,16 @@ pub struct CostArgs {
     /// That server's `--callgrind-out-file`.
     #[arg(long)]
     pub overload_out: Option<PathBuf>,
+    /// CQL address of a server with the password authenticator and the Cassandra authorizer,
+    /// for the authenticated served phase (omit to skip the phase).
+    #[arg(long, requires_all = ["auth_pid", "auth_out"])]
+    pub auth_node: Option<String>,
+    /// Process id of that server's valgrind.
+    #[arg(long)]
+    pub auth_pid: Option<u32>,
+    /// That server's `--callgrind-out-file`.
+    #[arg(long)]
+    pub auth_out: Option<PathBuf>,
     /// Requests per phase.
     #[arg(long, default_value_t = 3000)]
     pub requests: usize,
@@ -79,6 +93,7 @@ enum Phase {
     RateLimited,
     Expired,
     Overloaded,
+    ServedAuthenticated,
 }
 
 impl Phase {
@@ -88,13 +103,14 @@ impl Phase {
             Phase::RateLimited => "rate-limited",
             Phase::Expired => "expired",
             Phase::Overloaded => "overloaded",
+            Phase::ServedAuthenticated => "served, auth",
         }
     }
 
     /// The reply a phase exists to produce.
     fn outcome(self) -> Reply {
         match self {
-            Phase::Served => Reply::Ok,
+            Phase::Served | Phase::ServedAuthenticated => Reply::Ok,
             Phase::RateLimited => Reply::RateLimited,
             Phase::Expired => Reply::ServerTimeout,
             Phase::Overloaded => Reply::Overloaded,
@@ -104,6 +120,7 @@ impl Phase {
     fn goal(self) -> Option<f64> {
         match self {
             Phase::Served => None,
+            Phase::ServedAuthenticated => Some(AUTHENTICATED_GOAL),
             Phase::Overloaded => Some(OVERLOADED_GOAL),
             Phase::RateLimited | Phase::Expired => Some(REJECTION_GOAL),
         }
@@ -205,17 +222,67 @@ pub async fn run_cost(args: CostArgs) -> anyhow::Result<()> {
                 .await?,
         );
     }
+    if let (Some(node), Some(pid), Some(out)) = (&args.auth_node, args.auth_pid, &args.auth_out) {
+        results.push(measure_authenticated(node, pid, out, &args, &mut next_key).await?);
+    }
     report(&results)
+}
+
+/// The role the authenticated phase logs in as, and its password.
+const AUTH_ROLE: (&str, &str) = ("cost_writer", "cost_writer");
+
+/// The served write on a node that checks logins and permissions: the default superuser
+/// creates the schema and a role holding MODIFY through a GRANT (a superuser would skip the
+/// permission decision), and the phase runs as that role.
+async fn measure_authenticated(
+    node: &str,
+    pid: u32,
+    out: &Path,
+    args: &CostArgs,
+    next_key: &mut i32,
+) -> anyhow::Result<Measured> {
+    let admin = Server::open_as(node, pid, out, Some(("cassandra", "cassandra"))).await?;
+    admin.setup().await?;
+    let (role, password) = AUTH_ROLE;
+    for ddl in [
+        format!("CREATE ROLE IF NOT EXISTS {role} WITH PASSWORD = '{password}' AND LOGIN = true"),
+        format!("GRANT MODIFY ON TABLE {KEYSPACE}.w TO {role}"),
+    ] {
+        admin
+            .conn
+            .ddl(&ddl)
+            .await
+            .map_err(anyhow::Error::msg)
+            .with_context(|| ddl.clone())?;
+    }
+    let writer = Server::open_as(node, pid, out, Some((role, password))).await?;
+    let insert = writer
+        .prepare(&format!("INSERT INTO {KEYSPACE}.w (k, v) VALUES (?, ?)"))
+        .await?;
+    writer
+        .measure(Phase::ServedAuthenticated, &insert, args, next_key)
+        .await
 }
 
 impl Server {
     async fn open(node: &str, pid: u32, out: &Path) -> anyhow::Result<Self> {
+        Self::open_as(node, pid, out, None).await
+    }
+
+    /// Connects, logging in as `credentials` when given.
+    async fn open_as(
+        node: &str,
+        pid: u32,
+        out: &Path,
+        credentials: Option<(&str, &str)>,
+    ) -> anyhow::Result<Self> {
         let conn = Connection::open(&DriverOptions {
             nodes: vec![node.to_owned()],
             connections: 1,
             client_timeout: Duration::from_secs(60),
             retry: RetryMode::None,
             retries: 0,
+            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
         })
         .await?;
         Ok(Self {
@@ -336,7 +403,7 @@ async fn drive(
                             .execute_unpaged(&statement, (key, key, timeout))
                             .await
                     }
-                    Phase::Served | Phase::Overloaded => {
+                    Phase::Served | Phase::Overloaded | Phase::ServedAuthenticated => {
                         session.execute_unpaged(&statement, (key, key)).await
                     }
                 };
@@ -444,7 +511,7 @@ fn per_outcome(m: &Measured, served_cost: f64) -> Option<f64> {
     if wanted == 0 {
         return None;
     }
-    let served = if m.phase == Phase::Served {
+    let served = if matches!(m.phase, Phase::Served | Phase::ServedAuthenticated) {
         0.0
     } else {
         m.counts.ok as f64 * served_cost

@@ -49,6 +49,8 @@ pub struct DriverOptions {
     pub retry: RetryMode,
     /// Retries per request under `RetryMode::Stock`.
     pub retries: u32,
+    /// User name and password, for a node that asks for a login.
+    pub credentials: Option<(String, String)>,
 }
 
 /// Retries immediately on the next host, up to `max` times, for the errors stock drivers retry.
@@ -145,10 +147,14 @@ impl Connection {
             .consistency(Consistency::One)
             .build();
         let conns = NonZeroUsize::new(opts.connections.max(1)).unwrap_or(NonZeroUsize::MIN);
-        let session = SessionBuilder::new()
+        let mut builder = SessionBuilder::new()
             .known_nodes(&opts.nodes)
             .pool_size(PoolSize::PerHost(conns))
-            .default_execution_profile_handle(profile.into_handle())
+            .default_execution_profile_handle(profile.into_handle());
+        if let Some((user, password)) = &opts.credentials {
+            builder = builder.user(user, password);
+        }
+        let session = builder
             .build()
             .await
             .with_context(|| format!("connecting to {}", opts.nodes.join(",")))?;

@@ -169,6 +169,7 @@ async fn exercise(shard_aware: bool) {
         client_timeout: Duration::from_secs(10),
         retry: RetryMode::None,
         retries: 0,
+        credentials: None,
     };
     // The driver's 5 s connect timeout can pass on a loaded 2-core machine: try again.
     let mut conn = Connection::open(&opts).await;
