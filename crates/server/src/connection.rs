@@ -99,8 +99,15 @@ impl Outbox {
         if self.closed.get() {
             return;
         }
-        encode(&mut self.buf.borrow_mut());
-        self.ready.notify_one();
+        let mut buf = self.buf.borrow_mut();
+        let was_empty = buf.is_empty();
+        encode(&mut buf);
+        drop(buf);
+        // Answers already waiting were announced by the push that found the outbox empty,
+        // and the writer takes everything once awake, so only that push wakes it.
+        if was_empty {
+            self.ready.notify_one();
+        }
     }
 
     /// Moves every answer not yet written into `into` (which must be empty): what the
