@@ -491,6 +491,30 @@ mod tests {
     use std::net::TcpStream;
     use std::time::Duration;
 
+    /// An answer that finds the outbox empty leaves the writer a wake-up, also after the
+    /// writer took what was there; answers pushed before it takes them are taken with them.
+    #[test]
+    fn an_answer_to_an_empty_outbox_wakes_the_writer() {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let out = super::Outbox::new();
+        let woken = |out: &super::Outbox| {
+            let mut n = std::pin::pin!(out.ready.notified());
+            n.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_ready()
+        };
+        assert!(!woken(&out), "nothing to write, no wake-up");
+        out.push(|b| b.extend_from_slice(b"a"));
+        out.push(|b| b.extend_from_slice(b"b"));
+        assert!(woken(&out), "the first answer wakes the writer");
+        let mut taken = bytes::BytesMut::new();
+        out.take(&mut taken);
+        assert_eq!(&taken[..], b"ab", "one wake-up, both answers");
+        out.push(|b| b.extend_from_slice(b"c"));
+        assert!(woken(&out), "after a take the next answer wakes it again");
+    }
+
     /// A request that finishes in its first poll runs in the reader; one that waits comes
     /// back for a task, which finishes it; one that panics is contained.
     #[test]
