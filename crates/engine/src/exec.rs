@@ -8,7 +8,7 @@ use crate::Prepared;
 use bytes::Bytes;
 use sluice_protocol::{Consistency, DbError, DetailedError, QueryParameters, Value, WriteType};
 use sluice_storage::Order;
-use sluice_types::{CqlType, NativeType};
+use sluice_types::CqlType;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::ops::Bound;
@@ -262,6 +262,10 @@ pub(crate) fn opt_i64(b: &Binder, v: &Val, what: &str) -> Result<Option<i64>, De
 
 /// The `USING TIMEOUT` duration.
 pub(crate) fn timeout_of(b: &Binder, v: &Val) -> Result<Option<Duration>, DetailedError> {
+    // A bound or constant value is decoded in place, without a reference-counted copy.
+    if let Some(bytes) = b.borrowed(v) {
+        return decode_timeout(bytes).map(Some);
+    }
     let R::V(bytes) = b.get(v) else {
         return Ok(None);
     };
@@ -280,9 +284,10 @@ pub(crate) fn constant_timeout(v: Option<&Val>) -> Option<Result<Option<Duration
 
 /// Decodes a `duration` value as a request timeout (no months, not negative).
 fn decode_timeout(bytes: &[u8]) -> Result<Duration, DetailedError> {
-    let ty = CqlType::native(NativeType::Duration);
-    match sluice_types::Value::decode(&ty, bytes) {
-        Ok(sluice_types::Value::Duration(d)) => {
+    // Directly, not through `Value::decode`: a bound timeout is decoded for every request
+    // that carries one, before its deadline is checked.
+    match sluice_types::value::decode_duration(bytes) {
+        Ok(d) => {
             if d.months != 0 || d.days < 0 || d.nanos < 0 {
                 return Err(invalid(
                     "Timeout must be a positive duration without months",
@@ -716,6 +721,83 @@ pub(crate) fn positive_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The timeout rule as it reads through the general value decoder.
+    fn timeout_through_value(bytes: &[u8]) -> Option<Duration> {
+        let ty = CqlType::native(sluice_types::NativeType::Duration);
+        match sluice_types::Value::decode(&ty, bytes) {
+            Ok(sluice_types::Value::Duration(d))
+                if d.months == 0 && d.days >= 0 && d.nanos >= 0 =>
+            {
+                Some(Duration::from_nanos(
+                    (d.days as u64)
+                        .saturating_mul(86_400_000_000_000)
+                        .saturating_add(d.nanos as u64),
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_bound_timeout_decodes_as_the_value_decoder_reads_it() {
+        use sluice_types::datetime::Duration as CqlDuration;
+        let mut cases: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![0, 0, 2, 0]];
+        for (months, days, nanos) in [
+            (0, 0, 1),
+            (0, 0, 0),
+            (0, 3, 5_000_000),
+            (1, 0, 0),
+            (0, -1, 0),
+            (0, 0, -7),
+            (-1, -1, -1),
+            (0, i32::MAX, i64::MAX),
+        ] {
+            let mut b = Vec::new();
+            sluice_types::value::encode_duration(
+                CqlDuration {
+                    months,
+                    days,
+                    nanos,
+                },
+                &mut b,
+            );
+            cases.push(b);
+        }
+        // Random bytes of every short length, and every byte pair.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for len in 0..24 {
+            for _ in 0..64 {
+                cases.push(
+                    (0..len)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x as u8
+                        })
+                        .collect(),
+                );
+            }
+        }
+        for a in 0..=255u8 {
+            for b in [0u8, 1, 2, 0x7f, 0x80, 0xc0, 0xff] {
+                cases.push(vec![a, b, 0]);
+                cases.push(vec![0, a, b]);
+            }
+        }
+        let mut valid = 0;
+        for bytes in &cases {
+            let direct = decode_timeout(bytes).ok();
+            assert_eq!(direct, timeout_through_value(bytes), "{bytes:?}");
+            valid += usize::from(direct.is_some());
+        }
+        assert!(valid > 100, "the cases include valid timeouts ({valid})");
+        assert_eq!(
+            decode_timeout(&[0, 0, 2]).ok(),
+            Some(Duration::from_nanos(1))
+        );
+    }
 
     #[test]
     fn cartesian_product_and_cap() {

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A point in time as nanoseconds since an arbitrary origin (monotonic or Unix epoch).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -109,13 +109,40 @@ impl Clock for SystemClock {
         Nanos(monotonic_raw().saturating_sub(self.origin_raw))
     }
 
+    #[inline]
     fn wall(&self) -> Nanos {
-        // A clock set before 1970 is treated as the epoch rather than failing.
-        let since = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        Nanos(duration_nanos(since))
+        Nanos(wall_raw())
     }
+}
+
+/// Nanoseconds since the Unix epoch on `CLOCK_REALTIME`, read directly: the rate limiter
+/// reads it for every operation on a limited table, and `SystemTime`'s checked conversions
+/// cost more than the read. A clock set before 1970 reads as the epoch.
+#[cfg(target_os = "linux")]
+#[inline]
+fn wall_raw() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_REALTIME is always available.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    if ts.tv_sec < 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Nanoseconds since the Unix epoch (elsewhere: from `SystemTime`); a clock set before 1970
+/// reads as the epoch.
+#[cfg(not(target_os = "linux"))]
+fn wall_raw() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    duration_nanos(since)
 }
 
 /// Nanoseconds on the monotonic clock that `Instant` reads (`CLOCK_MONOTONIC` on Linux).
@@ -220,6 +247,21 @@ mod tests {
             "{before:?} {at:?} {after:?}"
         );
         assert!(before.0 >= 2_000_000, "time since the origin: {before:?}");
+    }
+
+    /// The direct read of the wall clock is the time `SystemTime` gives.
+    #[test]
+    fn system_clock_wall_is_system_time() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let c = SystemClock::new();
+        let since = |t: SystemTime| duration_nanos(t.duration_since(UNIX_EPOCH).unwrap());
+        let before = since(SystemTime::now());
+        let wall = c.wall();
+        let after = since(SystemTime::now());
+        assert!(
+            before <= wall.0 && wall.0 <= after,
+            "{before} {wall:?} {after}"
+        );
     }
 
     #[test]

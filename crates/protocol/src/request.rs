@@ -207,14 +207,12 @@ fn read_execute_id<'b>(
 /// How many leading positional values [`ExecuteHead::read`] reads.
 pub const VALUE_PREFIX: usize = 8;
 
-/// The statement id and leading positional values of an EXECUTE body, read without
-/// allocating (values are slices of the body): enough to find the statement, its deadline
-/// and its partition (for the rate limiter) before the full decode, so that a request turned away there is
-/// never decoded further.
+/// The leading positional values of an EXECUTE body, read without allocating (values are
+/// slices of the body), and its statement id ([`ExecuteHead::read`]): enough to find the
+/// statement, its deadline and its partition (for the rate limiter) before the full decode,
+/// so that a request turned away there is never decoded further.
 #[derive(Debug, Clone)]
 pub struct ExecuteHead {
-    /// Prepared statement id.
-    pub id: Bytes,
     /// Inline and initialised only as far as read: no allocation, nothing to drop beyond.
     values: arrayvec::ArrayVec<Value, VALUE_PREFIX>,
     complete: bool,
@@ -223,7 +221,6 @@ pub struct ExecuteHead {
 impl Default for ExecuteHead {
     fn default() -> Self {
         ExecuteHead {
-            id: Bytes::new(),
             values: arrayvec::ArrayVec::new(),
             complete: false,
         }
@@ -243,14 +240,25 @@ impl ExecuteHead {
     }
 
     /// Reads an EXECUTE body's id and up to [`VALUE_PREFIX`] positional values into `self`
-    /// (filled in place: the head is a few hundred bytes, not worth moving). `body` must be
-    /// decompressed. Never panics on malformed input; the full decode reports the precise
+    /// (filled in place: the head is a few hundred bytes, not worth moving), and returns the
+    /// prepared statement id, borrowed from `body` (looking it up needs no copy). `body` must
+    /// be decompressed. Never panics on malformed input; the full decode reports the precise
     /// error.
-    pub fn read(&mut self, header: &FrameHeader, body: &Bytes) -> Result<(), DecodeError> {
+    pub fn read<'b>(
+        &mut self,
+        header: &FrameHeader,
+        body: &'b Bytes,
+    ) -> Result<&'b [u8], DecodeError> {
         self.values.clear();
         self.complete = false;
-        let (id, mut r) = read_execute_id(header, body)?;
-        self.id = id;
+        if header.opcode != Opcode::Execute {
+            return Err(DecodeError("not an EXECUTE"));
+        }
+        let mut r = Reader::new(body);
+        if header.flags & FLAG_CUSTOM_PAYLOAD != 0 {
+            r.skip_bytes_map()?;
+        }
+        let id = r.read_short_bytes_borrowed()?;
         r.read_consistency()?;
         let flags = r.read_u8()?;
         if flags & QUERY_FLAG_VALUES == 0 {
@@ -262,7 +270,7 @@ impl ExecuteHead {
             }
             self.complete = n <= VALUE_PREFIX;
         }
-        Ok(())
+        Ok(id)
     }
 }
 
@@ -503,8 +511,7 @@ mod tests {
         let h = hdr(Opcode::Execute, 0, body.len());
         assert_eq!(&peek_execute_id(&h, &body).unwrap()[..], &[0xAB; 16]);
         let mut head = ExecuteHead::default();
-        head.read(&h, &body).unwrap();
-        assert_eq!(&head.id[..], &[0xAB; 16]);
+        assert_eq!(head.read(&h, &body).unwrap(), &[0xAB; 16]);
         assert!(head.complete());
         assert_eq!(head.values(), &[Value::Set(Bytes::from_static(b"v"))]);
         assert_eq!(peek_consistency(&h, &body), Some(Consistency::Quorum));

@@ -125,6 +125,12 @@ impl<'a> Reader<'a> {
         self.take_bytes(len as usize).map(Some)
     }
 
+    /// `[short bytes]`, borrowed from the body.
+    pub fn read_short_bytes_borrowed(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = self.read_short()? as usize;
+        self.take(len)
+    }
+
     /// `[short bytes]`.
     pub fn read_short_bytes(&mut self) -> Result<Bytes, DecodeError> {
         let len = self.read_short()? as usize;

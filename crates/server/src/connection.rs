@@ -102,8 +102,15 @@ impl Outbox {
         if self.closed.get() {
             return;
         }
-        encode(&mut self.buf.borrow_mut());
-        self.ready.notify_one();
+        let mut buf = self.buf.borrow_mut();
+        let was_empty = buf.is_empty();
+        encode(&mut buf);
+        drop(buf);
+        // Answers already waiting were announced by the push that found the outbox empty,
+        // and the writer takes everything once awake, so only that push wakes it.
+        if was_empty {
+            self.ready.notify_one();
+        }
     }
 
     /// Moves every answer not yet written into `into` (which must be empty): what the
@@ -620,6 +627,30 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::Duration;
+
+    /// An answer that finds the outbox empty leaves the writer a wake-up, also after the
+    /// writer took what was there; answers pushed before it takes them are taken with them.
+    #[test]
+    fn an_answer_to_an_empty_outbox_wakes_the_writer() {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let out = super::Outbox::new();
+        let woken = |out: &super::Outbox| {
+            let mut n = std::pin::pin!(out.ready.notified());
+            n.as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_ready()
+        };
+        assert!(!woken(&out), "nothing to write, no wake-up");
+        out.push(|b| b.extend_from_slice(b"a"));
+        out.push(|b| b.extend_from_slice(b"b"));
+        assert!(woken(&out), "the first answer wakes the writer");
+        let mut taken = bytes::BytesMut::new();
+        out.take(&mut taken);
+        assert_eq!(&taken[..], b"ab", "one wake-up, both answers");
+        out.push(|b| b.extend_from_slice(b"c"));
+        assert!(woken(&out), "after a take the next answer wakes it again");
+    }
 
     /// A request that finishes in its first poll runs in the reader; one that waits comes
     /// back for a task, which finishes it; one that panics is contained.

@@ -48,6 +48,46 @@ const ERROR_CODES: [(u32, &str); 16] = [
 const OVERLOADED_INDEX: usize = 4;
 const _: () = assert!(ERROR_CODES[OVERLOADED_INDEX].0 == 0x1001);
 
+/// Each opcode's index in `OPCODES` (`OPCODES.len()` for the others), by opcode: every
+/// request is counted, so its counter is found by one load instead of a search.
+const OPCODE_INDEX: [u8; 16] = {
+    let mut table = [OPCODES.len() as u8; 16];
+    let mut i = 0;
+    while i < OPCODES.len() {
+        assert!((OPCODES[i].0 as usize) < table.len());
+        table[OPCODES[i].0 as usize] = i as u8;
+        i += 1;
+    }
+    table
+};
+
+/// The index of `code` in `ERROR_CODES` (`ERROR_CODES.len()` for the others): a binary
+/// search, which the table's order (checked at compile time) allows.
+const fn error_index(code: u32) -> usize {
+    let (mut lo, mut hi) = (0, ERROR_CODES.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let at = ERROR_CODES[mid].0;
+        if at == code {
+            return mid;
+        }
+        if at < code {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    ERROR_CODES.len()
+}
+
+const _: () = {
+    let mut i = 1;
+    while i < ERROR_CODES.len() {
+        assert!(ERROR_CODES[i - 1].0 < ERROR_CODES[i].0);
+        i += 1;
+    }
+};
+
 /// Counters of one shard.
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
@@ -114,11 +154,11 @@ const QUEUE_DELAY_BUCKETS_US: [u64; 12] = [
 
 impl ShardMetrics {
     /// Counts one request with this opcode.
+    #[inline]
     pub fn count_request(&self, opcode: u8) {
-        let i = OPCODES
-            .iter()
-            .position(|(op, _)| *op == opcode)
-            .unwrap_or(OPCODES.len());
+        let i = OPCODE_INDEX
+            .get(usize::from(opcode))
+            .map_or(OPCODES.len(), |&i| usize::from(i));
         self.requests[i].fetch_add(1, Relaxed);
     }
 
@@ -130,11 +170,14 @@ impl ShardMetrics {
 
     /// Counts one error answer with this code.
     pub fn count_error(&self, code: u32) {
-        let i = ERROR_CODES
-            .iter()
-            .position(|(c, _)| *c == code)
-            .unwrap_or(ERROR_CODES.len());
-        self.errors[i].fetch_add(1, Relaxed);
+        self.errors[error_index(code)].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one error answer with the code `CODE`, whose counter is found at compile time
+    /// (the rejection paths).
+    #[inline]
+    pub fn count_error_code<const CODE: u32>(&self) {
+        self.errors[const { error_index(CODE) }].fetch_add(1, Relaxed);
     }
 
     /// Requests counted with this opcode so far.
@@ -438,6 +481,38 @@ mod tests {
         assert!(text.contains("# TYPE sluice_inflight gauge"));
         assert!(text.contains("# TYPE sluice_loop_lag_microseconds gauge"));
         assert!(text.contains("sluice_admission_concurrency_limit{shard=\"0\"}"));
+    }
+
+    /// The counters found by table and binary search are the ones the readers find by
+    /// scanning, for every opcode byte and every code, listed or not.
+    #[test]
+    fn fast_counter_lookups_match_the_tables() {
+        for opcode in 0..=u8::MAX {
+            let m = ShardMetrics::default();
+            m.count_request(opcode);
+            assert_eq!(m.requests_with_opcode(opcode), 1, "opcode {opcode:#x}");
+            let total: u64 = m.requests.iter().map(|c| c.load(Relaxed)).sum();
+            assert_eq!(total, 1);
+        }
+        let listed = ERROR_CODES.iter().map(|&(c, _)| c);
+        for code in listed.chain([1, 0x1002, 0x2600, 0xFFFF, u32::MAX]) {
+            let m = ShardMetrics::default();
+            m.count_error(code);
+            assert_eq!(m.errors_with_code(code), 1, "code {code:#x}");
+        }
+        let m = ShardMetrics::default();
+        m.count_error_code::<0x1100>();
+        m.count_error_code::<0xF000>();
+        m.count_error_code::<0x4242>();
+        m.count_overloaded_error();
+        assert_eq!(m.errors_with_code(0x1100), 1);
+        assert_eq!(m.errors_with_code(0xF000), 1);
+        assert_eq!(
+            m.errors_with_code(0x4242),
+            1,
+            "unlisted codes count as other"
+        );
+        assert_eq!(m.errors_with_code(0x1001), 1);
     }
 
     #[tokio::test]

@@ -90,6 +90,10 @@ fn fixed<const N: usize>(bytes: &[u8]) -> Option<[u8; N]> {
 /// Reads one Cassandra unsigned vint; returns the value and the bytes consumed.
 fn read_unsigned_vint(buf: &[u8]) -> Option<(u64, usize)> {
     let first = *buf.first()?;
+    // One byte, the common case (small months, days and timeouts in nanoseconds' low bits).
+    if first < 0x80 {
+        return Some((u64::from(first), 1));
+    }
     let extra = first.leading_ones() as usize;
     let rest = buf.get(1..1 + extra)?;
     let mut v = if extra >= 8 {
@@ -127,8 +131,9 @@ fn write_signed_vint(v: i64, out: &mut Vec<u8>) {
     write_unsigned_vint(((v << 1) ^ (v >> 63)) as u64, out);
 }
 
-/// Decodes a serialized duration, checking the sign rule and ranges.
-fn decode_duration(bytes: &[u8]) -> Result<Duration, ValueError> {
+/// Decodes a serialized duration, checking the sign rule and ranges: what
+/// [`Value::decode`] does for a `duration`, without building a type or a value.
+pub fn decode_duration(bytes: &[u8]) -> Result<Duration, ValueError> {
     const BAD: ValueError = ValueError("invalid duration");
     let (months, a) = read_signed_vint(bytes).ok_or(BAD)?;
     let (days, b) = read_signed_vint(bytes.get(a..).ok_or(BAD)?).ok_or(BAD)?;

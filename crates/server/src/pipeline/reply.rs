@@ -131,23 +131,38 @@ pub fn reject(mut request: Request, rejection: Rejection) {
         }
         Rejection::Expired(kind) => {
             metrics.expired_before_execution.fetch_add(1, Relaxed);
-            let (code, frame) = if kind == RequestKind::Write {
-                (ErrorCode::WriteTimeout, &frames.write_timeout)
+            let frame = if kind == RequestKind::Write {
+                metrics.count_error_code::<{ ErrorCode::WriteTimeout as u32 }>();
+                &frames.write_timeout
             } else {
-                (ErrorCode::ReadTimeout, &frames.read_timeout)
+                metrics.count_error_code::<{ ErrorCode::ReadTimeout as u32 }>();
+                &frames.read_timeout
             };
-            metrics.count_error(code as u32);
             outbox.push(|b| {
                 frame.append(b, stream);
             });
         }
         Rejection::RateLimited(op) => {
             let negotiated = request.conn.opt_ins.get().rate_limit_error;
-            let error = DbError::RateLimitReached {
-                op: protocol_op(op),
-                rejected_by_coordinator: true,
-            };
-            metrics.count_error(error.for_client(negotiated).code() as u32);
+            debug_assert_eq!(
+                DbError::RateLimitReached {
+                    op: protocol_op(op),
+                    rejected_by_coordinator: true,
+                }
+                .for_client(negotiated)
+                .code(),
+                if negotiated {
+                    ErrorCode::RateLimitReached
+                } else {
+                    ErrorCode::ConfigError
+                },
+                "the code counted is the code answered"
+            );
+            if negotiated {
+                metrics.count_error_code::<{ ErrorCode::RateLimitReached as u32 }>();
+            } else {
+                metrics.count_error_code::<{ ErrorCode::ConfigError as u32 }>();
+            }
             metrics.rejected_rate_limited.fetch_add(1, Relaxed);
             let frame = frames.rate_limit(protocol_op(op), negotiated);
             outbox.push(|b| {
