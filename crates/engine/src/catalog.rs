@@ -229,10 +229,16 @@ impl TableDef {
                 id: *id.as_bytes(),
                 clustering: Vec::new(),
                 regular: None,
+                gc_grace_seconds: sluice_storage::DEFAULT_GC_GRACE_SECONDS,
             },
         };
         t.reindex();
         t
+    }
+
+    /// `gc_grace_seconds` as storage takes it (the option is validated non-negative).
+    fn gc_grace_for_storage(&self) -> u32 {
+        u32::try_from(self.options.gc_grace_seconds).unwrap_or(0)
     }
 
     /// Recomputes the key index vectors and the storage layout after a column change.
@@ -257,6 +263,7 @@ impl TableDef {
                 .map(|&i| (self.columns[i].ty.clone(), self.columns[i].order))
                 .collect(),
             regular: Some(Arc::new(RegularColumns::new(regular))),
+            gc_grace_seconds: self.gc_grace_for_storage(),
         };
     }
 

@@ -170,7 +170,15 @@ pub(crate) fn apply_table_options(
                 }
                 o.default_time_to_live = t;
             }
-            "gc_grace_seconds" => o.gc_grace_seconds = option_int(n, v)?,
+            "gc_grace_seconds" => {
+                let g = option_int(n, v)?;
+                if g < 0 {
+                    return Err(config_error(
+                        "gc_grace_seconds must be greater than or equal to 0",
+                    ));
+                }
+                o.gc_grace_seconds = g;
+            }
             "bloom_filter_fp_chance" => o.bloom_filter_fp_chance = option_f64(n, v)?,
             "crc_check_chance" => o.crc_check_chance = option_f64(n, v)?,
             "caching" => o.caching = option_map(n, v)?,

@@ -281,6 +281,11 @@ impl std::fmt::Debug for Engine {
 pub(crate) fn storage_error(e: StorageError) -> DetailedError {
     match e {
         StorageError::TooLarge(m) => DetailedError::new(DbError::Invalid, m),
+        // Cassandra answers its TombstoneOverwhelmingException with Read_failure.
+        StorageError::TooManyTombstones => DetailedError::new(
+            DbError::ReadFailure,
+            "Scanned over more tombstones than tombstone_failure_threshold allows; query aborted",
+        ),
         StorageError::Io(m) | StorageError::Corrupt(m) => {
             DetailedError::new(DbError::ServerError, m)
         }

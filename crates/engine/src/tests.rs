@@ -1099,6 +1099,54 @@ async fn use_keyspace_route_and_invalidation() {
 }
 
 #[tokio::test]
+async fn gc_grace_seconds_is_validated_described_listed_and_handed_to_storage() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.g (k int PRIMARY KEY, v int)").await;
+    assert_eq!(
+        h.engine.table("ks", "g").unwrap().layout.gc_grace_seconds,
+        864_000
+    );
+    h.ok("ALTER TABLE ks.g WITH gc_grace_seconds = 0").await;
+    assert_eq!(
+        h.engine.table("ks", "g").unwrap().layout.gc_grace_seconds,
+        0
+    );
+    h.ok("CREATE TABLE ks.g2 (k int PRIMARY KEY) WITH gc_grace_seconds = 3600")
+        .await;
+    assert_eq!(
+        h.engine.table("ks", "g2").unwrap().layout.gc_grace_seconds,
+        3600
+    );
+    let t = h.select("SELECT gc_grace_seconds FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = 'g2'", vec![]).await;
+    assert_eq!(cint(&t[0][0]), 3600);
+    let stmt = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.g2", vec![]).await)[0][3]);
+    assert!(stmt.contains("AND gc_grace_seconds = 3600"), "{stmt}");
+    // As Cassandra: a ConfigurationException, and the table keeps its value.
+    for bad in ["-1", "'x'", "1.5"] {
+        let e = h
+            .err(
+                &format!("ALTER TABLE ks.g2 WITH gc_grace_seconds = {bad}"),
+                vec![],
+            )
+            .await;
+        assert_eq!(e.code(), ErrorCode::ConfigError, "{bad}");
+    }
+    let e = h
+        .err(
+            "CREATE TABLE ks.g3 (k int PRIMARY KEY) WITH gc_grace_seconds = -5",
+            vec![],
+        )
+        .await;
+    assert_eq!(e.code(), ErrorCode::ConfigError);
+    assert!(h.engine.table("ks", "g3").is_none());
+    assert_eq!(
+        h.engine.table("ks", "g2").unwrap().options.gc_grace_seconds,
+        3600
+    );
+}
+
+#[tokio::test]
 async fn describe_outputs_recreatable_cql() {
     let mut h = H::new();
     h.setup_kv().await;

@@ -84,6 +84,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_PERIODIC_SYNC_MS", value_name = "MS")]
     pub periodic_sync_ms: Option<u64>,
 
+    /// Most tombstones (deleted or expired rows, deleted partitions) one read may step over;
+    /// past it the read fails with Read_failure, as Cassandra's tombstone_failure_threshold
+    /// [default: 100000].
+    #[arg(long, env = "SLUICE_TOMBSTONE_FAILURE_THRESHOLD", value_name = "N")]
+    pub tombstone_failure_threshold: Option<usize>,
+
     /// Largest accepted frame (e.g. 16MiB, 256KiB, 1048576); larger frames get a protocol
     /// error and the connection is closed [default: 16MiB].
     #[arg(long, env = "SLUICE_MAX_FRAME_BYTES", value_name = "SIZE")]
@@ -262,6 +268,7 @@ struct FileConfig {
     shards: Option<usize>,
     durability: Option<DurabilityArg>,
     periodic_sync_ms: Option<u64>,
+    tombstone_failure_threshold: Option<usize>,
     max_frame_bytes: Option<toml::Value>,
     shard_aware_port: Option<toml::Value>,
     metrics_listen: Option<String>,
@@ -308,6 +315,8 @@ pub struct ResolvedConfig {
     pub durability: DurabilityArg,
     /// Periodic fsync interval.
     pub periodic_sync: Duration,
+    /// Most tombstones one read may step over.
+    pub tombstone_failure_threshold: usize,
     /// Maximum frame size in bytes.
     pub max_frame_bytes: usize,
     /// Shard-aware port, if enabled.
@@ -434,6 +443,13 @@ impl ServeArgs {
             .unwrap_or(10_000);
         if periodic_ms == 0 {
             bail!("periodic-sync-ms must be positive");
+        }
+        let tombstone_failure_threshold = self
+            .tombstone_failure_threshold
+            .or(file.tombstone_failure_threshold)
+            .unwrap_or(sluice_storage::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD);
+        if tombstone_failure_threshold == 0 {
+            bail!("tombstone-failure-threshold must be positive");
         }
         let per_conn = self
             .max_inflight_per_connection
@@ -580,6 +596,7 @@ impl ServeArgs {
                 .or(file.durability)
                 .unwrap_or(DurabilityArg::Batch),
             periodic_sync: Duration::from_millis(periodic_ms),
+            tombstone_failure_threshold,
             max_frame_bytes,
             shard_aware_port,
             metrics_listen,
@@ -859,6 +876,34 @@ mod tests {
         assert_eq!(c.other_timeout, Duration::from_secs(10));
         assert!(c.shards >= 1);
         assert!(!c.transparent_huge_pages, "off unless asked for");
+        assert_eq!(c.tombstone_failure_threshold, 100_000);
+    }
+
+    #[test]
+    fn tombstone_failure_threshold_comes_from_flag_or_file_and_is_positive() {
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-tomb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice.toml");
+        std::fs::write(&path, "tombstone_failure_threshold = 500\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(
+            from_file.resolve().unwrap().tombstone_failure_threshold,
+            500
+        );
+        let flag = ServeArgs {
+            tombstone_failure_threshold: Some(7),
+            ..from_file.clone()
+        };
+        assert_eq!(flag.resolve().unwrap().tombstone_failure_threshold, 7);
+        let zero = ServeArgs {
+            tombstone_failure_threshold: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(zero.resolve().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -125,6 +125,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         stores: cfg.shards,
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
+    storage.set_tombstone_failure_threshold(cfg.tombstone_failure_threshold);
 
     let tls = match &cfg.tls {
         Some(files) => Some(Arc::new(

@@ -18,6 +18,7 @@ fn layout() -> TableLayout {
         id: [3; 16],
         clustering: vec![(CqlType::Native(NativeType::Bigint), Order::Asc)],
         regular: None,
+        gc_grace_seconds: sluice_storage::DEFAULT_GC_GRACE_SECONDS,
     }
 }
 

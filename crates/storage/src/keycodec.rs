@@ -123,6 +123,23 @@ pub fn split_data_key(key: &[u8]) -> Result<(i64, Vec<u8>, u8, &[u8]), StorageEr
     Ok((token_from_bytes(token_raw), pk, kind, clustering))
 }
 
+/// The kind byte of a data key ([`KIND_HEADER`] or [`KIND_ROW`]), found without copying the
+/// partition key; None for a malformed key.
+pub fn data_key_kind(key: &[u8]) -> Option<u8> {
+    let rest = key.get(TOKEN_LEN..)?;
+    let mut i = 0;
+    loop {
+        match rest.get(i)? {
+            0 => match rest.get(i + 1)? {
+                0xFF => i += 2,
+                0x01 => return rest.get(i + 2).copied(),
+                _ => return None,
+            },
+            _ => i += 1,
+        }
+    }
+}
+
 /// Encodes a clustering key or prefix (values in clustering order) into `out`.
 pub fn encode_clustering(
     columns: &[(CqlType, Order)],

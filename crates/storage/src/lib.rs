@@ -6,6 +6,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod background;
+#[cfg(test)]
+mod gc_tests;
 mod journal_sync;
 pub mod keycodec;
 mod memtable_reaper;
@@ -20,7 +22,7 @@ mod tests;
 
 pub use model::*;
 pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
-pub use store::MAX_DEAD_ROWS_PER_READ;
+pub use store::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
 
 use bytes::Bytes;
 use std::ops::Bound;
@@ -62,6 +64,10 @@ pub enum StorageError {
     Corrupt(&'static str),
     /// A value or key is larger than storage accepts.
     TooLarge(&'static str),
+    /// A read stepped over more dead entries (deleted or expired rows, deleted partitions)
+    /// than the tombstone failure threshold allows, as Cassandra's
+    /// TombstoneOverwhelmingException.
+    TooManyTombstones,
     /// Storage is shutting down.
     Closed,
 }
@@ -72,6 +78,9 @@ impl std::fmt::Display for StorageError {
             StorageError::Io(m) => write!(f, "storage I/O error: {m}"),
             StorageError::Corrupt(m) => write!(f, "storage corruption: {m}"),
             StorageError::TooLarge(m) => write!(f, "too large for storage: {m}"),
+            StorageError::TooManyTombstones => {
+                f.write_str("read stepped over more tombstones than tombstone_failure_threshold")
+            }
             StorageError::Closed => f.write_str("storage is closed"),
         }
     }

@@ -35,7 +35,13 @@ pub struct TableLayout {
     /// The table's regular columns, which let a write that sets all of them skip reading the
     /// row it replaces; `None`: every write merges into the stored row.
     pub regular: Option<Arc<RegularColumns>>,
+    /// `gc_grace_seconds`: how long tombstones and expired cells are kept before compaction
+    /// may purge them.
+    pub gc_grace_seconds: u32,
 }
+
+/// Cassandra's default `gc_grace_seconds` (ten days).
+pub const DEFAULT_GC_GRACE_SECONDS: u32 = 864_000;
 
 impl TableLayout {
     /// Retires the regular column set, if any (see `RegularColumns::retire`).

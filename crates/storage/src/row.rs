@@ -10,14 +10,57 @@
 //! live value, then the greater value, then the later expiry (Cassandra's rules). Counter
 //! deltas add. Data shadowed by a deletion stored in the same row is dropped at merge time,
 //! and rows entirely shadowed by a partition or range deletion are removed by `apply`.
-//! Tombstones themselves are kept forever (no gc_grace purge yet): they must keep
-//! shadowing late writes with older timestamps.
+//! Tombstones must keep shadowing late writes with older timestamps, so they stay until
+//! they are older than the table's gc_grace_seconds; then compaction purges them
+//! ([`GcHorizon`]).
 
 use crate::keycodec::ByteRange;
 use crate::model::{CellValue, ColumnId, Liveness, ReadCell, ReadRow, RowMutation};
 use crate::StorageError;
 use bytes::{Bytes, BytesMut};
 use std::cmp::Ordering;
+
+/// The point before which compaction may purge tombstones and expired cells: a tombstone
+/// (deletion) written before `tombstones_before` (µs, its write timestamp), and a TTL cell
+/// or liveness that expired at or before `expired_by` (epoch seconds), as Cassandra drops
+/// them once they are older than gc_grace_seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcHorizon {
+    /// Deletions with a timestamp (µs) below this are purged.
+    pub tombstones_before: i64,
+    /// TTL cells and liveness that expired at or before this (epoch seconds) are purged.
+    pub expired_by: u32,
+}
+
+impl GcHorizon {
+    /// The horizon at `now_secs` for a table with `gc_grace_seconds`.
+    pub fn new(now_secs: u32, gc_grace_seconds: u32) -> GcHorizon {
+        let before_secs = i64::from(now_secs) - i64::from(gc_grace_seconds);
+        GcHorizon {
+            tombstones_before: before_secs.saturating_mul(1_000_000),
+            expired_by: now_secs.saturating_sub(gc_grace_seconds),
+        }
+    }
+
+    fn tombstone_purgeable(&self, timestamp: i64) -> bool {
+        timestamp < self.tombstones_before
+    }
+
+    fn expiry_purgeable(&self, expiry: Option<(u32, u32)>) -> bool {
+        matches!(expiry, Some((at, _)) if at <= self.expired_by)
+    }
+}
+
+/// What a gc purge did to a stored row or header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// Nothing was purgeable.
+    Unchanged,
+    /// Something was purged; something is left.
+    Changed,
+    /// Nothing is left: the entry can go.
+    Emptied,
+}
 
 /// What a stored cell holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,6 +339,57 @@ impl StoredRow {
         self.purge_shadowed();
     }
 
+    /// True when the row holds nothing at all (no liveness, deletion or cell).
+    pub fn is_empty(&self) -> bool {
+        self.liveness.is_none()
+            && self.deletion.is_none()
+            && self.collection_deletions.is_empty()
+            && self.cells.is_empty()
+    }
+
+    /// Drops the tombstones and expired cells behind `horizon`. What a purged deletion hid
+    /// is dropped first (it is already shadowed in this row), so nothing reappears.
+    pub fn purge_gc(&mut self, horizon: &GcHorizon) -> Purge {
+        let before = (
+            self.liveness,
+            self.deletion,
+            self.collection_deletions.len(),
+            self.cells.len(),
+        );
+        self.purge_shadowed();
+        if self
+            .deletion
+            .is_some_and(|d| horizon.tombstone_purgeable(d))
+        {
+            self.deletion = None;
+        }
+        if self
+            .liveness
+            .is_some_and(|l| horizon.expiry_purgeable(l.expiry))
+        {
+            self.liveness = None;
+        }
+        self.collection_deletions
+            .retain(|&(_, ts)| !horizon.tombstone_purgeable(ts));
+        self.cells.retain(|c| match c.value {
+            StoredValue::Tombstone => !horizon.tombstone_purgeable(c.timestamp),
+            _ => !horizon.expiry_purgeable(c.expiry),
+        });
+        let after = (
+            self.liveness,
+            self.deletion,
+            self.collection_deletions.len(),
+            self.cells.len(),
+        );
+        if self.is_empty() {
+            Purge::Emptied
+        } else if after == before {
+            Purge::Unchanged
+        } else {
+            Purge::Changed
+        }
+    }
+
     /// Drops the liveness, cells and collection deletions that a deletion in this row hides.
     fn purge_shadowed(&mut self) {
         if let Some(del) = self.deletion {
@@ -566,6 +660,26 @@ impl PartitionHeader {
             .filter(|t| t.range.contains(clustering))
             .map(|t| t.timestamp)
             .fold(self.deletion, |acc, ts| max_opt(acc, Some(ts)))
+    }
+
+    /// Purges its static row behind `horizon`. The partition deletion and range tombstones
+    /// stay: they shadow rows stored under other keys, possibly in disk tables this
+    /// compaction does not see, so dropping them could bring those rows back.
+    pub fn purge_gc(&mut self, horizon: &GcHorizon) -> Purge {
+        let outcome = match &mut self.static_row {
+            Some(s) => s.purge_gc(horizon),
+            None => Purge::Unchanged,
+        };
+        if outcome == Purge::Emptied {
+            self.static_row = None;
+        }
+        if self.is_empty() {
+            Purge::Emptied
+        } else if outcome == Purge::Unchanged {
+            Purge::Unchanged
+        } else {
+            Purge::Changed
+        }
     }
 
     /// True when the header carries nothing.

@@ -354,6 +354,27 @@ impl Storage {
             .sum()
     }
 
+    /// Sets the most dead entries (deleted or expired rows, deleted partitions) one read or
+    /// scan page may step over before it fails with `StorageError::TooManyTombstones`
+    /// (Cassandra's tombstone_failure_threshold; default
+    /// [`crate::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD`]).
+    pub fn set_tombstone_failure_threshold(&self, threshold: usize) {
+        for store in self.inner.stores.iter() {
+            store.set_tombstone_failure_threshold(threshold);
+        }
+    }
+
+    /// Test hook: flushes and fully compacts a table in every store; returns the entries
+    /// then on disk, engine tombstones included.
+    #[cfg(test)]
+    pub(crate) fn compact_table(&self, table: TableId) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.compact_table(table))
+            .sum()
+    }
+
     /// Test hook: holds every sync thread before its next fsync while the guards live.
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {

@@ -63,6 +63,7 @@ fn layout() -> TableLayout {
             (CqlType::Native(NativeType::Text), Order::Desc),
         ],
         regular: None,
+        gc_grace_seconds: crate::DEFAULT_GC_GRACE_SECONDS,
     }
 }
 
@@ -71,6 +72,7 @@ fn layout_no_ck(id: TableId) -> TableLayout {
         id,
         clustering: vec![],
         regular: None,
+        gc_grace_seconds: crate::DEFAULT_GC_GRACE_SECONDS,
     }
 }
 
@@ -85,6 +87,7 @@ fn layout_replaceable(id: TableId) -> TableLayout {
             (2, false),
             (3, true),
         ]))),
+        gc_grace_seconds: crate::DEFAULT_GC_GRACE_SECONDS,
     }
 }
 
@@ -1268,6 +1271,7 @@ mod model_check {
                 (1, false),
                 (2, false),
             ]))),
+            gc_grace_seconds: crate::DEFAULT_GC_GRACE_SECONDS,
         }
     }
 

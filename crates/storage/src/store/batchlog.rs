@@ -93,6 +93,7 @@ impl Prepared {
             entries,
             stripes,
             tables,
+            gc_grace: Vec::new(),
         })
     }
 }

@@ -32,6 +32,9 @@ pub(crate) struct Prepared {
     pub(super) stripes: Vec<usize>,
     /// Tables written, ascending and unique.
     pub(super) tables: Vec<TableId>,
+    /// The gc_grace_seconds of each table written, as its layout gave it (none when
+    /// replayed from a batchlog record).
+    pub(super) gc_grace: Vec<(TableId, u32)>,
 }
 
 impl Store {
@@ -43,6 +46,7 @@ impl Store {
         let mut entries: BTreeMap<(TableId, Vec<u8>), Pending> = BTreeMap::new();
         let mut stripes = Vec::with_capacity(mutations.size_hint().0);
         let mut tables: Vec<TableId> = Vec::with_capacity(1);
+        let mut gc_grace: Vec<(TableId, u32)> = Vec::with_capacity(1);
         for (layout, m) in mutations {
             if layout.id != m.table {
                 return Err(StorageError::Corrupt(
@@ -51,6 +55,7 @@ impl Store {
             }
             if !tables.contains(&m.table) {
                 tables.push(m.table);
+                gc_grace.push((m.table, layout.gc_grace_seconds));
             }
             let prefix = keycodec::partition_prefix(m.token, &m.partition_key);
             if prefix.len() + 1 > MAX_KEY_LEN {
@@ -136,6 +141,7 @@ impl Store {
             entries,
             stripes,
             tables,
+            gc_grace,
         })
     }
 
@@ -153,6 +159,7 @@ impl Store {
             entries,
             stripes,
             tables,
+            gc_grace,
         } = prepared;
         if entries.is_empty() && batchlog.is_none() {
             return Ok(self.commit.applied.load(Ordering::Acquire));
@@ -160,6 +167,11 @@ impl Store {
         // Held to the end, purges included: no TRUNCATE or DROP retires a keyspace while this
         // write uses it. Taken before the stripes, as every holder does.
         let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
+        for (table, seconds) in &gc_grace {
+            if let Some(keyspace) = registry.keyspace(table) {
+                self.gc_graces.note(keyspace.name(), *seconds);
+            }
+        }
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
         // Room for every entry, the batchlog record and a timestamp-ceiling move.
         let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)

@@ -27,18 +27,20 @@
 //! tombstones, static row) with a point `get`, then the rows of each clustering range, or a
 //! point `get` for a full primary key. Deletions and TTL are applied at read time; dead
 //! rows are skipped and counted, and a read that steps over too many fails
-//! (`MAX_DEAD_ROWS_PER_READ`) rather than running unbounded.
+//! (the tombstone failure threshold) rather than running unbounded.
 //!
 //! Files, by concern: this one holds the `Store` type, its open and close; `commit.rs` the
 //! write path (`prepare`, `commit`); `ceiling.rs` the persisted timestamp ceiling;
 //! `batchlog.rs` the codec of batches that span stores; `sync.rs` the sync thread and the
-//! durability waits; `purge.rs` the removal of shadowed rows; `read.rs` partition reads;
+//! durability waits; `purge.rs` the removal of shadowed rows; `gc.rs` the compaction filter that purges
+//! tombstones and expired cells past gc_grace_seconds; `read.rs` partition reads;
 //! `scan.rs` token-range scans; `merge.rs` the merge of several stores' ranges; `tables.rs`
 //! the table keyspaces, TRUNCATE, DROP and the background deletion of old keyspaces.
 
 mod batchlog;
 mod ceiling;
 mod commit;
+mod gc;
 mod merge;
 mod purge;
 mod read;
@@ -49,7 +51,7 @@ mod tables;
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
-pub use read::MAX_DEAD_ROWS_PER_READ;
+pub use read::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
@@ -60,7 +62,7 @@ use crate::memtable_reaper::MemtableReaper;
 use crate::model::TableId;
 use crate::{Durability, StorageError};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -106,6 +108,10 @@ pub(crate) struct Store {
     ceiling: TimestampCeiling,
     /// Rows written without reading the row they replace, for tests and metrics.
     replaced_rows: AtomicU64,
+    /// Most dead entries one read or scan page may step over (see `StorageError::TooManyTombstones`).
+    tombstone_failure_threshold: AtomicUsize,
+    /// Each table keyspace's gc_grace_seconds, read by its compaction filter.
+    gc_graces: Arc<gc::GcGraces>,
     commit: Arc<CommitShared>,
     durability: Durability,
     sync_thread: Mutex<Option<JoinHandle<()>>>,
@@ -148,6 +154,8 @@ impl Store {
         cache_bytes: u64,
         journal_bytes_per_memtable: u64,
     ) -> Result<Store, StorageError> {
+        let gc_graces = Arc::new(gc::GcGraces::default());
+        let assigner_graces = gc_graces.clone();
         let db = Database::builder(path)
             .cache_size(cache_bytes)
             // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
@@ -156,6 +164,12 @@ impl Store {
             // memtables so that old journals can go (each memtable is bounded by fjall's
             // per-keyspace limit).
             .max_journaling_size(MAX_JOURNAL_BYTES)
+            .with_compaction_filter_factories(Arc::new(move |name: &str| {
+                tables::is_table_keyspace(name).then(|| {
+                    Arc::new(gc::GcFilterFactory::new(assigner_graces.clone(), name))
+                        as Arc<dyn fjall::compaction::filter::Factory>
+                })
+            }))
             .open()
             .map_err(io)?;
         if db.keyspace_exists(SHARED_DATA_KEYSPACE) {
@@ -230,6 +244,8 @@ impl Store {
                 moving: Mutex::new(()),
             },
             replaced_rows: AtomicU64::new(0),
+            tombstone_failure_threshold: AtomicUsize::new(DEFAULT_TOMBSTONE_FAILURE_THRESHOLD),
+            gc_graces,
             commit,
             durability,
             sync_thread: Mutex::new(Some(handle)),
@@ -304,6 +320,29 @@ impl Store {
             .map_or(0, |k| k.iter().count())
     }
 
+    /// Sets the most dead entries one read may step over before it fails.
+    pub(crate) fn set_tombstone_failure_threshold(&self, threshold: usize) {
+        self.tombstone_failure_threshold
+            .store(threshold, Ordering::Relaxed);
+    }
+
+    pub(super) fn tombstone_failure_threshold(&self) -> usize {
+        self.tombstone_failure_threshold.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: flushes a table's memtable and compacts all its disk tables into one (the
+    /// last level); returns the entries then on disk, engine tombstones included.
+    #[cfg(test)]
+    pub(crate) fn compact_table(&self, table: TableId) -> usize {
+        let registry = self.tables.read();
+        let Some(keyspace) = registry.keyspace(&table) else {
+            return 0;
+        };
+        keyspace.rotate_memtable_and_wait().unwrap();
+        keyspace.major_compact().unwrap();
+        keyspace.approximate_len()
+    }
+
     /// Test hook: memtables the sync thread sealed because the journal grew.
     #[cfg(test)]
     pub(crate) fn memtables_sealed_for_journal(&self) -> u64 {
@@ -356,14 +395,28 @@ impl Store {
     /// is deleted in the background.
     pub(crate) fn truncate(&self, table: TableId) -> Result<(), StorageError> {
         self.check_open()?;
-        self.tables.retire(&self.db, &self.meta, &table, false)
+        self.retire_table(table, false)
     }
 
     /// Drops a table (DROP TABLE): its data is deleted in the background, and writes that
     /// race with the drop are discarded.
     pub(crate) fn drop_table(&self, table: TableId) -> Result<(), StorageError> {
         self.check_open()?;
-        self.tables.retire(&self.db, &self.meta, &table, true)
+        self.retire_table(table, true)
+    }
+
+    /// TRUNCATE (`drop` false) or DROP TABLE, forgetting the old keyspace's gc grace.
+    fn retire_table(&self, table: TableId, drop: bool) -> Result<(), StorageError> {
+        let old = self
+            .tables
+            .read()
+            .keyspace(&table)
+            .map(|k| k.name().to_string());
+        self.tables.retire(&self.db, &self.meta, &table, drop)?;
+        if let Some(name) = old {
+            self.gc_graces.forget(&name);
+        }
+        Ok(())
     }
 
     /// Test hook: journal files on disk, the active one included.

@@ -9,9 +9,10 @@ use bytes::Bytes;
 use fjall::{Keyspace, Readable};
 use std::ops::Bound;
 
-/// Most dead entries (tombstoned or expired rows) one read may step over before it fails,
-/// like Cassandra's tombstone_failure_threshold: a read's cost stays bounded.
-pub const MAX_DEAD_ROWS_PER_READ: usize = 100_000;
+/// Most dead entries (tombstoned or expired rows) one read may step over before it fails
+/// unless configured otherwise: Cassandra's tombstone_failure_threshold default. A read's
+/// cost stays bounded.
+pub const DEFAULT_TOMBSTONE_FAILURE_THRESHOLD: usize = 100_000;
 
 impl Store {
     /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
@@ -162,10 +163,8 @@ impl Store {
                     }
                     None => {
                         dead += 1;
-                        if dead > MAX_DEAD_ROWS_PER_READ {
-                            return Err(StorageError::TooLarge(
-                                "read stepped over too many dead rows",
-                            ));
+                        if dead > self.tombstone_failure_threshold() {
+                            return Err(StorageError::TooManyTombstones);
                         }
                     }
                 }

@@ -3,7 +3,7 @@
 use super::merge::MergedRange;
 use super::read::read_header;
 use super::tables::TablesRead;
-use super::{Store, MAX_DEAD_ROWS_PER_READ};
+use super::Store;
 use crate::keycodec::{self, KIND_HEADER, KIND_ROW};
 use crate::model::{PartitionRead, TableLayout};
 use crate::row::{PartitionHeader, StoredRow};
@@ -34,6 +34,12 @@ impl Store {
         for store in stores {
             store.check_open()?;
         }
+        // Every store is set alike (`Storage::set_tombstone_failure_threshold`).
+        let threshold = stores
+            .first()
+            .map_or(super::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, |s| {
+                s.tombstone_failure_threshold()
+            });
         // One registry guard per store, in store order (each store has its own lock).
         let registries: Vec<TablesRead<'_>> = stores.iter().map(|s| s.tables.read()).collect();
         let keyspaces: Vec<Option<&Keyspace>> =
@@ -161,10 +167,8 @@ impl Store {
                     if !c.static_counted {
                         // A header that yields nothing (a deleted partition) is dead weight.
                         dead += 1;
-                        if dead > MAX_DEAD_ROWS_PER_READ {
-                            return Err(StorageError::TooLarge(
-                                "scan stepped over too many dead rows",
-                            ));
+                        if dead > threshold {
+                            return Err(StorageError::TooManyTombstones);
                         }
                     }
                     continue;
@@ -196,10 +200,8 @@ impl Store {
                 }
                 None => {
                     dead += 1;
-                    if dead > MAX_DEAD_ROWS_PER_READ {
-                        return Err(StorageError::TooLarge(
-                            "scan stepped over too many dead rows",
-                        ));
+                    if dead > threshold {
+                        return Err(StorageError::TooManyTombstones);
                     }
                 }
             }

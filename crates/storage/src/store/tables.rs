@@ -135,6 +135,11 @@ fn keyspace_name(n: u64) -> String {
     format!("{KEYSPACE_NAME_PREFIX}{n}")
 }
 
+/// True when `name` is a table keyspace's name (not the meta keyspace's).
+pub(super) fn is_table_keyspace(name: &str) -> bool {
+    keyspace_number(name).is_some()
+}
+
 /// The number of a keyspace named by [`keyspace_name`], or None for any other name.
 fn keyspace_number(name: &str) -> Option<u64> {
     let digits = name.strip_prefix(KEYSPACE_NAME_PREFIX)?;
