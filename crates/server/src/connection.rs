@@ -186,6 +186,12 @@ pub enum LoginPhase {
 }
 
 impl ConnState {
+    /// Runs `f` with the session's current keyspace, borrowed: no copy of its name per
+    /// request. `f` must not touch the session itself.
+    pub fn with_keyspace<R>(&self, f: impl FnOnce(Option<&str>) -> R) -> R {
+        f(self.session.borrow().keyspace.as_deref())
+    }
+
     /// A new connection's state on `shard`: not started, no compression, empty outbox.
     pub fn new(shard: &ShardCtx) -> ConnState {
         ConnState {

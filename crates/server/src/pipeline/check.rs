@@ -124,10 +124,9 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
         } => check_single(shard, prepared, values, using_timeout, deadline),
         Subject::Batch { batch, .. } => {
             // A batch counts one write per distinct partition of a limited table.
-            let keyspace = request.conn.session.borrow().keyspace.clone();
-            let parts = shard
-                .engine
-                .batch_limited_partitions(keyspace.as_deref(), batch);
+            let parts = request
+                .conn
+                .with_keyspace(|ks| shard.engine.batch_limited_partitions(ks, batch));
             Ok(Checked {
                 deadline,
                 owner: None,

@@ -187,8 +187,7 @@ pub fn classify(
         }
         R::Query { query, params } => {
             let text = std::str::from_utf8(&query).map_err(|_| DetailedError::from(NOT_UTF8))?;
-            let keyspace = conn.session.borrow().keyspace.clone();
-            let prepared = shard.engine.prepare(keyspace.as_deref(), text)?;
+            let prepared = conn.with_keyspace(|ks| shard.engine.prepare(ks, text))?;
             single(shard, prepared, params)?
         }
         R::Execute { id, params } => match known {
@@ -234,14 +233,13 @@ fn batch_timeout(
     batch: &BatchRequest,
 ) -> Result<Option<Duration>, DetailedError> {
     let engine = &request.shard.engine;
-    let keyspace = request.conn.session.borrow().keyspace.clone();
     let mut smallest: Option<Duration> = None;
     for entry in &batch.entries {
         let prepared = match &entry.statement {
             BatchQuery::Prepared(id) => engine.prepared(id),
             BatchQuery::Text(text) => std::str::from_utf8(text)
                 .ok()
-                .and_then(|q| engine.prepare(keyspace.as_deref(), q).ok()),
+                .and_then(|q| request.conn.with_keyspace(|ks| engine.prepare(ks, q)).ok()),
         };
         let Some(prepared) = prepared else { continue };
         if entry.values.len() != prepared.bind_specs.len() {

@@ -107,8 +107,7 @@ pub fn handle(request: Request, control: Control) {
         Control::Prepare(query) => {
             // Validated by `classify`; an empty text would only fail to parse.
             let text = std::str::from_utf8(&query).unwrap_or_default();
-            let keyspace = conn.session.borrow().keyspace.clone();
-            match shard.engine.prepare(keyspace.as_deref(), text) {
+            match conn.with_keyspace(|ks| shard.engine.prepare(ks, text)) {
                 Ok(p) => {
                     let mut result = shard.engine.prepared_result(&p);
                     // ScyllaDB's LWT bit is only for connections that opted in at STARTUP.
