@@ -1,7 +1,8 @@
 //! Prints the ownership balance of rings grown with the token allocator: for each node
 //! count, every node's primary share and its replicated share at RF 3 (rack per node).
 //!
-//! `cargo run -p sluice-ring --example ownership -- [num_tokens] [seed] [rf-aware]`
+//! `cargo run -p sluice-ring --example ownership -- [num_tokens] [seed] [rf-aware|random]`
+//! (`random`: the mean over 20 rings of random tokens, ScyllaDB's scheme, for comparison).
 
 use sluice_ring::allocation::{allocate_tokens_for_replication, replicated_ownership};
 use sluice_ring::{
@@ -20,7 +21,12 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let num_tokens: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
     let seed: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
-    let rf_aware = args.next().as_deref() == Some("rf-aware");
+    let mode = args.next().unwrap_or_default();
+    let rf_aware = mode == "rf-aware";
+    if mode == "random" {
+        random_baseline(num_tokens);
+        return;
+    }
     let rf3 = Replication::NetworkTopology {
         factors: vec![("datacenter1".into(), 3)],
     };
@@ -58,6 +64,42 @@ fn main() {
             rmin,
             rmax,
             rmax / rmean
+        );
+    }
+}
+
+/// Mean max/mean shares over 20 rings of random tokens per node count.
+fn random_baseline(num_tokens: usize) {
+    use rand::{Rng, SeedableRng};
+    let rf3 = Replication::NetworkTopology {
+        factors: vec![("datacenter1".into(), 3)],
+    };
+    for nodes in [3usize, 4, 6] {
+        let (mut primary, mut replicated) = (0.0, 0.0);
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let all: Vec<Node> = (0..nodes)
+                .map(|n| Node {
+                    host_id: Uuid::from_u128(n as u128 + 1),
+                    cql_address: ([127, 0, 0, n as u8 + 1], 9042).into(),
+                    internode_address: ([127, 0, 0, n as u8 + 1], 7000).into(),
+                    dc: "datacenter1".into(),
+                    rack: format!("rack{}", n + 1),
+                    tokens: (0..num_tokens)
+                        .map(|_| sluice_ring::Token(rng.random_range(i64::MIN + 1..=i64::MAX)))
+                        .collect(),
+                    state: NodeState::Normal,
+                })
+                .collect();
+            let meta = TokenMetadata::new(all).expect("distinct random tokens");
+            let (_, pmax, pmean) = spread(&primary_ownership(&meta));
+            let (_, rmax, rmean) = spread(&replicated_ownership(&meta, &rf3));
+            primary += pmax / pmean / 20.0;
+            replicated += rmax / rmean / 20.0;
+        }
+        println!(
+            "random {nodes} nodes x {num_tokens} tokens: mean over 20 rings of primary max/mean \
+             {primary:.3}, RF3 replicated max/mean {replicated:.3}"
         );
     }
 }
