@@ -4,7 +4,11 @@ mod common;
 
 use common::{random_ring, Layout};
 use proptest::prelude::*;
-use sluice_ring::{allocate_tokens, natural_replicas, NodeIndex, ReplicaMap, Replication, Token};
+use sluice_ring::allocation::allocate_tokens_for_replication;
+use sluice_ring::{
+    allocate_tokens, natural_replicas, Node, NodeIndex, NodeState, ReplicaMap, Replication, Token,
+    TokenMetadata,
+};
 use std::collections::HashSet;
 
 fn layout() -> impl Strategy<Value = Layout> {
@@ -85,5 +89,39 @@ proptest! {
         prop_assert_eq!(fresh.len(), n);
         prop_assert!(tokens.iter().all(|t| *t != Token::MIN && !existing.contains(t)));
         prop_assert_eq!(allocate_tokens(&meta, n, seed).unwrap(), tokens, "deterministic");
+    }
+}
+
+proptest! {
+    // Each case runs the greedy search, a few hundred placements of the whole ring.
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn replication_aware_tokens_are_new_and_valid(
+        layout in layout(), seed: u64, n in 1usize..=16, rf in 1u32..=3
+    ) {
+        let meta = random_ring(layout, seed);
+        let joining = Node {
+            host_id: uuid::Uuid::from_u128(u128::MAX),
+            cql_address: ([127, 0, 9, 9], 9042).into(),
+            internode_address: ([127, 0, 9, 9], 7000).into(),
+            dc: "dc1".into(),
+            rack: "rack-new".into(),
+            tokens: Vec::new(),
+            state: NodeState::Joining,
+        };
+        let r = Replication::NetworkTopology { factors: vec![("dc1".into(), rf)] };
+        let tokens = allocate_tokens_for_replication(&meta, &joining, &r, n, seed).unwrap();
+        prop_assert_eq!(tokens.len(), n);
+        let existing: HashSet<Token> = meta.tokens().iter().copied().collect();
+        prop_assert!(tokens.iter().all(|t| *t != Token::MIN && !existing.contains(t)));
+        let mut nodes = meta.nodes().to_vec();
+        nodes.push(Node { tokens: tokens.clone(), state: NodeState::Normal, ..joining.clone() });
+        prop_assert!(TokenMetadata::new(nodes).is_ok(), "the joined ring is valid");
+        prop_assert_eq!(
+            allocate_tokens_for_replication(&meta, &joining, &r, n, seed).unwrap(),
+            tokens,
+            "deterministic"
+        );
     }
 }
