@@ -1,7 +1,8 @@
 //! Prints the ownership balance of rings grown with the token allocator: for each node
 //! count, every node's primary share and its replicated share at RF 3 (rack per node).
 //!
-//! `cargo run -p sluice-ring --example ownership -- [num_tokens] [seed] [rf-aware|random]`
+//! `cargo run -p sluice-ring --example ownership -- [num_tokens] [seed] [rf-aware|random]
+//! [nodes]`
 //! (`random`: the mean over 20 rings of random tokens, ScyllaDB's scheme, for comparison).
 
 use sluice_ring::allocation::{allocate_tokens_for_replication, replicated_ownership};
@@ -22,6 +23,7 @@ fn main() {
     let num_tokens: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(16);
     let seed: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let mode = args.next().unwrap_or_default();
+    let max_nodes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(8);
     let rf_aware = mode == "rf-aware";
     if mode == "random" {
         random_baseline(num_tokens);
@@ -31,7 +33,8 @@ fn main() {
         factors: vec![("datacenter1".into(), 3)],
     };
     let mut nodes: Vec<Node> = Vec::new();
-    for n in 0..8usize {
+    for n in 0..max_nodes {
+        let started = std::time::Instant::now();
         let meta = TokenMetadata::new(nodes.clone()).expect("valid ring");
         let mut node = Node {
             host_id: Uuid::from_u128(n as u128 + 1),
@@ -49,6 +52,7 @@ fn main() {
         }
         .expect("tokens");
         nodes.push(node);
+        let took = started.elapsed();
         let meta = TokenMetadata::new(nodes.clone()).expect("valid ring");
         let primary = primary_ownership(&meta);
         let replicated = replicated_ownership(&meta, &rf3);
@@ -56,7 +60,7 @@ fn main() {
         let (rmin, rmax, rmean) = spread(&replicated);
         println!(
             "{} nodes x {num_tokens} tokens: primary min {:.4} max {:.4} (max/mean {:.3}); \
-             RF3 replicated min {:.4} max {:.4} (max/mean {:.3})",
+             RF3 replicated min {:.4} max {:.4} (max/mean {:.3}); allocated in {took:?}",
             n + 1,
             pmin,
             pmax,
