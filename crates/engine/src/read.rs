@@ -881,7 +881,6 @@ fn read_in_ordered(
     Ok(())
 }
 
-/// Whether a partition with no rows yields its static row alone.
 /// Most (keyspace, token) pairs one `system_views.token_replicas` read may ask for.
 const MAX_TOKEN_REPLICA_KEYS: usize = 1024;
 
@@ -924,6 +923,7 @@ fn token_replica_rows(
     Ok(system::token_replica_rows(t, schema, engine.node(), &keys))
 }
 
+/// Whether a partition with no rows yields its static row alone.
 fn static_only_allowed(s: &SelectPlan) -> bool {
     s.table.has_statics() && !s.where_.restricts_clustering()
 }
