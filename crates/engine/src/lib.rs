@@ -92,6 +92,10 @@ pub struct NodeInfo {
     pub rack: String,
     /// Gossip generation (start time in seconds).
     pub generation: i32,
+    /// The address of node-to-node messaging (`listen_address` in `system.local`).
+    pub internode_address: std::net::SocketAddr,
+    /// The token ring this node knows: on a single node, itself with its tokens.
+    pub ring: Arc<sluice_ring::TokenMetadata>,
     /// Settings shown in `system_views.settings` (name, value), by Cassandra's names where
     /// one exists (`commitlog_sync`...), so that tools can compare configurations.
     pub settings: Vec<(String, String)>,
@@ -100,7 +104,7 @@ pub struct NodeInfo {
 impl NodeInfo {
     /// A single-node identity with Cassandra's default names and one token.
     pub fn single(rpc_address: IpAddr, port: u16, host_id: Uuid) -> NodeInfo {
-        NodeInfo {
+        let mut node = NodeInfo {
             rpc_address,
             port,
             cluster_name: "Sluice Cluster".to_string(),
@@ -110,7 +114,29 @@ impl NodeInfo {
             rack: "rack1".to_string(),
             generation: (now_micros() / 1_000_000) as i32,
             settings: Vec::new(),
+            internode_address: std::net::SocketAddr::new(rpc_address, 7000),
+            ring: Arc::new(sluice_ring::TokenMetadata::new(Vec::new()).expect("empty ring")),
+        };
+        node.ring = Arc::new(node.single_node_ring().expect("token 0 makes a ring"));
+        node
+    }
+
+    /// This node as the ring describes it.
+    pub fn ring_node(&self) -> sluice_ring::Node {
+        sluice_ring::Node {
+            host_id: self.host_id,
+            cql_address: std::net::SocketAddr::new(self.rpc_address, self.port),
+            internode_address: self.internode_address,
+            dc: self.data_center.clone(),
+            rack: self.rack.clone(),
+            tokens: self.tokens.iter().map(|&t| sluice_ring::Token(t)).collect(),
+            state: sluice_ring::NodeState::Normal,
         }
+    }
+
+    /// The ring of a single-node cluster: this node alone, with its tokens.
+    pub fn single_node_ring(&self) -> Result<sluice_ring::TokenMetadata, sluice_ring::RingError> {
+        sluice_ring::TokenMetadata::new(vec![self.ring_node()])
     }
 }
 

@@ -692,7 +692,11 @@ pub(crate) async fn execute_select(
     }
     let next = if t.is_virtual() {
         let schema = engine.schema();
-        let rows = system::rows(t, &schema, engine.node(), &engine.auth().data());
+        let rows = if t.system == Some(system::SystemTable::TokenReplicas) {
+            token_replica_rows(engine, t, &filters, &schema)?
+        } else {
+            system::rows(t, &schema, engine.node(), &engine.auth().data())
+        };
         let skip = match state.as_ref().map(|s| &s.pos) {
             Some(Position::Offset(n)) => *n as usize,
             Some(_) => return Err(invalid("Invalid paging state")),
@@ -875,6 +879,48 @@ fn read_in_ordered(
         out.push_row(cells);
     }
     Ok(())
+}
+
+/// Most (keyspace, token) pairs one `system_views.token_replicas` read may ask for.
+const MAX_TOKEN_REPLICA_KEYS: usize = 1024;
+
+/// `system_views.token_replicas` rows for the keys the statement asks for: the table has a
+/// row for every (keyspace, token) pair, so it is read only with `keyspace_name` and
+/// `token_value` given by `=` or `IN`.
+fn token_replica_rows(
+    engine: &Engine,
+    t: &TableDef,
+    filters: &[ResolvedFilter],
+    schema: &crate::catalog::Schema,
+) -> Result<Vec<system::SystemRow>, DetailedError> {
+    const NEEDS_KEYS: &str = "system_views.token_replicas is read by key: \
+        WHERE keyspace_name = ? AND token_value = ? (or IN)";
+    let values = |column: &str| {
+        filters
+            .iter()
+            .find(|f| {
+                t.columns[f.col].name == column && matches!(f.op, Operator::Eq | Operator::In)
+            })
+            .map(|f| f.vals.as_slice())
+    };
+    let (Some(keyspaces), Some(tokens)) = (values("keyspace_name"), values("token_value")) else {
+        return Err(invalid(NEEDS_KEYS));
+    };
+    if keyspaces.len().saturating_mul(tokens.len()) > MAX_TOKEN_REPLICA_KEYS {
+        return Err(invalid(
+            "system_views.token_replicas: at most 1024 (keyspace, token) pairs per read",
+        ));
+    }
+    let mut keys = Vec::with_capacity(keyspaces.len() * tokens.len());
+    for ks in keyspaces {
+        let ks = std::str::from_utf8(ks).map_err(|_| invalid("keyspace_name is not UTF-8"))?;
+        for token in tokens {
+            let token =
+                codec::as_i64(token).ok_or_else(|| invalid("token_value is not a bigint"))?;
+            keys.push((ks, token));
+        }
+    }
+    Ok(system::token_replica_rows(t, schema, engine.node(), &keys))
 }
 
 /// Whether a partition with no rows yields its static row alone.

@@ -31,6 +31,9 @@ pub enum SystemTable {
     ScyllaTables,
     /// `system_views.settings`: the node's settings, by Cassandra's names.
     Settings,
+    /// `system_views.token_replicas`: the ring's replicas of a keyspace's token, so that
+    /// tests can compare drivers' token maps with the server's placement.
+    TokenReplicas,
     /// `system_auth.roles`.
     Roles,
     /// `system_auth.role_members`.
@@ -440,6 +443,18 @@ pub fn tables() -> Vec<TableDef> {
             Settings,
         ),
         def(
+            "system_views",
+            "token_replicas",
+            &[
+                ("keyspace_name", "text"),
+                ("token_value", "bigint"),
+                ("replicas", "list<inet>"),
+            ],
+            &["keyspace_name", "token_value"],
+            &[],
+            TokenReplicas,
+        ),
+        def(
             "system_virtual_schema",
             "keyspaces",
             &[("keyspace_name", "text")],
@@ -680,7 +695,8 @@ pub fn rows(
         return Vec::new();
     };
     match kind {
-        SystemTable::Empty => Vec::new(),
+        // Generated per requested key by `token_replica_rows`; a table scan has no rows.
+        SystemTable::Empty | SystemTable::TokenReplicas => Vec::new(),
         SystemTable::Roles => auth
             .roles
             .iter()
@@ -758,21 +774,35 @@ pub fn rows(
                 .collect()
         }
         SystemTable::Local => {
-            let tokens: Vec<String> = node.tokens.iter().map(|t| t.to_string()).collect();
+            // A set<text> is serialized in its elements' order: UTF-8 byte order.
+            let mut tokens: Vec<String> = node.tokens.iter().map(|t| t.to_string()).collect();
+            tokens.sort_unstable();
             vec![row_from(
                 t,
                 vec![
                     ("key", Some(codec::text("local"))),
                     ("bootstrapped", Some(codec::text("COMPLETED"))),
-                    ("broadcast_address", Some(codec::inet(&node.rpc_address))),
-                    ("broadcast_port", Some(codec::int(7000))),
+                    (
+                        "broadcast_address",
+                        Some(codec::inet(&node.internode_address.ip())),
+                    ),
+                    (
+                        "broadcast_port",
+                        Some(codec::int(node.internode_address.port().into())),
+                    ),
                     ("cluster_name", Some(codec::text(&node.cluster_name))),
                     ("cql_version", Some(codec::text(crate::CQL_VERSION))),
                     ("data_center", Some(codec::text(&node.data_center))),
                     ("gossip_generation", Some(codec::int(node.generation))),
                     ("host_id", Some(codec::uuid(&node.host_id))),
-                    ("listen_address", Some(codec::inet(&node.rpc_address))),
-                    ("listen_port", Some(codec::int(7000))),
+                    (
+                        "listen_address",
+                        Some(codec::inet(&node.internode_address.ip())),
+                    ),
+                    (
+                        "listen_port",
+                        Some(codec::int(node.internode_address.port().into())),
+                    ),
                     ("native_protocol_version", Some(codec::text("4"))),
                     ("partitioner", Some(codec::text(crate::PARTITIONER))),
                     ("rack", Some(codec::text(&node.rack))),
@@ -885,4 +915,52 @@ pub fn rows(
             })
             .collect(),
     }
+}
+
+/// The rows of `system_views.token_replicas` for the requested (keyspace, token) pairs: the
+/// replicas of the token under the keyspace's replication, primary first, by CQL address.
+/// An unknown keyspace gives no row; a LocalStrategy keyspace is served by this node alone.
+pub fn token_replica_rows(
+    t: &TableDef,
+    schema: &Schema,
+    node: &NodeInfo,
+    keys: &[(&str, i64)],
+) -> Vec<SystemRow> {
+    let mut out = Vec::with_capacity(keys.len());
+    let mut replicas = Vec::new();
+    for &(keyspace, token) in keys {
+        let Some(ks) = schema.keyspaces.get(keyspace) else {
+            continue;
+        };
+        let Ok(replication) = sluice_ring::Replication::from_map(&ks.replication) else {
+            continue;
+        };
+        let addresses: Vec<std::net::IpAddr> = if replication == sluice_ring::Replication::Local {
+            vec![node.rpc_address]
+        } else {
+            sluice_ring::natural_replicas(
+                &node.ring,
+                &replication,
+                sluice_ring::Token(token),
+                &mut replicas,
+            );
+            replicas
+                .iter()
+                .map(|&r| node.ring.node(r).cql_address.ip())
+                .collect()
+        };
+        let cells: Vec<Bytes> = addresses.iter().map(codec::inet).collect();
+        out.push(row_from(
+            t,
+            vec![
+                ("keyspace_name", Some(codec::text(keyspace))),
+                ("token_value", Some(codec::bigint(token))),
+                (
+                    "replicas",
+                    Some(codec::collection(cells.iter().map(|c| c.as_ref()))),
+                ),
+            ],
+        ));
+    }
+    out
 }

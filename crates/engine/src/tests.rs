@@ -2192,3 +2192,45 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
 
 mod aggregates;
 mod canonical;
+
+/// `system_views.token_replicas` answers the ring's replicas of a keyspace's token, by key.
+#[tokio::test]
+async fn token_replicas_are_served_by_key() {
+    let mut h = H::new();
+    h.ok("CREATE KEYSPACE rs WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}")
+        .await;
+    h.ok("CREATE KEYSPACE rn WITH replication = {'class': 'NetworkTopologyStrategy', 'datacenter1': 2, 'dc9': 1}")
+        .await;
+    let q = "SELECT keyspace_name, token_value, replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = ? AND token_value = ?";
+    let localhost = Bytes::from_static(&[0, 0, 0, 1, 0, 0, 0, 4, 127, 0, 0, 1]);
+    for ks in ["rs", "rn", "system"] {
+        for token in [i64::MIN, -1, 0, 1, i64::MAX] {
+            let rows = h.select(q, vec![text(ks), bigint(token)]).await;
+            assert_eq!(rows.len(), 1, "{ks} {token}");
+            assert_eq!(ctext(&rows[0][0]), ks);
+            assert_eq!(cbig(&rows[0][1]), token);
+            assert_eq!(
+                rows[0][2].as_ref(),
+                Some(&localhost),
+                "one node replicates all"
+            );
+        }
+    }
+    assert!(h.select(q, vec![text("nope"), bigint(1)]).await.is_empty());
+    let both = h
+        .select(
+            "SELECT token_value FROM system_views.token_replicas \
+             WHERE keyspace_name IN ('rs', 'rn') AND token_value IN (1, 2, 3)",
+            vec![],
+        )
+        .await;
+    assert_eq!(both.len(), 6);
+    let e = h
+        .err(
+            "SELECT * FROM system_views.token_replicas WHERE keyspace_name = 'rs'",
+            vec![],
+        )
+        .await;
+    assert!(e.message.contains("read by key"), "{}", e.message);
+}

@@ -63,6 +63,35 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
+    /// Address of node-to-node messaging; peers connect to it, so it must be a concrete
+    /// address [default: the --listen IP, port 7000].
+    #[arg(long, env = "SLUICE_INTERNODE_LISTEN", value_name = "ADDR:PORT")]
+    pub internode_listen: Option<SocketAddr>,
+
+    /// Internode addresses of nodes to join through, comma-separated (HOST:PORT,...).
+    /// Parsed and checked, but not used yet: joining a cluster is not implemented, and
+    /// every node starts as a single-node cluster [default: none, a single-node cluster].
+    #[arg(long, env = "SLUICE_SEEDS", value_name = "HOST:PORT,...")]
+    pub seeds: Option<String>,
+
+    /// Name of the cluster, shown in system.local; a node refuses to start with another
+    /// name than the one its data directory was created with [default: Sluice Cluster].
+    #[arg(long, env = "SLUICE_CLUSTER_NAME", value_name = "NAME")]
+    pub cluster_name: Option<String>,
+
+    /// Data center of this node (fixed once the data directory exists) [default: datacenter1].
+    #[arg(long, env = "SLUICE_DC", value_name = "NAME")]
+    pub dc: Option<String>,
+
+    /// Rack of this node (fixed once the data directory exists) [default: rack1].
+    #[arg(long, env = "SLUICE_RACK", value_name = "NAME")]
+    pub rack: Option<String>,
+
+    /// Tokens (vnodes) of this node, 1 to 1024, chosen when its data directory is created
+    /// and kept after [default: 16].
+    #[arg(long, env = "SLUICE_NUM_TOKENS", value_name = "N")]
+    pub num_tokens: Option<usize>,
+
     /// Directory of the data files (created if missing) [default: ./sluice-data].
     #[arg(long, env = "SLUICE_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -264,6 +293,12 @@ pub struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<SocketAddr>,
+    internode_listen: Option<SocketAddr>,
+    seeds: Option<toml::Value>,
+    cluster_name: Option<String>,
+    dc: Option<String>,
+    rack: Option<String>,
+    num_tokens: Option<usize>,
     data_dir: Option<PathBuf>,
     shards: Option<usize>,
     durability: Option<DurabilityArg>,
@@ -307,6 +342,8 @@ struct FileConfig {
 pub struct ResolvedConfig {
     /// CQL listen address.
     pub listen: SocketAddr,
+    /// The node's place in a cluster.
+    pub cluster: ClusterSettings,
     /// Data directory.
     pub data_dir: PathBuf,
     /// Shard count.
@@ -355,6 +392,37 @@ pub struct ResolvedConfig {
     pub tls: Option<sluice_server::tls::TlsFiles>,
 }
 
+/// Default internode port (Cassandra's storage port).
+pub const DEFAULT_INTERNODE_PORT: u16 = 7000;
+/// Default cluster name.
+pub const DEFAULT_CLUSTER_NAME: &str = "Sluice Cluster";
+/// Default data center.
+pub const DEFAULT_DC: &str = "datacenter1";
+/// Default rack.
+pub const DEFAULT_RACK: &str = "rack1";
+/// Default number of tokens per node (Cassandra 4.0+).
+pub const DEFAULT_NUM_TOKENS: usize = 16;
+/// Most seeds accepted.
+const MAX_SEEDS: usize = 64;
+
+/// Resolved cluster options (`--internode-listen`, `--seeds`, `--cluster-name`, `--dc`,
+/// `--rack`, `--num-tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// Address of node-to-node messaging.
+    pub internode_listen: SocketAddr,
+    /// Internode addresses of the seeds (empty: a single-node cluster).
+    pub seeds: Vec<SocketAddr>,
+    /// Cluster name.
+    pub cluster_name: String,
+    /// Data center.
+    pub dc: String,
+    /// Rack.
+    pub rack: String,
+    /// Tokens of a new node.
+    pub num_tokens: usize,
+}
+
 /// Resolved admission-control constants (see the `--admission-*` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionSettings {
@@ -389,6 +457,11 @@ impl ServeArgs {
         };
         let auth = self.resolve_auth(&file)?;
         let tls = self.resolve_tls(&file)?;
+        let listen = self
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default"));
+        let cluster = self.resolve_cluster(&file, listen)?;
         // The built-in defaults are the server's own, written once there.
         let server = sluice_server::ServerConfig::new(
             DEFAULT_LISTEN.parse().expect("valid default"),
@@ -583,8 +656,10 @@ impl ServeArgs {
             Some(s) => Some(parse_duration(s)?),
             None => None,
         };
+        check_ports(listen, &cluster, shard_aware_port, metrics_listen)?;
         Ok(ResolvedConfig {
-            listen: self.listen.or(file.listen).unwrap_or(server.listen),
+            listen,
+            cluster,
             data_dir: self
                 .data_dir
                 .clone()
@@ -660,6 +735,57 @@ impl ServeArgs {
             authenticator,
             authorizer,
             bcrypt_cost,
+        })
+    }
+
+    /// `--internode-listen`, `--seeds`, `--cluster-name`, `--dc`, `--rack`, `--num-tokens`.
+    fn resolve_cluster(&self, file: &FileConfig, listen: SocketAddr) -> Result<ClusterSettings> {
+        let internode_listen = match self.internode_listen.or(file.internode_listen) {
+            Some(a) if a.ip().is_unspecified() => {
+                bail!("internode-listen must be a concrete address that peers can reach, got {a}")
+            }
+            Some(a) if a.port() == 0 => bail!("internode-listen needs a port, got {a}"),
+            Some(a) => a,
+            // Like the advertised CQL address: an unspecified listener is reached on loopback.
+            None if listen.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], DEFAULT_INTERNODE_PORT))
+            }
+            None => SocketAddr::new(listen.ip(), DEFAULT_INTERNODE_PORT),
+        };
+        let seeds = match (&self.seeds, &file.seeds) {
+            (Some(s), _) => parse_seeds(s.split(','))?,
+            (None, Some(toml::Value::Array(items))) => {
+                let items: Vec<String> = items.iter().map(toml_scalar).collect();
+                parse_seeds(items.iter().map(String::as_str))?
+            }
+            (None, Some(v)) => parse_seeds(toml_scalar(v).split(','))?,
+            (None, None) => Vec::new(),
+        };
+        let name = |what: &str, flag: &Option<String>, file: &Option<String>, default: &str| {
+            let v = flag.clone().or_else(|| file.clone());
+            let v = v.unwrap_or_else(|| default.to_string());
+            check_name(what, &v)?;
+            Ok::<_, anyhow::Error>(v)
+        };
+        let num_tokens = self
+            .num_tokens
+            .or(file.num_tokens)
+            .unwrap_or(DEFAULT_NUM_TOKENS);
+        if !(1..=sluice_ring::allocation::MAX_TOKENS_PER_NODE).contains(&num_tokens) {
+            bail!("num-tokens must be between 1 and 1024, got {num_tokens}");
+        }
+        Ok(ClusterSettings {
+            internode_listen,
+            seeds,
+            cluster_name: name(
+                "cluster-name",
+                &self.cluster_name,
+                &file.cluster_name,
+                DEFAULT_CLUSTER_NAME,
+            )?,
+            dc: name("dc", &self.dc, &file.dc, DEFAULT_DC)?,
+            rack: name("rack", &self.rack, &file.rack, DEFAULT_RACK)?,
+            num_tokens,
         })
     }
 
@@ -772,6 +898,71 @@ fn on_off(name: &str, flag: &Option<String>, file: &Option<String>, default: boo
         Some(s) if s.trim().eq_ignore_ascii_case("off") => Ok(false),
         Some(s) => bail!("{name} must be on or off, got {s:?}"),
     }
+}
+
+/// Parses seeds given as `HOST:PORT` (host names are resolved once, here).
+fn parse_seeds<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<SocketAddr>> {
+    use std::net::ToSocketAddrs;
+    let mut seeds = Vec::new();
+    for item in items.map(str::trim) {
+        if item.is_empty() {
+            bail!("seeds: empty entry (expected HOST:PORT,HOST:PORT...)");
+        }
+        let addr = match item.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => item
+                .to_socket_addrs()
+                .with_context(|| format!("seeds: {item:?} is not HOST:PORT"))?
+                .next()
+                .with_context(|| format!("seeds: {item:?} resolves to no address"))?,
+        };
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            bail!("seeds: {item:?} is not a reachable address");
+        }
+        if seeds.contains(&addr) {
+            bail!("seeds: {item:?} is given twice");
+        }
+        seeds.push(addr);
+    }
+    if seeds.len() > MAX_SEEDS {
+        bail!("seeds: at most {MAX_SEEDS} seeds, got {}", seeds.len());
+    }
+    Ok(seeds)
+}
+
+/// A cluster, data center or rack name: shown to drivers and compared on every start, so it
+/// must be non-empty printable text without surrounding spaces.
+fn check_name(what: &str, v: &str) -> Result<()> {
+    if v.is_empty() || v.len() > 128 {
+        bail!("{what} must be 1 to 128 bytes long, got {v:?}");
+    }
+    if v.trim() != v || v.chars().any(char::is_control) {
+        bail!("{what} must not have control characters or surrounding spaces, got {v:?}");
+    }
+    Ok(())
+}
+
+/// The CQL, shard-aware, metrics and internode listeners must not share a port on one IP.
+fn check_ports(
+    listen: SocketAddr,
+    cluster: &ClusterSettings,
+    shard_aware_port: Option<u16>,
+    metrics: Option<SocketAddr>,
+) -> Result<()> {
+    let internode = cluster.internode_listen;
+    let clash = |ip: std::net::IpAddr, port: u16| {
+        port == internode.port() && (ip == internode.ip() || ip.is_unspecified())
+    };
+    if clash(listen.ip(), listen.port()) {
+        bail!("internode-listen ({internode}) must not use the CQL port of --listen ({listen})");
+    }
+    if shard_aware_port.is_some_and(|p| clash(listen.ip(), p)) {
+        bail!("internode-listen ({internode}) must not use the shard-aware port");
+    }
+    if metrics.is_some_and(|m| clash(m.ip(), m.port())) {
+        bail!("internode-listen ({internode}) must not use the metrics port");
+    }
+    Ok(())
 }
 
 fn load_file(path: &Path) -> Result<FileConfig> {
@@ -1103,6 +1294,130 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(bad_port.resolve().is_err());
+    }
+
+    #[test]
+    fn cluster_options_default_and_resolve_from_flags_and_file() {
+        let c = ServeArgs::default().resolve().unwrap().cluster;
+        assert_eq!(c.internode_listen, "127.0.0.1:7000".parse().unwrap());
+        assert!(c.seeds.is_empty(), "no seeds: a single-node cluster");
+        assert_eq!(c.cluster_name, "Sluice Cluster");
+        assert_eq!((c.dc.as_str(), c.rack.as_str()), ("datacenter1", "rack1"));
+        assert_eq!(c.num_tokens, 16);
+
+        let on_ip = ServeArgs {
+            listen: Some("127.0.0.2:9042".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let c = on_ip.resolve().unwrap().cluster;
+        assert_eq!(
+            c.internode_listen,
+            "127.0.0.2:7000".parse().unwrap(),
+            "the CQL IP"
+        );
+
+        let flags = ServeArgs {
+            internode_listen: Some("127.0.0.3:7100".parse().unwrap()),
+            seeds: Some("127.0.0.1:7000, 127.0.0.2:7000".into()),
+            cluster_name: Some("Test".into()),
+            dc: Some("dc2".into()),
+            rack: Some("r9".into()),
+            num_tokens: Some(4),
+            ..ServeArgs::default()
+        };
+        let c = flags.resolve().unwrap().cluster;
+        assert_eq!(c.internode_listen, "127.0.0.3:7100".parse().unwrap());
+        assert_eq!(
+            c.seeds,
+            vec![
+                "127.0.0.1:7000".parse::<SocketAddr>().unwrap(),
+                "127.0.0.2:7000".parse().unwrap()
+            ]
+        );
+        assert_eq!((c.cluster_name.as_str(), c.dc.as_str()), ("Test", "dc2"));
+        assert_eq!((c.rack.as_str(), c.num_tokens), ("r9", 4));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "internode_listen = \"127.0.0.5:7001\"\nseeds = [\"127.0.0.1:7000\"]\n\
+             cluster_name = \"From File\"\ndc = \"dcf\"\nrack = \"rf\"\nnum_tokens = 8\n",
+        )
+        .unwrap();
+        let file = ServeArgs {
+            config: Some(path.clone()),
+            rack: Some("flag-rack".into()),
+            ..ServeArgs::default()
+        };
+        let c = file.resolve().unwrap().cluster;
+        assert_eq!(c.internode_listen, "127.0.0.5:7001".parse().unwrap());
+        assert_eq!(c.seeds.len(), 1);
+        assert_eq!(
+            (c.cluster_name.as_str(), c.dc.as_str()),
+            ("From File", "dcf")
+        );
+        assert_eq!(
+            (c.rack.as_str(), c.num_tokens),
+            ("flag-rack", 8),
+            "flag beats file"
+        );
+        std::fs::write(&path, "seeds = \"127.0.0.1:7000,127.0.0.9:7000\"\n").unwrap();
+        assert_eq!(
+            file.resolve().unwrap().cluster.seeds.len(),
+            2,
+            "a string list too"
+        );
+    }
+
+    #[test]
+    fn invalid_cluster_options_are_rejected() {
+        let rejected = |args: ServeArgs| args.resolve().unwrap_err().to_string();
+        let e = rejected(ServeArgs {
+            internode_listen: Some("0.0.0.0:7000".parse().unwrap()),
+            ..ServeArgs::default()
+        });
+        assert!(e.contains("concrete address"), "{e}");
+        let e = rejected(ServeArgs {
+            internode_listen: Some("127.0.0.1:9042".parse().unwrap()),
+            ..ServeArgs::default()
+        });
+        assert!(e.contains("CQL port"), "{e}");
+        let e = rejected(ServeArgs {
+            internode_listen: Some("127.0.0.1:9180".parse().unwrap()),
+            ..ServeArgs::default()
+        });
+        assert!(e.contains("metrics port"), "{e}");
+        for seeds in [
+            "",
+            "127.0.0.1:7000,,",
+            "nonsense",
+            "127.0.0.1:7000,127.0.0.1:7000",
+            "0.0.0.0:7000",
+        ] {
+            let e = rejected(ServeArgs {
+                seeds: Some(seeds.into()),
+                ..ServeArgs::default()
+            });
+            assert!(e.contains("seeds"), "{seeds:?}: {e}");
+        }
+        for n in [0, 1025] {
+            let e = rejected(ServeArgs {
+                num_tokens: Some(n),
+                ..ServeArgs::default()
+            });
+            assert!(e.contains("num-tokens"), "{e}");
+        }
+        for (name, value) in [("dc", ""), ("rack", " r1"), ("cluster-name", "a\nb")] {
+            let mut args = ServeArgs::default();
+            match name {
+                "dc" => args.dc = Some(value.into()),
+                "rack" => args.rack = Some(value.into()),
+                _ => args.cluster_name = Some(value.into()),
+            }
+            let e = rejected(args);
+            assert!(e.contains(name), "{name} {value:?}: {e}");
+        }
     }
 
     #[test]

@@ -5,9 +5,9 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod config;
+mod identity;
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -110,7 +110,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
-    let host_id = load_or_create_host_id(&cfg.data_dir)?;
+    let identity = identity::load_or_create(&cfg.data_dir, &cfg.cluster)?;
+    let host_id = identity.host_id;
+    if !cfg.cluster.seeds.is_empty() {
+        warn!(
+            seeds = ?cfg.cluster.seeds,
+            "seeds are not used yet: this node starts as a single-node cluster"
+        );
+    }
 
     let durability = match cfg.durability {
         DurabilityArg::Batch => sluice_storage::Durability::Batch,
@@ -134,9 +141,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         )),
         None => None,
     };
-    let engine =
-        sluice_engine::Engine::open_with_auth(storage.clone(), node_info(&cfg, host_id), cfg.auth)
-            .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+    let engine = sluice_engine::Engine::open_with_auth(
+        storage.clone(),
+        node_info(&cfg, &identity)?,
+        cfg.auth,
+    )
+    .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
 
     let mut config = server_config(&cfg, host_id);
     config.tls = tls.clone();
@@ -237,15 +247,24 @@ fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::Se
     s
 }
 
-fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeInfo {
+fn node_info(cfg: &ResolvedConfig, id: &identity::NodeIdentity) -> Result<sluice_engine::NodeInfo> {
     let rpc_address: IpAddr = if cfg.listen.ip().is_unspecified() {
         warn!("listening on an unspecified address; advertising 127.0.0.1 to drivers");
         IpAddr::from([127, 0, 0, 1])
     } else {
         cfg.listen.ip()
     };
-    // A single node owns the whole ring with one token (spec §5.3).
-    let mut node = sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), host_id);
+    let mut node = sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), id.host_id);
+    node.cluster_name = id.cluster_name.clone();
+    node.data_center = id.dc.clone();
+    node.rack = id.rack.clone();
+    node.tokens = id.tokens.iter().map(|t| t.0).collect();
+    node.internode_address = cfg.cluster.internode_listen;
+    // Until nodes join one another, the ring is this node with its own tokens.
+    node.ring = Arc::new(
+        node.single_node_ring()
+            .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?,
+    );
     // Cassandra's names and formats, so that a benchmark can check both sides' durability.
     let sync = match cfg.durability {
         DurabilityArg::Batch => "batch",
@@ -283,19 +302,5 @@ fn node_info(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_engine::NodeIn
             cfg.tls.is_some().to_string(),
         ),
     ];
-    node
-}
-
-/// The node's host id: stable across restarts, kept in `<data_dir>/host_id`.
-fn load_or_create_host_id(dir: &Path) -> Result<uuid::Uuid> {
-    let path = dir.join("host_id");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        return uuid::Uuid::parse_str(text.trim())
-            .with_context(|| format!("corrupt host id file {}", path.display()));
-    }
-    let id = uuid::Uuid::new_v4();
-    let tmp = dir.join("host_id.tmp");
-    std::fs::write(&tmp, id.to_string()).context("cannot write the host id")?;
-    std::fs::rename(&tmp, &path).context("cannot write the host id")?;
-    Ok(id)
+    Ok(node)
 }

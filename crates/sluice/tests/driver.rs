@@ -288,3 +288,72 @@ async fn every_type_round_trips() {
         assert_eq!(got, value, "round trip of {ty}");
     }
 }
+
+/// The driver's token map (from the node's 8 tokens) gives the same replicas as the
+/// server's `system_views.token_replicas`, for SimpleStrategy and NetworkTopologyStrategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_map_equals_the_servers_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        &dir.path().join("data"),
+        1,
+        &["--num-tokens", "8", "--dc", "dc-r", "--rack", "rack-r"],
+    );
+    let session = connect(&node).await;
+    for ddl in [
+        "CREATE KEYSPACE ts WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}",
+        "CREATE KEYSPACE tn WITH replication = {'class': 'NetworkTopologyStrategy', 'dc-r': 2}",
+        "CREATE TABLE ts.t (pk int PRIMARY KEY)",
+        "CREATE TABLE tn.t (pk int PRIMARY KEY)",
+    ] {
+        session.query_unpaged(ddl, &[]).await.unwrap();
+    }
+    session.refresh_metadata().await.unwrap();
+    let state = session.get_cluster_state();
+    let tokens: Vec<i64> = session
+        .query_unpaged("SELECT tokens FROM system.local", &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row::<(Vec<String>,)>()
+        .unwrap()
+        .0
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 8);
+    let lookup = session
+        .prepare(
+            "SELECT replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = ? AND token_value = ?",
+        )
+        .await
+        .unwrap();
+    let mut probes: Vec<i64> = (0..100i64)
+        .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15u64 as i64))
+        .collect();
+    probes.extend(tokens.iter().flat_map(|&t| [t, t.wrapping_add(1)]));
+    let mut compared = 0;
+    for ks in ["ts", "tn"] {
+        for &token in &probes {
+            let (server,): (Vec<IpAddr>,) = session
+                .execute_unpaged(&lookup, (ks, token))
+                .await
+                .unwrap()
+                .into_rows_result()
+                .unwrap()
+                .single_row()
+                .unwrap();
+            let driver: Vec<IpAddr> = state
+                .get_token_endpoints(ks, "t", scylla::routing::Token::new(token))
+                .iter()
+                .map(|(n, _)| n.address.ip())
+                .collect();
+            assert_eq!(server, driver, "{ks} {token}");
+            assert_eq!(server, vec![IpAddr::from([127, 0, 0, 1])]);
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 2 * probes.len());
+}
