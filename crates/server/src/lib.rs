@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod budget;
+pub mod clock;
 pub mod connection;
 pub mod events;
 pub mod limiter;
