@@ -323,6 +323,16 @@ impl ShardAdmission {
         self.lag_probe
     }
 
+    /// How long a task that becomes ready at `at` waits to run (the loop-lag probe's
+    /// estimate; zero when admission or the probe is off).
+    #[inline]
+    pub fn loop_lag(&self, at: Instant) -> Duration {
+        let now = self.nanos(at);
+        self.ctl
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.hidden_delay(now))
+    }
+
     /// The loop-lag probe became ready at `at` and waits to be polled.
     pub fn lag_probe_started(&mut self, at: Instant) {
         let now = self.nanos(at);

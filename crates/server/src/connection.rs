@@ -40,7 +40,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
@@ -298,7 +298,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
                 Ok(r) => {
                     let carried = buf.len() - r.len;
-                    reads.completed(&r, spare, carried, shard.clock.now());
+                    let now = shard.clock.now();
+                    let lag = shard.admission.borrow().loop_lag(now);
+                    reads.completed(&r, spare, carried, now, lag);
                 }
             },
             _ = shutdown.changed() => break,
@@ -507,10 +509,12 @@ impl ReadState {
         self.arrivals = ReadArrivals::all_at(at);
     }
 
-    /// A read of `r.len` bytes completed at `now` into a buffer that had `spare` bytes free
-    /// and `carried` bytes of an unfinished frame.
-    fn completed(&mut self, r: &Read, spare: usize, carried: usize, now: Instant) {
-        self.arrivals = self.last_read.next(r, spare, carried, now, self.resumed_at);
+    /// A read of `r.len` bytes completed at `now`, with the loop's lag `lag`, into a buffer
+    /// that had `spare` bytes free and `carried` bytes of an unfinished frame.
+    fn completed(&mut self, r: &Read, spare: usize, carried: usize, now: Instant, lag: Duration) {
+        self.arrivals = self
+            .last_read
+            .next(r, spare, carried, now, self.resumed_at, lag);
         self.size = if r.len >= spare {
             (self.size * 2).min(READ_AHEAD)
         } else {
