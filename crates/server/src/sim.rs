@@ -70,6 +70,7 @@ const WRITE_TIMEOUT: u32 = ErrorCode::WriteTimeout as u32;
 struct SplitMix(u64);
 
 impl SplitMix {
+    /// The next 64 random bits.
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -91,19 +92,25 @@ impl SplitMix {
 
 /// One simulated client connection: its fake socket and what its reader knows.
 struct Conn {
+    /// The server's state of the connection (its outbox holds the answers).
     state: Rc<ConnState>,
     /// Frames sent and not yet read: (intended send time, frame).
     socket: VecDeque<(Nanos, Bytes)>,
     /// Bytes read and not yet handed over.
     buf: BytesMut,
+    /// Cuts frames out of `buf`, as the reader's does.
     decoder: FrameDecoder,
+    /// The last read, which bounds when the next one's bytes can have arrived.
     last_read: LastRead,
+    /// The arrivals of the frames of the last read.
     arrivals: ReadArrivals,
+    /// The end of the reader's last backpressure pause.
     resumed_at: Instant,
     /// The reader found its socket empty and waits for bytes.
     idle: bool,
     /// Intended send time of the request on each stream.
     sent_at: Vec<Nanos>,
+    /// The stream id of the next request.
     next_stream: i16,
     /// Answers taken from the outbox and not yet parsed.
     answers: BytesMut,
@@ -112,18 +119,24 @@ struct Conn {
 /// What became of the requests sent during the measured period.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Outcomes {
+    /// Requests sent.
     sent: u64,
+    /// Of them, answered with a result.
     served: u64,
     /// Answers served within their deadline while the period lasted.
     goodput: u64,
+    /// Answered `Overloaded`.
     overloaded: u64,
+    /// Answered with a write timeout.
     expired: u64,
+    /// Answered otherwise (none expected).
     other: u64,
     /// Latencies of the served requests, from their intended send time (nanoseconds).
     latencies: Vec<u64>,
 }
 
 impl Outcomes {
+    /// The `q` quantile of the served requests' latencies.
     fn p(&self, q: f64) -> Duration {
         let mut l = self.latencies.clone();
         l.sort_unstable();
@@ -131,6 +144,7 @@ impl Outcomes {
         Duration::from_nanos(l.get(i).copied().unwrap_or(0))
     }
 
+    /// Requests answered, whatever the answer.
     fn answered(&self) -> u64 {
         self.served + self.overloaded + self.expired + self.other
     }
@@ -138,15 +152,24 @@ impl Outcomes {
 
 /// One shard, its storage and the prepared INSERT.
 struct Shard {
+    /// The shard's current-thread runtime.
     rt: tokio::runtime::Runtime,
+    /// Its `LocalSet`: requests that wait are its tasks.
     local: tokio::task::LocalSet,
+    /// The shard.
     shard: Rc<ShardCtx>,
+    /// Its clock.
     clock: ManualClock,
+    /// The prepared INSERT's id.
     insert: Bytes,
+    /// Keeps the shard's channels open.
     _standalone: Standalone,
+    /// Its storage's directory, removed when the run ends.
     _dir: tempfile::TempDir,
 }
 
+/// A standalone shard on a manual clock at zero, with storage in a temporary directory and
+/// the table written to.
 fn shard() -> Shard {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
@@ -225,6 +248,7 @@ fn shard() -> Shard {
 }
 
 impl Conn {
+    /// A connection made at `now`, its socket empty and its reader waiting.
     fn new(shard: &ShardCtx, now: Instant) -> Conn {
         let state = Rc::new(ConnState::new(shard));
         // As after STARTUP, uncompressed.
@@ -284,13 +308,19 @@ impl Conn {
 /// The open-loop clients: Poisson arrivals at `rate`, dealt round-robin to the connections,
 /// each an EXECUTE of the prepared INSERT on a random partition.
 struct Offered {
+    /// Draws the gaps and the partitions.
     rng: SplitMix,
+    /// The prepared INSERT's id.
     insert: Bytes,
+    /// Mean time between two sends (nanoseconds).
     mean_gap: f64,
+    /// When the next request is sent.
     next_send: Nanos,
     /// The measured period: requests sent in it are the run's figures.
     measured: (Nanos, Nanos),
+    /// Requests sent.
     sent: u64,
+    /// Requests sent in the measured period.
     sent_measured: u64,
 }
 
