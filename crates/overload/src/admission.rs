@@ -34,7 +34,8 @@
 //! request's age starts at that stamp; otherwise the controller counts the lag as waiting: a
 //! request's age starts that long before the read ([`AdmissionController::enqueue_read`]).
 //! Either way a lag above target is a standing delay even while the queue is empty, and so
-//! is the age of frames that a busy reader only reaches late. [`crate::sim::event_loop`] shows what each part contributes.
+//! is the age of frames that a busy reader only reaches late. The server's simulation of its
+//! pipeline (`crates/server/src/sim.rs`) shows them at work.
 
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;

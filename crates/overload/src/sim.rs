@@ -9,8 +9,12 @@
 //! * [`run_limiter`]: one hot partition offered a multiple of its limit, plus optional
 //!   background partitions, through the [`RateLimiter`], reporting accepted operations per
 //!   simulated second.
-//! * [`event_loop`]: the shard's cooperative event loop itself, with the socket buffers the
-//!   controller cannot see, the reader tasks and the loop-lag probe.
+//! * [`window`]: one connection, windowed or open-loop, through the real
+//!   [`AdmissionController`] and [`crate::backlog::BacklogWatch`].
+//!
+//! The shard's whole request pipeline under overload (its reader, admission, execution and
+//! answers, over a manual clock) is simulated by the server's own tests
+//! (`crates/server/src/sim.rs`), on the real code rather than a model of it.
 
 use crate::admission::{AdmissionConfig, AdmissionController, Verdict};
 use crate::clock::{duration_nanos, Nanos};
@@ -21,7 +25,6 @@ use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 use std::time::Duration;
 
-pub mod event_loop;
 pub mod window;
 
 /// How requests arrive.

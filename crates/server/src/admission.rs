@@ -43,12 +43,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use sluice_overload::{
-    AdmissionController, AdmissionStats, Arrival, Clock, Deadline, Nanos, SystemClock, Verdict,
-};
+use sluice_overload::{AdmissionController, AdmissionStats, Arrival, Deadline, Nanos, Verdict};
 use sluice_protocol::frame::{FrameHeader, Opcode};
 use tracing::info;
 
+use crate::clock::ShardClock;
 use crate::metrics::ShardMetrics;
 use crate::shard::ShardCtx;
 use crate::ServerConfig;
@@ -122,7 +121,7 @@ pub struct ShardAdmission {
     ctl: Option<AdmissionController<u32>>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    clock: SystemClock,
+    clock: ShardClock,
     /// The last arrival converted and its shard-local time: every frame of one socket read
     /// has the same arrival, so all but the first take it from here.
     last_arrival: (Instant, Nanos),
@@ -147,8 +146,13 @@ pub struct ShardAdmission {
 }
 
 impl ShardAdmission {
-    /// State for one shard: the slab and queue are allocated here, once.
+    /// State for one shard on the system clock: the slab and queue are allocated here, once.
     pub fn new(config: &ServerConfig) -> ShardAdmission {
+        Self::with_clock(config, ShardClock::system())
+    }
+
+    /// State for one shard that reads `clock` (its `ShardCtx`'s).
+    pub fn with_clock(config: &ServerConfig, clock: ShardClock) -> ShardAdmission {
         let (ctl, nslots, queue_capacity) = match config.admission {
             Some(cfg) => {
                 let q = cfg.queue_capacity.max(1);
@@ -173,8 +177,8 @@ impl ShardAdmission {
             ctl,
             slots,
             free: (0..nslots as u32).rev().collect(),
-            clock: SystemClock::new(),
-            last_arrival: (Instant::now(), Nanos::ZERO),
+            last_arrival: (clock.now(), Nanos::ZERO),
+            clock,
             queue_capacity,
             queue_timeout: t.read.max(t.write).max(t.range).max(t.other),
             admitted: 0,
@@ -192,7 +196,7 @@ impl ShardAdmission {
     /// Shard-local monotonic time of `at`.
     #[inline]
     fn nanos(&self, at: Instant) -> Nanos {
-        self.clock.at(at)
+        self.clock.nanos_of(at)
     }
 
     /// Shard-local monotonic time of `at`, for the controllers of the overload crate.
@@ -213,7 +217,7 @@ impl ShardAdmission {
     /// Shard-local monotonic time now (one read of the raw clock).
     #[inline]
     fn now(&self) -> Nanos {
-        self.clock.now()
+        self.clock.nanos()
     }
 
     /// Decides from the header and the frame's arrival (the socket read that completed the
@@ -317,6 +321,16 @@ impl ShardAdmission {
     /// Period of the shard's loop-lag probe, if admission is on and the probe enabled.
     pub fn lag_probe_interval(&self) -> Option<Duration> {
         self.lag_probe
+    }
+
+    /// How long a task that becomes ready at `at` waits to run (the loop-lag probe's
+    /// estimate; zero when admission or the probe is off).
+    #[inline]
+    pub fn loop_lag(&self, at: Instant) -> Duration {
+        let now = self.nanos(at);
+        self.ctl
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.hidden_delay(now))
     }
 
     /// The loop-lag probe became ready at `at` and waits to be polled.

@@ -40,7 +40,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use sluice_engine::Session;
@@ -242,7 +242,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut decoder = FrameDecoder::new(shard.config.max_frame_bytes);
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut shutdown = shard.shutdown.clone();
-    let mut reads = ReadState::new(Instant::now());
+    let mut reads = ReadState::new(shard.clock.now());
     let mut since_yield = 0usize;
 
     'read: loop {
@@ -280,7 +280,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             while conn.outbox.pending() > MAX_OUTBOX_BYTES && !conn.outbox.closed.get() {
                 conn.outbox.drained.notified().await;
             }
-            reads.resumed_at = Instant::now();
+            reads.resumed_at = shard.clock.now();
         }
         if conn.outbox.closed.get() {
             break;
@@ -298,7 +298,9 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
                 Ok(r) => {
                     let carried = buf.len() - r.len;
-                    reads.completed(&r, spare, carried);
+                    let now = shard.clock.now();
+                    let lag = shard.admission.borrow().loop_lag(now);
+                    reads.completed(&r, spare, carried, now, lag);
                 }
             },
             _ = shutdown.changed() => break,
@@ -406,7 +408,7 @@ fn watch_backlog(
     if !shard.admission.borrow().paces_windows() {
         return;
     }
-    let now = Instant::now();
+    let now = shard.clock.now();
     if now >= reads.next_backlog_sample {
         reads.next_backlog_sample = now + BACKLOG_SAMPLE;
         // A TLS reader's kernel bytes are ciphertext in records: not watched.
@@ -507,12 +509,12 @@ impl ReadState {
         self.arrivals = ReadArrivals::all_at(at);
     }
 
-    /// A read of `r.len` bytes completed into a buffer that had `spare` bytes free and
-    /// `carried` bytes of an unfinished frame.
-    fn completed(&mut self, r: &Read, spare: usize, carried: usize) {
+    /// A read of `r.len` bytes completed at `now`, with the loop's lag `lag`, into a buffer
+    /// that had `spare` bytes free and `carried` bytes of an unfinished frame.
+    fn completed(&mut self, r: &Read, spare: usize, carried: usize, now: Instant, lag: Duration) {
         self.arrivals = self
             .last_read
-            .next(r, spare, carried, Instant::now(), self.resumed_at);
+            .next(r, spare, carried, now, self.resumed_at, lag);
         self.size = if r.len >= spare {
             (self.size * 2).min(READ_AHEAD)
         } else {

@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod budget;
+pub mod clock;
 pub mod connection;
 pub mod events;
 pub mod limiter;
@@ -21,6 +22,8 @@ pub mod login_limiter;
 pub mod metrics;
 pub mod pipeline;
 pub mod shard;
+#[cfg(test)]
+mod sim;
 pub mod socket_wait;
 pub mod supported;
 pub mod tls;

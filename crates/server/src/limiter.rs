@@ -26,11 +26,11 @@ use std::sync::{Arc, Mutex};
 
 use sluice_engine::{Engine, LimitedPartition, OpKind};
 use sluice_overload::{
-    Clock, Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig, SystemClock,
-    TableLimitSnapshot, TableLimitStats,
+    Decision, LimitKey, OpType, RateLimiter, RateLimiterConfig, TableLimitSnapshot, TableLimitStats,
 };
 use sluice_protocol::OperationType;
 
+use crate::clock::ShardClock;
 use crate::metrics::ShardMetrics;
 use crate::shard::ShardCtx;
 use tokio::sync::oneshot;
@@ -95,7 +95,7 @@ fn table_key(id: &TableId) -> u32 {
 /// Per-shard limiter state (owned by the shard thread).
 pub struct ShardLimiter {
     limiter: RateLimiter,
-    clock: SystemClock,
+    clock: ShardClock,
     rng: u64,
     /// Shard-local view of this shard's per-table counters (bounded by the number of tables).
     tables: HashMap<TableId, Arc<TableLimitStats>>,
@@ -108,11 +108,16 @@ pub struct ShardLimiter {
 impl ShardLimiter {
     /// A limiter with a table sized by `config`; `shard` decorrelates the shards' randoms.
     pub fn new(config: RateLimiterConfig, shard: usize) -> ShardLimiter {
+        Self::with_clock(config, shard, ShardClock::system())
+    }
+
+    /// [`Self::new`], reading the windows' wall time from `clock` (its `ShardCtx`'s).
+    pub fn with_clock(config: RateLimiterConfig, shard: usize, clock: ShardClock) -> ShardLimiter {
         let mut h = RandomState::new().build_hasher();
         h.write_usize(shard);
         ShardLimiter {
             limiter: RateLimiter::new(config),
-            clock: SystemClock::new(),
+            clock,
             // xorshift must not start at zero.
             rng: h.finish() | 1,
             tables: HashMap::new(),

@@ -20,6 +20,7 @@ use tracing::{error, info};
 
 use crate::admission::ShardAdmission;
 use crate::budget::Budget;
+use crate::clock::ShardClock;
 use crate::limiter::ShardLimiter;
 use crate::metrics::ShardMetrics;
 use crate::pipeline::execute::Failure;
@@ -91,6 +92,9 @@ pub struct ShardCtx {
     pub ack_barrier: AckBarrier,
     /// Failed logins per source address, shared by all shards.
     pub logins: Arc<crate::login_limiter::LoginLimiter>,
+    /// The one source of time of this shard's request path (admission and the limiter
+    /// hold copies of it).
+    pub clock: ShardClock,
 }
 
 impl ShardCtx {
@@ -107,6 +111,7 @@ impl ShardCtx {
         shutdown: watch::Receiver<bool>,
         ack_barrier: AckBarrier,
         logins: Arc<crate::login_limiter::LoginLimiter>,
+        clock: ShardClock,
     ) -> ShardCtx {
         let options =
             crate::supported::supported_options(id, nr_shards, shard_aware_port, &config.host_id);
@@ -118,8 +123,12 @@ impl ShardCtx {
             engine,
             inflight: Budget::new(config.max_inflight_per_shard),
             inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
-            admission: RefCell::new(ShardAdmission::new(&config)),
-            limiter: RefCell::new(ShardLimiter::new(config.rate_limiter, id)),
+            admission: RefCell::new(ShardAdmission::with_clock(&config, clock.clone())),
+            limiter: RefCell::new(ShardLimiter::with_clock(
+                config.rate_limiter,
+                id,
+                clock.clone(),
+            )),
             frames: PreencodedErrors::new(),
             config,
             metrics,
@@ -128,6 +137,7 @@ impl ShardCtx {
             shutdown,
             ack_barrier,
             logins,
+            clock,
         }
     }
 
@@ -139,6 +149,16 @@ impl ShardCtx {
         config: ServerConfig,
         engine: Arc<Engine>,
         ack_barrier: AckBarrier,
+    ) -> (Rc<ShardCtx>, Standalone) {
+        Self::standalone_with_clock(config, engine, ack_barrier, ShardClock::system())
+    }
+
+    /// [`Self::standalone`] over `clock` (a manual one runs the pipeline in simulated time).
+    pub fn standalone_with_clock(
+        config: ServerConfig,
+        engine: Arc<Engine>,
+        ack_barrier: AckBarrier,
+        clock: ShardClock,
     ) -> (Rc<ShardCtx>, Standalone) {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (connections, connections_rx) = mpsc::channel(1);
@@ -165,6 +185,7 @@ impl ShardCtx {
             shutdown_rx,
             ack_barrier,
             logins,
+            clock,
         );
         let standalone = Standalone {
             _shutdown: shutdown_tx,
@@ -272,6 +293,7 @@ impl Server {
                         shutdown,
                         ack_barrier,
                         logins,
+                        ShardClock::system(),
                     ));
                     local.block_on(&rt, run_shard(ctx, crx, frx, lrx));
                 })?;
@@ -375,12 +397,12 @@ async fn lag_probe(ctx: Rc<ShardCtx>, every: std::time::Duration) {
         }
         ctx.admission
             .borrow_mut()
-            .lag_probe_started(std::time::Instant::now());
+            .lag_probe_started(ctx.clock.now());
         // The scheduler runs every task already ready (and polls the I/O driver) first.
         tokio::task::yield_now().await;
         ctx.admission
             .borrow_mut()
-            .lag_probe_finished(std::time::Instant::now(), &ctx.metrics);
+            .lag_probe_finished(ctx.clock.now(), &ctx.metrics);
     }
 }
 
@@ -407,6 +429,7 @@ fn run_forwarded(ctx: &Rc<ShardCtx>, fwd: Forwarded) {
             .execute(&mut session, &fwd.prepared, &fwd.params, &fwd.ctx)
             .await
             .map_err(Failure::Error);
+        ctx.clock.executed();
         let _ = fwd.reply.send((session, result));
     });
 }

@@ -200,8 +200,9 @@ impl LastRead {
     }
 
     /// The arrivals of the frames of read `r`, which completed at `now` with `spare` bytes of
-    /// room after `carried` bytes already buffered; remembers it for the next. Nothing counts
-    /// from before `resumed_at`, the end of the reader's last pause.
+    /// room after `carried` bytes already buffered, on a loop whose tasks wait `loop_lag` to
+    /// run once ready; remembers it for the next. Nothing counts from before `resumed_at`,
+    /// the end of the reader's last pause.
     pub fn next(
         &mut self,
         r: &Read,
@@ -209,6 +210,7 @@ impl LastRead {
         carried: usize,
         now: Instant,
         resumed_at: Instant,
+        loop_lag: Duration,
     ) -> ReadArrivals {
         let filled = r.len >= spare;
         if !r.stamped {
@@ -225,9 +227,15 @@ impl LastRead {
             .max(resumed_at);
         // The earliest the first byte can have come: after the last read's newest byte, and
         // after the last read itself if it emptied the socket; no earlier than the last
-        // pause. Bytes that came while the reader was idle waited for no one.
+        // pause. A reader that waited for its bytes was woken by the first of them and then
+        // waited about the loop's lag to run: what came before the wake-up waited for no
+        // one, what came after it waited for the loop.
         let earliest = if r.idle_before {
-            newest
+            now.checked_sub(loop_lag)
+                .unwrap_or(now)
+                .max(self.done)
+                .max(resumed_at)
+                .min(newest)
         } else if self.filled {
             self.newest.max(resumed_at).min(newest)
         } else {
@@ -409,5 +417,38 @@ mod tests {
         let mut at_once = ReadArrivals::all_at(newest);
         assert_eq!(at_once.next_frame(100), newest);
         assert_eq!(at_once.next_frame(100), newest);
+    }
+
+    /// A read that found the socket empty and waited: its bytes that came before the reader
+    /// was woken waited for no one, those after it waited the loop's lag at most, so its
+    /// frames spread back over that lag, never before the last read nor past the stamp.
+    #[test]
+    fn frames_after_a_wait_spread_over_the_loop_lag() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let now = start + ms(100);
+        let idle_read = |newest_waited| Read {
+            len: 1_000,
+            newest_waited,
+            idle_before: true,
+            stamped: true,
+        };
+        // Woken by its first bytes 8 ms ago; the newest came 1 ms ago.
+        let mut last = LastRead::connected(start);
+        let mut a = last.next(&idle_read(ms(1)), 4_096, 0, now, start, ms(8));
+        assert_eq!(a.next_frame(500), now - ms(1) - ms(7) / 2);
+        assert_eq!(a.next_frame(500), now - ms(1));
+        // An idle loop: no lag, every frame arrived with the newest byte.
+        let mut last = LastRead::connected(start);
+        let mut a = last.next(&idle_read(ms(1)), 4_096, 0, now, start, Duration::ZERO);
+        assert_eq!(a.next_frame(500), now - ms(1));
+        // A lag longer than the wait since the last read: from the last read, no earlier.
+        let mut last = LastRead::connected(now - ms(3));
+        let mut a = last.next(&idle_read(ms(1)), 4_096, 0, now, start, ms(50));
+        assert_eq!(a.next_frame(500), now - ms(2));
+        // The newest byte came before the reader could have been woken: no spread.
+        let mut last = LastRead::connected(start);
+        let mut a = last.next(&idle_read(ms(20)), 4_096, 0, now, start, ms(8));
+        assert_eq!(a.next_frame(500), now - ms(20));
     }
 }

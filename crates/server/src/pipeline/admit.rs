@@ -50,7 +50,10 @@ pub async fn admit(
             if !paced
                 && !super::control::bypasses_queue(header.opcode)
                 && conn.outbox.pending() < MAX_OUTBOX_BYTES
-                && shard.admission.borrow_mut().reject_over_cap(Instant::now())
+                && shard
+                    .admission
+                    .borrow_mut()
+                    .reject_over_cap(shard.clock.now())
             {
                 shard
                     .admission
@@ -60,7 +63,7 @@ pub async fn admit(
             }
             shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
             let p = wait_permits(shard, conn, bytes).await;
-            (p, Arrival::Read(Instant::now()), true)
+            (p, Arrival::Read(shard.clock.now()), true)
         }
     };
     let conn_id = Rc::as_ptr(conn) as usize;

@@ -112,7 +112,7 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
     };
     // Before any routing work, so that an expired request costs the least.
     let deadline = deadline(shard, kind, using_timeout, request.arrival);
-    if Instant::now() >= deadline {
+    if shard.clock.now() >= deadline {
         return Err(Rejection::Expired(kind));
     }
     check_permissions(request, &subject)?;

@@ -72,10 +72,12 @@ pub async fn execute(
                     r?
                 }
                 _ => {
-                    shard
+                    let result = shard
                         .engine
                         .execute(&mut session, &prepared, &params, &ctx)
-                        .await?
+                        .await;
+                    shard.clock.executed();
+                    result?
                 }
             };
             if changes_auth {
@@ -87,7 +89,9 @@ pub async fn execute(
             Ok(result)
         }
         Statement::Batch { batch, .. } => {
-            Ok(shard.engine.batch(&mut session, &batch, &ctx).await?)
+            let result = shard.engine.batch(&mut session, &batch, &ctx).await;
+            shard.clock.executed();
+            Ok(result?)
         }
         Statement::Unknown(id) => Err(Failure::Rejected(Rejection::Unprepared(id))),
     }

@@ -7,7 +7,6 @@
 //! a password cannot be guessed at line rate (nor the CPU spent on hashing).
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
 
 use bytes::Bytes;
 use sluice_engine::auth::LoginError;
@@ -49,7 +48,7 @@ pub fn authenticate(request: Request, token: Option<Bytes>) {
     let peer = conn.peer;
     let ip = peer.map(|p| p.ip());
     if let Some(ip) = ip {
-        if let LoginVerdict::Throttled { retry_after } = shard.logins.check(ip, Instant::now()) {
+        if let LoginVerdict::Throttled { retry_after } = shard.logins.check(ip, shard.clock.now()) {
             shard.metrics.logins_throttled.fetch_add(1, Relaxed);
             warn!(
                 target: "sluice::audit",
@@ -65,7 +64,7 @@ pub fn authenticate(request: Request, token: Option<Bytes>) {
         Ok(c) => (c.user.to_owned(), c.password.to_vec()),
         Err(e) => {
             if let Some(ip) = ip {
-                shard.logins.record_failure(ip, Instant::now());
+                shard.logins.record_failure(ip, shard.clock.now());
             }
             shard.metrics.logins_failed.fetch_add(1, Relaxed);
             warn!(target: "sluice::audit", source = ?peer, reason = e.message(), "login failed");
@@ -85,7 +84,7 @@ pub fn authenticate(request: Request, token: Option<Bytes>) {
             None => None,
         };
         if let Some(ip) = ip {
-            if let LoginVerdict::Throttled { .. } = shard.logins.check(ip, Instant::now()) {
+            if let LoginVerdict::Throttled { .. } = shard.logins.check(ip, shard.clock.now()) {
                 shard.metrics.logins_throttled.fetch_add(1, Relaxed);
                 warn!(
                     target: "sluice::audit",
@@ -118,7 +117,7 @@ pub fn authenticate(request: Request, token: Option<Bytes>) {
             }
             Err(LoginError { code, message }) => {
                 if let Some(ip) = ip {
-                    shard.logins.record_failure(ip, Instant::now());
+                    shard.logins.record_failure(ip, shard.clock.now());
                 }
                 shard.metrics.logins_failed.fetch_add(1, Relaxed);
                 warn!(

@@ -1,0 +1,664 @@
+//! The overload simulation: one real shard (`ShardCtx::standalone_with_clock`) over a manual
+//! clock, fed real EXECUTE frames from several simulated connections with open-loop Poisson
+//! arrivals, through the reader's real per-frame stage (`connection::handle_frame`) and the
+//! real arrival stamps of a read (`socket_wait::LastRead`, as if the kernel stamped each
+//! read's newest byte). Nothing of the request path is modelled: admission, classify, check,
+//! the engine and storage, and the reply all run as in a server.
+//!
+//! What is simulated is what a test cannot own:
+//! - time: the shard's clock moves only when the simulation moves it;
+//! - the CPU: one execution costs a seeded random service time (the clock advances by it when
+//!   the engine returns, see `ShardClock::executed`), and an answer turned away costs what
+//!   the real binary spends on one (the simulation advances the clock when it finds it);
+//! - the sockets: a connection's frames wait in a fake socket from their intended send time
+//!   until its reader reads them; answers are taken from the connection's outbox;
+//! - the scheduler: a FIFO run queue, as tokio's current-thread runtime keeps one. A reader
+//!   whose socket is empty waits, and its socket's next bytes wake it (to the back of the
+//!   queue); a reader runs until its socket is empty or it has handled one quantum
+//!   (`connection::READ_QUANTUM`, counted as the reader counts it), then yields (to the
+//!   back). The loop-lag probe's timer queues it, and it measures one trip through the
+//!   queue, as the shard's probe task does. Requests that wait (queued admissions) are
+//!   tokio tasks of the same `LocalSet`, run between two turns.
+//!
+//! Each answer's latency counts from its request's intended send time, in simulated time.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use sluice_engine::{Engine, NodeInfo};
+use sluice_overload::clock::duration_nanos;
+use sluice_overload::Nanos;
+use sluice_protocol::frame::{FrameDecoder, Opcode, HEADER_LEN};
+use sluice_protocol::Request as ClientRequest;
+use sluice_protocol::{ErrorCode, QueryParameters, Value};
+
+use crate::clock::manual::ManualClock;
+use crate::clock::ShardClock;
+use crate::connection::{handle_frame, ConnState, READ_QUANTUM};
+use crate::shard::{ShardCtx, Standalone};
+use crate::socket_wait::{LastRead, Read, ReadArrivals};
+use crate::ServerConfig;
+
+/// Mean CPU time of one execution: the shard's capacity is its inverse (10,000 a second).
+const SERVICE: Duration = Duration::from_micros(100);
+/// CPU time of an answer turned away from its header (`Overloaded`): its share of a small
+/// write on the real binary (`scripts/cost.sh`) times a small write's time on one shard
+/// (derivation in docs/decisions/2026-11-26-simulation-runs-the-real-pipeline.md).
+const OVERLOADED_COST: Duration = Duration::from_nanos(165);
+/// CPU time of an answer turned away after its body was read (expired, rate-limited),
+/// derived in the same way.
+const LATE_REJECTION_COST: Duration = Duration::from_nanos(600);
+/// Client connections.
+const CONNECTIONS: usize = 8;
+/// Simulated time before the measurement starts (the controllers settle).
+const WARMUP: Duration = Duration::from_millis(200);
+/// Simulated time measured.
+const MEASURED: Duration = Duration::from_millis(600);
+/// Largest socket read, as the reader's first read takes.
+const READ_BYTES: usize = 64 << 10;
+/// Partitions written.
+const PARTITIONS: i32 = 1000;
+/// The error code of `Overloaded`.
+const OVERLOADED: u32 = ErrorCode::Overloaded as u32;
+/// The error code of Write_timeout.
+const WRITE_TIMEOUT: u32 = ErrorCode::WriteTimeout as u32;
+
+/// A small deterministic generator (SplitMix64): the simulation must not depend on a
+/// random source it does not seed.
+struct SplitMix(u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    /// Exponentially distributed with mean `mean` nanoseconds.
+    fn exp(&mut self, mean: f64) -> u64 {
+        (-mean * self.unit().ln()) as u64
+    }
+}
+
+/// One simulated client connection: its fake socket and what its reader knows.
+struct Conn {
+    /// The server's state of the connection (its outbox holds the answers).
+    state: Rc<ConnState>,
+    /// Frames sent and not yet read: (intended send time, frame).
+    socket: VecDeque<(Nanos, Bytes)>,
+    /// Bytes read and not yet handed over.
+    buf: BytesMut,
+    /// Cuts frames out of `buf`, as the reader's does.
+    decoder: FrameDecoder,
+    /// The last read, which bounds when the next one's bytes can have arrived.
+    last_read: LastRead,
+    /// The arrivals of the frames of the last read.
+    arrivals: ReadArrivals,
+    /// The end of the reader's last backpressure pause.
+    resumed_at: Instant,
+    /// The reader found its socket empty and waits for bytes.
+    idle: bool,
+    /// Intended send time of the request on each stream.
+    sent_at: Vec<Nanos>,
+    /// The stream id of the next request.
+    next_stream: i16,
+    /// Answers taken from the outbox and not yet parsed.
+    answers: BytesMut,
+}
+
+/// What became of the requests sent during the measured period.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Outcomes {
+    /// Requests sent.
+    sent: u64,
+    /// Of them, answered with a result.
+    served: u64,
+    /// Answers served within their deadline while the period lasted.
+    goodput: u64,
+    /// Answered `Overloaded`.
+    overloaded: u64,
+    /// Answered with a write timeout.
+    expired: u64,
+    /// Answered otherwise (none expected).
+    other: u64,
+    /// Latencies of the served requests, from their intended send time (nanoseconds).
+    latencies: Vec<u64>,
+}
+
+impl Outcomes {
+    /// The `q` quantile of the served requests' latencies.
+    fn p(&self, q: f64) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort_unstable();
+        let i = ((l.len() as f64 * q).ceil() as usize).clamp(1, l.len().max(1)) - 1;
+        Duration::from_nanos(l.get(i).copied().unwrap_or(0))
+    }
+
+    /// Requests answered, whatever the answer.
+    fn answered(&self) -> u64 {
+        self.served + self.overloaded + self.expired + self.other
+    }
+}
+
+/// One shard, its storage and the prepared INSERT.
+struct Shard {
+    /// The shard's current-thread runtime.
+    rt: tokio::runtime::Runtime,
+    /// Its `LocalSet`: requests that wait are its tasks.
+    local: tokio::task::LocalSet,
+    /// The shard.
+    shard: Rc<ShardCtx>,
+    /// Its clock.
+    clock: ManualClock,
+    /// The prepared INSERT's id.
+    insert: Bytes,
+    /// Keeps the shard's channels open.
+    _standalone: Standalone,
+    /// Its storage's directory, removed when the run ends.
+    _dir: tempfile::TempDir,
+}
+
+/// A standalone shard on a manual clock at zero, with storage in a temporary directory and
+/// the table written to.
+fn shard() -> Shard {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
+        path: dir.path().join("db"),
+        durability: sluice_storage::Durability::Periodic {
+            interval: Duration::from_secs(3600),
+        },
+        cache_bytes: 16 << 20,
+        stores: 1,
+    })
+    .expect("storage");
+    let info = NodeInfo::single([127, 0, 0, 1].into(), 9042, uuid::Uuid::nil());
+    let ack_barrier = storage.ack_barrier();
+    let engine = Engine::open(storage, info).expect("engine");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let clock = ManualClock::new(Nanos::from_secs(1_700_000_000));
+    let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), 1, "sim".into());
+    let (shard, standalone) = {
+        let _entered = rt.enter();
+        ShardCtx::standalone_with_clock(
+            config,
+            engine,
+            ack_barrier,
+            ShardClock::manual(clock.clone()),
+        )
+    };
+    let local = tokio::task::LocalSet::new();
+    // The schema, through the pipeline itself, before simulated time starts.
+    let conn = Rc::new(ConnState::new(&shard));
+    conn.ready.set(true);
+    for (stream, ddl) in [
+        "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+        "CREATE TABLE ks.t (k int PRIMARY KEY, v int)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let query = ClientRequest::Query {
+            query: Bytes::from_static(ddl.as_bytes()),
+            params: QueryParameters::default(),
+        };
+        let mut buf = query.to_frame(stream as i16);
+        let answer = local.block_on(&rt, async {
+            let mut decoder = FrameDecoder::new(1 << 20);
+            let header = decoder.next_header(&mut buf).expect("frame").expect("frame");
+            let arrival = shard.clock.now().into();
+            handle_frame(&shard, &conn, &mut buf, header, arrival).await;
+            let give_up = Instant::now() + Duration::from_secs(20);
+            while conn.outbox.pending() == 0 {
+                assert!(Instant::now() < give_up, "no answer to {ddl}");
+                tokio::task::yield_now().await;
+            }
+            let mut answer = BytesMut::new();
+            conn.outbox.take(&mut answer);
+            answer
+        });
+        assert_eq!(answer[4], Opcode::Result as u8, "{ddl}");
+    }
+    let insert = shard
+        .engine
+        .prepare(None, "INSERT INTO ks.t (k, v) VALUES (?, ?)")
+        .expect("prepare")
+        .id;
+    Shard {
+        rt,
+        local,
+        shard,
+        clock,
+        insert: Bytes::copy_from_slice(&insert),
+        _standalone: standalone,
+        _dir: dir,
+    }
+}
+
+impl Conn {
+    /// A connection made at `now`, its socket empty and its reader waiting.
+    fn new(shard: &ShardCtx, now: Instant) -> Conn {
+        let state = Rc::new(ConnState::new(shard));
+        // As after STARTUP, uncompressed.
+        state.ready.set(true);
+        Conn {
+            state,
+            socket: VecDeque::new(),
+            buf: BytesMut::with_capacity(READ_BYTES),
+            decoder: FrameDecoder::new(shard.config.max_frame_bytes),
+            last_read: LastRead::connected(now),
+            arrivals: ReadArrivals::all_at(now),
+            resumed_at: now,
+            idle: true,
+            sent_at: vec![Nanos::ZERO; 1 << 15],
+            next_stream: 0,
+            answers: BytesMut::new(),
+        }
+    }
+
+    /// Reads what the fake socket holds (up to [`READ_BYTES`] of whole frames) at `now`,
+    /// and stamps the read as the kernel would: the age of its newest byte. False if the
+    /// socket was empty.
+    fn read(&mut self, clock: &ManualClock, loop_lag: Duration) -> bool {
+        debug_assert!(
+            self.buf.is_empty(),
+            "a reader reads once its buffer is empty"
+        );
+        let now = clock.now();
+        let mut newest = None;
+        let mut len = 0;
+        while let Some((sent, frame)) = self.socket.front() {
+            if len > 0 && len + frame.len() > READ_BYTES {
+                break;
+            }
+            debug_assert!(*sent <= now, "only frames sent by now are delivered");
+            len += frame.len();
+            newest = Some(*sent);
+            self.buf.extend_from_slice(frame);
+            self.socket.pop_front();
+        }
+        let Some(newest) = newest else { return false };
+        let read = Read {
+            len,
+            newest_waited: now.saturating_duration_since(newest),
+            idle_before: self.idle,
+            stamped: true,
+        };
+        self.idle = false;
+        let at = clock.instant();
+        self.arrivals = self
+            .last_read
+            .next(&read, READ_BYTES, 0, at, self.resumed_at, loop_lag);
+        true
+    }
+}
+
+/// The open-loop clients: Poisson arrivals at `rate`, dealt round-robin to the connections,
+/// each an EXECUTE of the prepared INSERT on a random partition.
+struct Offered {
+    /// Draws the gaps and the partitions.
+    rng: SplitMix,
+    /// The prepared INSERT's id.
+    insert: Bytes,
+    /// Mean time between two sends (nanoseconds).
+    mean_gap: f64,
+    /// When the next request is sent.
+    next_send: Nanos,
+    /// The measured period: requests sent in it are the run's figures.
+    measured: (Nanos, Nanos),
+    /// Requests sent.
+    sent: u64,
+    /// Requests sent in the measured period.
+    sent_measured: u64,
+}
+
+impl Offered {
+    /// Puts every request whose send time came by `now` into its connection's socket;
+    /// returns the connections whose reader was waiting for bytes (they become ready).
+    fn deliver(&mut self, now: Nanos, conns: &mut [Conn], woken: &mut Vec<usize>) {
+        while self.next_send <= now && self.next_send < self.measured.1 {
+            let i = (self.sent as usize) % conns.len();
+            let c = &mut conns[i];
+            let stream = c.next_stream;
+            c.next_stream = (c.next_stream + 1) & 0x7fff;
+            c.sent_at[stream as usize] = self.next_send;
+            let k = (self.rng.next() % PARTITIONS as u64) as i32;
+            let frame = ClientRequest::Execute {
+                id: self.insert.clone(),
+                params: QueryParameters {
+                    values: vec![
+                        Value::Set(Bytes::copy_from_slice(&k.to_be_bytes())),
+                        Value::Set(Bytes::copy_from_slice(&(self.sent as i32).to_be_bytes())),
+                    ],
+                    ..QueryParameters::default()
+                },
+            };
+            if c.idle && c.socket.is_empty() && c.buf.is_empty() {
+                woken.push(i);
+            }
+            c.socket
+                .push_back((self.next_send, frame.to_frame(stream).freeze()));
+            self.sent += 1;
+            if self.next_send >= self.measured.0 {
+                self.sent_measured += 1;
+            }
+            self.next_send = Nanos(self.next_send.0 + self.rng.exp(self.mean_gap).max(1));
+        }
+    }
+
+    /// The next send time, if any is left.
+    fn next(&self) -> Option<Nanos> {
+        (self.next_send < self.measured.1).then_some(self.next_send)
+    }
+}
+
+/// A task of the shard's event loop, in its run queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Task {
+    /// A connection's reader.
+    Reader(usize),
+    /// The loop-lag probe, woken by its timer: it notes the time and yields.
+    ProbeStarted,
+    /// The probe again, after its trip through the run queue.
+    ProbeFinished,
+}
+
+/// One run at `load` times the shard's capacity.
+fn run(load: f64, seed: u64) -> Outcomes {
+    let s = shard();
+    let Shard {
+        rt,
+        local,
+        shard,
+        clock,
+        insert,
+        ..
+    } = &s;
+    let capacity = 1e9 / SERVICE.as_nanos() as f64;
+    let end = Nanos(duration_nanos(WARMUP + MEASURED));
+    let measured = (Nanos(duration_nanos(WARMUP)), end);
+    let mut offered = Offered {
+        rng: SplitMix(seed),
+        insert: insert.clone(),
+        mean_gap: 1e9 / (capacity * load),
+        next_send: Nanos::ZERO,
+        measured,
+        sent: 0,
+        sent_measured: 0,
+    };
+    let mut service = SplitMix(seed ^ 0xC0FF_EE00);
+    let mut conns: Vec<Conn> = (0..CONNECTIONS)
+        .map(|_| Conn::new(shard, clock.instant()))
+        .collect();
+    let mut out = Outcomes::default();
+    let lag_every = shard
+        .admission
+        .borrow()
+        .lag_probe_interval()
+        .map(duration_nanos);
+    let mut probe_due = lag_every.map(Nanos);
+    let deadline = duration_nanos(shard.config.timeouts.write);
+    let mut run_queue: VecDeque<Task> = VecDeque::new();
+    let mut woken = Vec::new();
+    let mut unflushed = 0usize;
+    let wall_limit = Instant::now() + Duration::from_secs(120);
+    local.block_on(rt, async {
+        loop {
+            assert!(
+                Instant::now() < wall_limit,
+                "the simulation runs in bounded time"
+            );
+            // Between two task polls the runtime polls its driver: sockets that received
+            // bytes wake their readers, and the probe's timer fires.
+            let now = clock.now();
+            offered.deliver(now, &mut conns, &mut woken);
+            run_queue.extend(woken.drain(..).map(Task::Reader));
+            if probe_due.is_some_and(|due| due <= now) {
+                probe_due = None;
+                run_queue.push_back(Task::ProbeStarted);
+            }
+            // Requests that waited (queued admissions) run as tasks of their own.
+            tokio::task::yield_now().await;
+            for c in conns.iter_mut() {
+                unflushed += collect(c, clock, measured, deadline, &mut out);
+            }
+            let Some(task) = run_queue.pop_front() else {
+                let busy = shard.admission.borrow().slots_in_use() > 0;
+                if offered.next().is_none() && !busy {
+                    break;
+                }
+                // Idle: time moves to the next arrival or timer.
+                match offered.next().into_iter().chain(probe_due).min() {
+                    Some(t) if t > now => clock.advance_to(t),
+                    _ => clock.advance(Duration::from_micros(1)),
+                }
+                continue;
+            };
+            let c = match task {
+                Task::ProbeStarted => {
+                    shard
+                        .admission
+                        .borrow_mut()
+                        .lag_probe_started(clock.instant());
+                    run_queue.push_back(Task::ProbeFinished);
+                    continue;
+                }
+                Task::ProbeFinished => {
+                    shard
+                        .admission
+                        .borrow_mut()
+                        .lag_probe_finished(clock.instant(), &shard.metrics);
+                    probe_due = lag_every.map(|every| Nanos(now.0 + every));
+                    continue;
+                }
+                Task::Reader(c) => c,
+            };
+            // One turn of reader `c`, as `connection::serve` runs it: frames from its buffer,
+            // a read whenever the buffer is empty, until its socket is empty (it waits) or
+            // it has handled a quantum (it yields).
+            let mut since_yield = 0usize;
+            loop {
+                if since_yield >= READ_QUANTUM {
+                    run_queue.push_back(Task::Reader(c));
+                    break;
+                }
+                if conns[c].buf.is_empty() {
+                    offered.deliver(clock.now(), &mut conns, &mut woken);
+                }
+                let conn = &mut conns[c];
+                if conn.buf.is_empty() {
+                    let lag = shard.admission.borrow().loop_lag(clock.instant());
+                    if !conn.read(clock, lag) {
+                        conn.idle = true;
+                        break;
+                    }
+                }
+                let header = match conn.decoder.next_header(&mut conn.buf) {
+                    Ok(Some(h)) => h,
+                    other => panic!("the simulation sends whole, valid frames: {other:?}"),
+                };
+                let arrival = conn
+                    .arrivals
+                    .next_arrival(HEADER_LEN + header.length as usize);
+                since_yield += 1;
+                clock.set_execution_cost(Duration::from_nanos(
+                    service.exp(SERVICE.as_nanos() as f64).max(1),
+                ));
+                let handled =
+                    handle_frame(shard, &conn.state, &mut conn.buf, header, arrival).await;
+                if let Some(at) = handled.resumed_at {
+                    conn.resumed_at = at;
+                    conn.arrivals = ReadArrivals::all_at(at);
+                }
+                since_yield += handled.weight;
+                unflushed += collect(conn, clock, measured, deadline, &mut out);
+            }
+            woken.retain(|&w| w != c);
+            if unflushed > 64 << 10 {
+                // As the connection's writer does before it writes answers.
+                unflushed = 0;
+                shard.ack_barrier.flush().expect("ack barrier");
+            }
+        }
+        for c in conns.iter_mut() {
+            collect(c, clock, measured, deadline, &mut out);
+        }
+    });
+    assert_eq!(
+        shard.admission.borrow().slots_in_use(),
+        0,
+        "every admission slot is released"
+    );
+    out.sent = offered.sent_measured;
+    out
+}
+
+/// Takes `c`'s answers from its outbox and accounts them at the current simulated time,
+/// charging each rejection its CPU cost first. Returns the answer bytes taken.
+fn collect(
+    c: &mut Conn,
+    clock: &ManualClock,
+    measured: (Nanos, Nanos),
+    deadline: u64,
+    out: &mut Outcomes,
+) -> usize {
+    let mut taken = BytesMut::new();
+    c.state.outbox.take(&mut taken);
+    let n = taken.len();
+    c.answers.extend_from_slice(&taken);
+    while c.answers.len() >= HEADER_LEN {
+        let len = u32::from_be_bytes([c.answers[5], c.answers[6], c.answers[7], c.answers[8]]);
+        if c.answers.len() < HEADER_LEN + len as usize {
+            break;
+        }
+        let f = c.answers.split_to(HEADER_LEN + len as usize);
+        let stream = i16::from_be_bytes([f[2], f[3]]);
+        let opcode = f[4];
+        let code = (opcode == Opcode::Error as u8)
+            .then(|| u32::from_be_bytes([f[9], f[10], f[11], f[12]]));
+        clock.advance(match code {
+            None => Duration::ZERO,
+            Some(OVERLOADED) => OVERLOADED_COST,
+            Some(_) => LATE_REJECTION_COST,
+        });
+        let now = clock.now();
+        let sent = c.sent_at[stream as usize & 0x7fff];
+        let latency = now.0.saturating_sub(sent.0);
+        let served = opcode == Opcode::Result as u8;
+        // Goodput: answers served within their deadline during the measured period.
+        if served && latency <= deadline && measured.0 <= now && now < measured.1 {
+            out.goodput += 1;
+        }
+        if sent < measured.0 {
+            continue;
+        }
+        match code {
+            None if served => {
+                out.served += 1;
+                out.latencies.push(latency);
+            }
+            Some(OVERLOADED) => out.overloaded += 1,
+            Some(WRITE_TIMEOUT) => out.expired += 1,
+            _ => out.other += 1,
+        }
+    }
+    n
+}
+
+/// The sweep's offered loads, as multiples of the shard's capacity.
+const LOADS: [f64; 6] = [0.5, 1.0, 2.0, 3.0, 5.0, 10.0];
+
+/// The seed of the run at `load` (each load its own, every run the same).
+fn seed(load: f64) -> u64 {
+    0x5EED ^ (load * 10.0) as u64
+}
+
+/// Goodput as a fraction of the shard's capacity.
+fn goodput(o: &Outcomes) -> f64 {
+    o.goodput as f64 * SERVICE.as_secs_f64() / MEASURED.as_secs_f64()
+}
+
+/// Runs `load`, prints its row of the table and checks what every run must show.
+fn run_and_print(load: f64) -> Outcomes {
+    let started = Instant::now();
+    let o = run(load, seed(load));
+    println!(
+        "{:>4}x {:>7} {:>7} {:>7.3} {:>10} {:>7} {:>9.2?} {:>9.2?} {:>9.2?} {:>7.0?}",
+        load,
+        o.sent,
+        o.served,
+        goodput(&o),
+        o.overloaded,
+        o.expired,
+        o.p(0.50),
+        o.p(0.99),
+        o.p(1.0),
+        started.elapsed()
+    );
+    assert_eq!(o.answered(), o.sent, "every request is answered once");
+    assert_eq!(o.other, 0, "only results, Overloaded and write timeouts");
+    o
+}
+
+/// Prints the table's header.
+fn print_header() {
+    println!(
+        "{:>5} {:>7} {:>7} {:>7} {:>10} {:>7} {:>9} {:>9} {:>9} {:>7}",
+        "load", "sent", "served", "goodput", "overloaded", "expired", "p50", "p99", "max", "wall"
+    );
+}
+
+/// The overload targets, in simulated time: goodput (answers served within their deadline)
+/// of at least 95% of capacity at 3x, 90% at 5x and 80% at 10x; under overload, the p99 of
+/// served requests stays under CoDel's slough (twice its target: older requests are shed
+/// while overloaded). Prints the table (`-- --nocapture`).
+#[test]
+fn overload_targets_hold_in_simulated_time() {
+    print_header();
+    let rows: Vec<(f64, Outcomes)> = LOADS.iter().map(|&l| (l, run_and_print(l))).collect();
+    let at = |load: f64| &rows.iter().find(|r| r.0 == load).expect("row").1;
+    let light = at(0.5);
+    assert_eq!(light.served, light.sent, "at 0.5x every request is served");
+    for (load, least) in [(3.0, 0.95), (5.0, 0.90), (10.0, 0.80)] {
+        let g = goodput(at(load));
+        assert!(g >= least, "goodput at {load}x: {g:.3} of capacity");
+    }
+    let slough = sluice_overload::CodelConfig::default().slough;
+    for load in [3.0, 5.0, 10.0] {
+        let p99 = at(load).p(0.99);
+        assert!(p99 <= slough, "admitted p99 at {load}x: {p99:?}");
+    }
+}
+
+/// The latency target: admitted p99 at 3x within twice the p99 at 0.5x. Unmet: with
+/// CoDel's 5 ms target, admission serves requests up to half the target old while
+/// overloaded, which is 4x the p99 of 100 us requests at 0.5x (see
+/// docs/decisions/2026-11-26-simulation-runs-the-real-pipeline.md).
+#[test]
+#[ignore = "unmet target, recorded in docs/decisions/2026-11-26-simulation-runs-the-real-pipeline.md"]
+fn admitted_p99_at_3x_is_within_twice_the_p99_at_half_load() {
+    print_header();
+    let light = run_and_print(0.5).p(0.99);
+    let heavy = run_and_print(3.0).p(0.99);
+    assert!(heavy <= light * 2, "p99 {heavy:?} at 3x, {light:?} at 0.5x");
+}
+
+/// Two runs with one seed give the same answers at the same simulated times.
+#[test]
+fn the_simulation_is_deterministic() {
+    let first = run(2.0, 7);
+    assert!(first.overloaded > 0 && first.served > 0, "{first:?}");
+    assert_eq!(first, run(2.0, 7));
+}
