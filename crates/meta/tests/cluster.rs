@@ -346,3 +346,42 @@ async fn a_retried_proposal_applies_once() {
     assert_eq!(first.response, 1u64.to_be_bytes());
     assert_eq!(answers[0].response, 2u64.to_be_bytes());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_the_purged_log_is_sent_a_snapshot() {
+    // A snapshot every 32 entries keeps only 8 entries of log behind it.
+    let mut cluster = Cluster::start(3, 7, 32).await;
+    let leader = cluster.leader(WAIT).await;
+    let behind = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    cluster.stop(behind).await;
+    for n in 0..200 {
+        let node = cluster.node(leader);
+        node.propose(node.next_request_id(), command(0, n))
+            .await
+            .unwrap();
+    }
+    assert!(
+        cluster.node(leader).purged_index() > 100,
+        "the leader purged its log"
+    );
+
+    cluster.network.partition(&[&[behind]]);
+    let reopened = cluster.open(behind).await;
+    let mut events = reopened.subscribe();
+    assert!(reopened.last_applied() < 100);
+    cluster.network.heal();
+    let index = reopened.wait_caught_up(WAIT).await.unwrap();
+    assert!(index >= 200);
+    match tokio::time::timeout(WAIT, events.recv())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        AppliedEvent::Restored { index } => assert!(index > 100, "restored up to {index}"),
+        other => panic!("expected a snapshot install first, got {other:?}"),
+    }
+    cluster.all_applied(index, WAIT).await;
+    let histories = cluster.histories();
+    assert_one_history(histories.values().cloned());
+    assert!(histories.values().all(|h| h.len() == 200));
+}
