@@ -2,7 +2,8 @@
 //! logs: `cargo run --release -p sluice-meta --example propose_bench [DIR]`.
 //!
 //! Each level runs C concurrent proposers, each proposing 100-byte commands back to back
-//! through the leader, and reports throughput and latency percentiles.
+//! through the leader (or through a follower, which forwards them), and reports throughput
+//! and latency percentiles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,13 +69,27 @@ async fn main() -> Result<(), MetaError> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    let follower = Arc::clone(&nodes[(leader % 3) as usize]);
     let leader = Arc::clone(&nodes[(leader - 1) as usize]);
-    println!("concurrency  proposals  seconds  proposals/s  p50_ms  p99_ms  max_ms");
-    for (concurrency, per_task) in [(1usize, 1_000usize), (8, 500), (32, 250), (128, 100)] {
+    println!("through    concurrency  proposals  seconds  proposals/s  p50_ms  p99_ms  max_ms");
+    let levels = [
+        ("leader", 1usize, 1_000usize),
+        ("leader", 8, 500),
+        ("leader", 32, 250),
+        ("leader", 128, 100),
+        ("follower", 1, 500),
+        ("follower", 32, 250),
+    ];
+    for (through, concurrency, per_task) in levels {
+        let target = if through == "leader" {
+            &leader
+        } else {
+            &follower
+        };
         let started = Instant::now();
         let tasks: Vec<_> = (0..concurrency)
             .map(|_| {
-                let node = Arc::clone(&leader);
+                let node = Arc::clone(target);
                 tokio::spawn(async move {
                     let mut latencies = Vec::with_capacity(per_task);
                     for _ in 0..per_task {
@@ -93,7 +108,8 @@ async fn main() -> Result<(), MetaError> {
         let elapsed = started.elapsed();
         latencies.sort();
         println!(
-            "{:>11}  {:>9}  {:>7.2}  {:>11.0}  {:>6.2}  {:>6.2}  {:>6.2}",
+            "{:<9}  {:>11}  {:>9}  {:>7.2}  {:>11.0}  {:>6.2}  {:>6.2}  {:>6.2}",
+            through,
             concurrency,
             latencies.len(),
             elapsed.as_secs_f64(),

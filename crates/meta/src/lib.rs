@@ -136,6 +136,8 @@ pub enum MetaError {
     MembershipRejected,
     /// The group is already initialized, or initialization was refused.
     AlreadyInitialized,
+    /// The command is larger than [`MetaConfig::max_command_bytes`].
+    TooLarge,
 }
 
 impl MetaError {
@@ -149,6 +151,7 @@ impl MetaError {
             MetaError::Malformed => "malformed metadata message",
             MetaError::MembershipRejected => "metadata membership change rejected",
             MetaError::AlreadyInitialized => "metadata group already initialized",
+            MetaError::TooLarge => "metadata command too large",
         }
     }
 }
@@ -279,6 +282,8 @@ pub struct MetaConfig {
     pub subscriber_capacity: usize,
     /// Entries per append message.
     pub max_entries_per_append: u64,
+    /// The largest command `propose` accepts.
+    pub max_command_bytes: usize,
 }
 
 impl MetaConfig {
@@ -297,6 +302,7 @@ impl MetaConfig {
             dedup_capacity: 10_000,
             subscriber_capacity: 4_096,
             max_entries_per_append: 300,
+            max_command_bytes: 4 << 20,
         }
     }
 }

@@ -54,6 +54,9 @@ impl RpcKind {
     }
 }
 
+/// The longest a forwarded operation may run on the leader.
+const MAX_FORWARD_BUDGET: Duration = Duration::from_secs(60);
+
 /// An operation only the leader can run, sent by a follower.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum LeaderOp {
@@ -191,7 +194,9 @@ impl RpcHandler {
             RpcKind::Forward => {
                 let envelope: ForwardEnvelope =
                     serde_json::from_slice(body).map_err(|_| MALFORMED)?;
-                let budget = Duration::from_millis(envelope.budget_ms);
+                // The sender's budget is trusted only up to a bound: no message holds the
+                // leader's work open for longer.
+                let budget = Duration::from_millis(envelope.budget_ms).min(MAX_FORWARD_BUDGET);
                 Ok(encode(
                     &run_on_leader(&self.raft, envelope.op, budget).await,
                 ))

@@ -78,14 +78,20 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
         let store = tokio::task::spawn_blocking(move || MetaStore::open(&dir))
             .await
             .map_err(|_| MetaError::Storage)?
-            .map_err(|_| MetaError::Storage)?;
+            .map_err(|error| {
+                tracing::error!(dir = %config.dir.display(), %error, "cannot open the metadata log");
+                MetaError::Storage
+            })?;
         let state_machine = StateMachine::open(
             store.clone(),
             app,
             config.dedup_capacity,
             config.subscriber_capacity,
         )
-        .map_err(|_| MetaError::Storage)?;
+        .map_err(|error| {
+            tracing::error!(%error, "cannot restore the metadata snapshot");
+            MetaError::Storage
+        })?;
         let state = state_machine.shared();
         let weak_store = store.watch_closed();
         let store_alive = Box::new(move || weak_store.strong_count() > 0);
@@ -117,7 +123,10 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             state_machine,
         )
         .await
-        .map_err(|_| MetaError::Storage)?;
+        .map_err(|error| {
+            tracing::error!(%error, "cannot replay the metadata log");
+            MetaError::Storage
+        })?;
         Ok(MetaNode {
             client: random_client_id(config.node_id),
             next_seq: AtomicU64::new(1),
@@ -313,6 +322,9 @@ impl<A: Apply, T: MetaTransport> MetaLog for MetaNode<A, T> {
     }
 
     async fn propose(&self, request: RequestId, command: Vec<u8>) -> Result<Committed, MetaError> {
+        if command.len() > self.config.max_command_bytes {
+            return Err(MetaError::TooLarge);
+        }
         let deadline = Instant::now() + self.config.op_timeout;
         let op = LeaderOp::Propose(Proposal { request, command });
         let answer = self.on_leader(op, Retry::Idempotent, deadline).await?;

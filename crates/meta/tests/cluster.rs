@@ -385,3 +385,45 @@ async fn a_node_behind_the_purged_log_is_sent_a_snapshot() {
     assert_one_history(histories.values().cloned());
     assert!(histories.values().all(|h| h.len() == 200));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_and_oversized_commands_are_rejected() {
+    use sluice_meta::{RpcKind, TransportError};
+    let cluster = Cluster::start(3, 8, 5_000).await;
+    let handler = cluster.node(2).rpc_handler();
+    for kind in [
+        RpcKind::AppendEntries,
+        RpcKind::Vote,
+        RpcKind::InstallSnapshot,
+        RpcKind::Forward,
+    ] {
+        for body in [
+            &b""[..],
+            b"{",
+            b"[1,2,3]",
+            b"{\"vote\":7}",
+            &[0xff, 0xfe, 0x00],
+        ] {
+            assert!(matches!(
+                handler.handle(kind, body).await,
+                Err(TransportError::Rejected(_))
+            ));
+        }
+        assert_eq!(RpcKind::from_u8(kind.to_u8()), Some(kind));
+    }
+    assert_eq!(RpcKind::from_u8(0), None);
+    let node = cluster.node(1);
+    let too_large = vec![0u8; node_config_limit() + 1];
+    assert_eq!(
+        node.propose(node.next_request_id(), too_large).await,
+        Err(MetaError::TooLarge)
+    );
+    // The group still works.
+    node.propose(node.next_request_id(), b"still here".to_vec())
+        .await
+        .unwrap();
+}
+
+fn node_config_limit() -> usize {
+    sluice_meta::MetaConfig::new(0, "", "/nonexistent").max_command_bytes
+}
