@@ -202,7 +202,8 @@ pub trait MetaLog: Send + Sync {
     /// The current voters and learners.
     fn members(&self) -> Members;
 
-    /// Adds a node as a learner and waits until it has caught up with the log.
+    /// Adds a node as a learner and waits until it has caught up with the log. On
+    /// [`MetaError::Timeout`] the learner may have been added but not caught up yet.
     fn add_learner(
         &self,
         node: u64,

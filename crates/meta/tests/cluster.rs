@@ -147,12 +147,9 @@ async fn a_restarted_node_replays_its_log_and_snapshot_before_serving() {
     );
     assert_eq!(reopened.with_state(|r| r.applied.clone()), before);
     assert_eq!(
-        tokio::time::timeout(
-            Duration::from_millis(500),
-            reopened.wait_caught_up(Duration::from_millis(400))
-        )
-        .await
-        .unwrap(),
+        tokio::time::timeout(WAIT, reopened.wait_caught_up(Duration::from_millis(400)))
+            .await
+            .unwrap(),
         Err(MetaError::Timeout),
         "a cut-off node cannot pass the read barrier"
     );
