@@ -65,13 +65,18 @@ impl Cluster {
     }
 
     pub fn config(&self, id: u64) -> MetaConfig {
-        let mut config = MetaConfig::new(id, &addr(id), self.data_dir(id));
+        Cluster::config_for(id, &self.data_dir(id), self.snapshot_every)
+    }
+
+    /// The test timings for node `id` storing in `dir`.
+    pub fn config_for(id: u64, dir: &std::path::Path, snapshot_every: u64) -> MetaConfig {
+        let mut config = MetaConfig::new(id, &addr(id), dir);
         config.heartbeat = Duration::from_millis(50);
         config.election_min = Duration::from_millis(250);
         config.election_max = Duration::from_millis(500);
         config.rpc_timeout = Duration::from_millis(300);
         config.op_timeout = Duration::from_secs(5);
-        config.snapshot_every = self.snapshot_every;
+        config.snapshot_every = snapshot_every;
         config
     }
 
