@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ pub struct MetaNode<A: Apply, T: MetaTransport> {
     next_seq: AtomicU64,
     /// Dead once openraft's tasks dropped the log and state machine (the database is closed).
     store_alive: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Set by `shutdown`, so a stopped node forwards nothing to the leader.
+    stopped: AtomicBool,
 }
 
 /// How a leader-side operation is retried when the leader cannot be reached.
@@ -135,6 +137,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             transport,
             state,
             store_alive,
+            stopped: AtomicBool::new(false),
         })
     }
 
@@ -205,6 +208,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
     /// Stops Raft and waits until the log is closed, so the node can be opened again from
     /// the same directory. Later calls on this handle answer [`MetaError::Stopped`].
     pub async fn shutdown(&self) -> Result<(), MetaError> {
+        self.stopped.store(true, Ordering::Release);
         self.raft.shutdown().await.map_err(|_| MetaError::Stopped)?;
         // openraft's state-machine task ends shortly after its core; wait for it to drop the
         // database rather than let two handles open the same directory.
@@ -243,6 +247,9 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
     ) -> Result<Answer, MetaError> {
         let mut hint: Option<u64> = None;
         loop {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(MetaError::Stopped);
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(MetaError::Timeout);

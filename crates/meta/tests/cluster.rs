@@ -424,3 +424,35 @@ async fn malformed_messages_and_oversized_commands_are_rejected() {
 fn node_config_limit() -> usize {
     sluice_meta::MetaConfig::new(0, "", "/nonexistent").max_command_bytes
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_on_demand_and_a_stopped_node_refuses_work() {
+    let cluster = Cluster::start(3, 9, 5_000).await;
+    let leader = cluster.leader(WAIT).await;
+    let follower = Arc::clone(cluster.nodes.values().find(|n| n.id() != leader).unwrap());
+    for n in 0..10 {
+        follower
+            .propose(follower.next_request_id(), command(0, n))
+            .await
+            .unwrap();
+    }
+    let at = follower.snapshot_now(WAIT).await.unwrap();
+    assert!(at >= 10 && follower.snapshot_index() >= at);
+
+    follower.shutdown().await.unwrap();
+    assert_eq!(
+        follower
+            .propose(follower.next_request_id(), b"after".to_vec())
+            .await,
+        Err(MetaError::Stopped)
+    );
+    assert_eq!(follower.read_barrier().await, Err(MetaError::Stopped));
+    let node = cluster.node(leader);
+    let committed = node
+        .propose(node.next_request_id(), b"others".to_vec())
+        .await
+        .unwrap();
+    let history = node.with_state(|r| r.applied.clone());
+    assert_eq!(history.last(), Some(&(committed.index, b"others".to_vec())));
+    assert!(!history.iter().any(|(_, c)| c == b"after"));
+}
