@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -124,6 +124,9 @@ pub struct MessengerConfig {
     pub inbound_queue_bytes: [usize; CLASS_COUNT],
     /// Messages each class's inbound handler queue may hold.
     pub inbound_queue_len: [usize; CLASS_COUNT],
+    /// Inbound connections open at once; more are closed on accept. Each peer opens at most
+    /// one per class.
+    pub max_inbound_connections: usize,
     /// Calls in flight to one peer, across classes.
     pub max_calls_in_flight_per_peer: usize,
     /// Bound on opening a connection, handshake included, and on an inbound handshake.
@@ -146,6 +149,7 @@ impl MessengerConfig {
             outbound_queue_bytes: [MIB, 4 * MIB, 4 * MIB, 16 * MIB + HEADER_LEN],
             inbound_queue_bytes: [4 * MIB, 32 * MIB, 32 * MIB, 32 * MIB],
             inbound_queue_len: [1024, 4096, 4096, 256],
+            max_inbound_connections: 1024,
             max_calls_in_flight_per_peer: 8192,
             connect_timeout: Duration::from_millis(1000),
             backoff_min: Duration::from_millis(50),
@@ -174,9 +178,15 @@ const STATE_CONNECTING: u8 = 0;
 const STATE_CONNECTED: u8 = 1;
 const STATE_BACKOFF: u8 = 2;
 
-/// The outbound side of one (peer, class): a queue bounded in bytes and its writer task.
+/// The outbound side of one (peer, class): a queue bounded in bytes and its writer task,
+/// which ends once this handle is dropped.
 struct Outbound {
     tx: mpsc::UnboundedSender<Outgoing>,
+    queue: Arc<QueueState>,
+}
+
+/// What the senders and the writer of one outbound queue share.
+struct QueueState {
     bytes: ByteBudget,
     state: AtomicU8,
 }
@@ -223,6 +233,7 @@ pub(crate) struct Shared {
     inbound_tx: [mpsc::Sender<InboundMessage>; CLASS_COUNT],
     inbound_bytes: [ByteBudget; CLASS_COUNT],
     inbound_rx: Mutex<[Option<mpsc::Receiver<InboundMessage>>; CLASS_COUNT]>,
+    inbound_connections: Arc<Semaphore>,
     shutdown_tx: watch::Sender<bool>,
     shutdown_rx: watch::Receiver<bool>,
 }
@@ -245,6 +256,7 @@ impl Messenger {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let config_inbound = config.max_inbound_connections;
         let mut senders = Vec::with_capacity(CLASS_COUNT);
         let mut receivers = Vec::with_capacity(CLASS_COUNT);
         for len in config.inbound_queue_len {
@@ -263,6 +275,7 @@ impl Messenger {
             outbound: Mutex::new(HashMap::new()),
             calls: Mutex::new(CallTable::default()),
             next_id: AtomicU64::new(1),
+            inbound_connections: Arc::new(Semaphore::new(config_inbound)),
             shutdown_tx,
             shutdown_rx,
         });
@@ -349,6 +362,12 @@ impl Messenger {
             shared: self.shared.clone(),
             shutdown: self.shared.shutdown_rx.clone(),
         })
+    }
+
+    /// Closes the connections to `peer` (a node that left the cluster) and fails what they
+    /// still had queued; a later send opens them again.
+    pub fn forget_peer(&self, peer: SocketAddr) {
+        lock(&self.shared.outbound).retain(|&(addr, _), _| addr != peer);
     }
 
     /// A copy of every counter.
@@ -497,16 +516,16 @@ impl Shared {
         message: Outgoing,
     ) -> Result<(), CallError> {
         let outbound = self.outbound(peer, class)?;
-        if outbound.state.load(Ordering::Acquire) == STATE_BACKOFF {
+        if outbound.queue.state.load(Ordering::Acquire) == STATE_BACKOFF {
             return Err(CallError::PeerDown);
         }
         let size = message.size();
-        if !outbound.bytes.try_acquire(size) {
+        if !outbound.queue.bytes.try_acquire(size) {
             bump(&self.metrics.class(class).queue_full);
             return Err(CallError::QueueFull);
         }
         if outbound.tx.send(message).is_err() {
-            outbound.bytes.release(size);
+            outbound.queue.bytes.release(size);
             return Err(CallError::ShuttingDown);
         }
         Ok(())
@@ -525,14 +544,17 @@ impl Shared {
             return Err(CallError::ShuttingDown);
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let outbound = Arc::new(Outbound {
-            tx,
+        let queue = Arc::new(QueueState {
             bytes: ByteBudget::new(self.config.outbound_queue_bytes[class.index()]),
             state: AtomicU8::new(STATE_CONNECTING),
         });
+        let outbound = Arc::new(Outbound {
+            tx,
+            queue: queue.clone(),
+        });
         map.insert((peer, class), outbound.clone());
         drop(map);
-        tokio::spawn(writer_task(self.clone(), peer, class, outbound.clone(), rx));
+        tokio::spawn(writer_task(self.clone(), peer, class, queue, rx));
         Ok(outbound)
     }
 
@@ -581,7 +603,7 @@ async fn writer_task(
     shared: Arc<Shared>,
     peer: SocketAddr,
     class: ConnectionClass,
-    outbound: Arc<Outbound>,
+    queue: Arc<QueueState>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) {
     let mut shutdown = shared.shutdown_signal();
@@ -595,7 +617,7 @@ async fn writer_task(
                 None => break,
             },
         };
-        outbound.state.store(STATE_CONNECTING, Ordering::Release);
+        queue.state.store(STATE_CONNECTING, Ordering::Release);
         let connected = tokio::select! {
             biased;
             _ = shutdown.wait_for(|stop| *stop) => break,
@@ -606,22 +628,22 @@ async fn writer_task(
         match connected {
             Ok(stream) => {
                 debug!(%peer, class = class.name(), "internode connection open");
-                outbound.state.store(STATE_CONNECTED, Ordering::Release);
+                queue.state.store(STATE_CONNECTED, Ordering::Release);
                 backoff = shared.config.backoff_min;
-                match write_loop(&shared, class, &outbound, &mut rx, stream, first).await {
+                match write_loop(&shared, class, &queue, &mut rx, stream, first).await {
                     Ended::Shutdown => break,
                     Ended::Broken => {
                         debug!(%peer, class = class.name(), "internode connection lost");
-                        outbound.state.store(STATE_CONNECTING, Ordering::Release);
+                        queue.state.store(STATE_CONNECTING, Ordering::Release);
                     }
                 }
             }
             Err(reason) => {
                 debug!(%peer, class = class.name(), reason = reason.message(), "internode connect failed");
-                outbound.state.store(STATE_BACKOFF, Ordering::Release);
-                fail_message(&shared, &outbound, first, CallError::PeerDown);
+                queue.state.store(STATE_BACKOFF, Ordering::Release);
+                fail_message(&shared, &queue, first, CallError::PeerDown);
                 while let Ok(message) = rx.try_recv() {
-                    fail_message(&shared, &outbound, message, CallError::PeerDown);
+                    fail_message(&shared, &queue, message, CallError::PeerDown);
                 }
                 tokio::select! {
                     biased;
@@ -629,19 +651,24 @@ async fn writer_task(
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(shared.config.backoff_max);
-                outbound.state.store(STATE_CONNECTING, Ordering::Release);
+                queue.state.store(STATE_CONNECTING, Ordering::Release);
             }
         }
     }
     rx.close();
+    let error = if shared.is_shut_down() {
+        CallError::ShuttingDown
+    } else {
+        CallError::PeerDown
+    };
     while let Ok(message) = rx.try_recv() {
-        fail_message(&shared, &outbound, message, CallError::ShuttingDown);
+        fail_message(&shared, &queue, message, error);
     }
 }
 
 /// Releases a message's queue space and fails its call, if it is a request.
-fn fail_message(shared: &Shared, outbound: &Outbound, message: Outgoing, error: CallError) {
-    outbound.bytes.release(message.size());
+fn fail_message(shared: &Shared, queue: &QueueState, message: Outgoing, error: CallError) {
+    queue.bytes.release(message.size());
     if message.kind == Kind::Request {
         shared.complete_call(message.id, None, Err(error));
     }
@@ -650,7 +677,7 @@ fn fail_message(shared: &Shared, outbound: &Outbound, message: Outgoing, error: 
 async fn write_loop(
     shared: &Shared,
     class: ConnectionClass,
-    outbound: &Outbound,
+    queue: &QueueState,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     stream: TcpStream,
     first: Outgoing,
@@ -683,7 +710,7 @@ async fn write_loop(
             let size = m.size();
             if m.deadline <= now {
                 bump(&counters.expired_outbound);
-                fail_message(shared, outbound, m, CallError::Expired);
+                fail_message(shared, queue, m, CallError::Expired);
             } else {
                 let budget = (m.deadline - now).as_micros().min(u32::MAX as u128) as u32;
                 let header = FrameHeader {
@@ -698,7 +725,7 @@ async fn write_loop(
                 if m.kind == Kind::Request {
                     batch_requests.push(m.id);
                 }
-                outbound.bytes.release(size);
+                queue.bytes.release(size);
                 bump(&counters.frames_out);
                 add(&counters.bytes_out, size);
             }
@@ -804,8 +831,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         };
         match accepted {
             Ok((stream, remote)) => {
+                let Ok(permit) = shared.inbound_connections.clone().try_acquire_owned() else {
+                    bump(&shared.metrics.handshake_failures);
+                    warn!(%remote, "too many inbound internode connections; closing");
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(inbound_connection(shared.clone(), stream, remote));
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    inbound_connection(shared, stream, remote).await;
+                    drop(permit);
+                });
             }
             Err(error) => {
                 // Out of descriptors and the like: pause rather than spin.

@@ -91,7 +91,8 @@ pub struct ClassMetrics {
 pub struct MetricsSnapshot {
     /// Counters per class, indexed by [`ConnectionClass::index`].
     pub classes: [ClassMetrics; CLASS_COUNT],
-    /// Inbound connections closed during the handshake (malformed, or another cluster).
+    /// Inbound connections closed before or during the handshake: malformed, from another
+    /// cluster, or over the connection limit.
     pub handshake_failures: u64,
 }
 
