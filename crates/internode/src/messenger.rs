@@ -375,9 +375,11 @@ impl Messenger {
         self.shared.metrics.snapshot()
     }
 
-    /// Stops every task and waits until the listening socket is closed.
+    /// Stops every task, fails the calls in flight and waits until the listening socket is
+    /// closed.
     pub async fn shutdown(&self) {
         self.shared.shutdown_tx.send_replace(true);
+        self.shared.fail_all_calls();
         let task = lock(&self.listener_task).take();
         if let Some(task) = task {
             let _ = task.await;
@@ -392,6 +394,7 @@ impl Messenger {
 impl Drop for Messenger {
     fn drop(&mut self) {
         self.shared.shutdown_tx.send_replace(true);
+        self.shared.fail_all_calls();
         // Queued messages hold the shared state: free the queues nobody took.
         let untaken = std::mem::take(&mut *lock(&self.shared.inbound_rx));
         drop(untaken);
@@ -498,6 +501,17 @@ impl Shared {
             // The sender is dropped only with the table, at shutdown.
             Ok(Err(_)) => Err(CallError::ShuttingDown),
             Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    fn fail_all_calls(&self) {
+        let calls = {
+            let mut table = lock(&self.calls);
+            table.per_peer.clear();
+            std::mem::take(&mut table.calls)
+        };
+        for (_, call) in calls {
+            let _ = call.reply.send(Err(CallError::ShuttingDown));
         }
     }
 

@@ -894,3 +894,101 @@ async fn a_restarted_peer_is_reconnected() {
     })
     .await;
 }
+
+/// The `internode-echo` process, killed when the test ends however it ends.
+struct EchoProcess(std::process::Child);
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(process: &EchoProcess, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(process.0.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigstopped_process_is_marked_down_and_up_after_sigcont() {
+    bounded(Duration::from_secs(30), async {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_internode-echo"))
+            .args(["127.0.0.2:0", "2"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let process = EchoProcess(child);
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .unwrap();
+            line
+        })
+        .await
+        .unwrap();
+        let peer: SocketAddr = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap()
+            .parse()
+            .unwrap();
+
+        let a = Messenger::bind(config("127.0.0.1", 1)).await.unwrap();
+        let detector = FailureDetector::start(&a, FailureDetectorConfig::default());
+        let mut changes = detector.subscribe();
+        detector.watch(peer);
+        assert_eq!(next_change(&mut changes, peer).await.liveness, Liveness::Up);
+        let reply = a
+            .call(
+                peer,
+                ConnectionClass::Requests,
+                ECHO,
+                Bytes::from_static(b"p"),
+                in_ms(1000),
+            )
+            .await;
+        assert_eq!(reply.as_deref(), Ok(&b"p"[..]));
+
+        let stopped_at = Instant::now();
+        signal(&process, "STOP");
+        let down = next_change(&mut changes, peer).await;
+        assert_eq!(down.liveness, Liveness::Down);
+        let detection = down.at - stopped_at;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let continued_at = Instant::now();
+        signal(&process, "CONT");
+        let up = next_change(&mut changes, peer).await;
+        assert_eq!(up.liveness, Liveness::Up);
+        let recovery = up.at - continued_at;
+        println!("SIGSTOP detected after {detection:?}; up {recovery:?} after SIGCONT");
+        assert!(
+            detection < Duration::from_millis(1500),
+            "down after {detection:?}"
+        );
+        assert!(
+            recovery < Duration::from_millis(500),
+            "up {recovery:?} after SIGCONT"
+        );
+        let reply = a
+            .call(
+                peer,
+                ConnectionClass::Requests,
+                ECHO,
+                Bytes::from_static(b"q"),
+                in_ms(1000),
+            )
+            .await;
+        assert_eq!(reply.as_deref(), Ok(&b"q"[..]));
+    })
+    .await;
+}
