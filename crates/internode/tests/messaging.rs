@@ -407,7 +407,7 @@ async fn another_cluster_is_refused_at_the_handshake() {
             .await;
         assert_eq!(reply, Err(CallError::PeerDown));
         assert!(
-            start.elapsed() < Duration::from_millis(500),
+            start.elapsed() < Duration::from_millis(1000),
             "refusal took {:?}",
             start.elapsed()
         );
@@ -456,7 +456,7 @@ async fn a_full_inbound_queue_answers_overloaded_at_once() {
         assert_eq!(timed_out, 4);
         for (_, elapsed) in overloaded {
             assert!(
-                *elapsed < Duration::from_millis(300),
+                *elapsed < Duration::from_millis(600),
                 "overloaded after {elapsed:?}"
             );
         }
@@ -510,7 +510,7 @@ async fn calls_in_flight_to_a_peer_are_bounded() {
             )
             .await;
         assert_eq!(third, Err(CallError::TooManyInFlight));
-        assert!(start.elapsed() < Duration::from_millis(5));
+        assert!(start.elapsed() < Duration::from_millis(50));
         // The bound is per peer: another peer is still reachable.
         assert!(a
             .call(
@@ -584,7 +584,7 @@ async fn a_full_outbound_queue_fails_fast() {
         };
         assert_eq!(refused.0, CallError::QueueFull);
         assert!(
-            refused.1 < Duration::from_millis(5),
+            refused.1 < Duration::from_millis(50),
             "refusal took {:?}",
             refused.1
         );
@@ -781,7 +781,7 @@ async fn a_frozen_peer_is_marked_down_and_up_again() {
         assert_eq!(down.liveness, Liveness::Down);
         let detection = down.at - frozen_at;
         assert!(
-            detection < Duration::from_millis(1500),
+            detection < Duration::from_millis(2000),
             "down after {detection:?}"
         );
         // A call to the frozen peer ends at its deadline, not later.
@@ -796,14 +796,14 @@ async fn a_frozen_peer_is_marked_down_and_up_again() {
             )
             .await;
         assert_eq!(reply, Err(CallError::Timeout));
-        assert!(start.elapsed() < Duration::from_millis(300));
+        assert!(start.elapsed() < Duration::from_millis(450));
 
         let up = next_change(&mut changes, peer).await;
         assert_eq!(up.liveness, Liveness::Up);
         let thawed_after = up.at - (frozen_at + Duration::from_secs(3));
         println!("frozen peer down after {detection:?}, up {thawed_after:?} after thawing");
         assert!(
-            thawed_after < Duration::from_millis(500),
+            thawed_after < Duration::from_millis(1000),
             "up {thawed_after:?} after thawing"
         );
         assert!(a
@@ -851,7 +851,7 @@ async fn a_restarted_peer_is_reconnected() {
             .unwrap();
         let down = next_change(&mut changes, peer).await;
         assert_eq!(down.liveness, Liveness::Down);
-        assert!(down.at - stopped_at < Duration::from_millis(1500));
+        assert!(down.at - stopped_at < Duration::from_millis(2000));
         // With the peer gone, a call fails at once instead of waiting for its deadline.
         let start = Instant::now();
         let reply = a
@@ -865,7 +865,7 @@ async fn a_restarted_peer_is_reconnected() {
             .await;
         assert_eq!(reply, Err(CallError::PeerDown));
         assert!(
-            start.elapsed() < Duration::from_millis(200),
+            start.elapsed() < Duration::from_millis(1000),
             "{:?}",
             start.elapsed()
         );
@@ -876,7 +876,7 @@ async fn a_restarted_peer_is_reconnected() {
         let up = next_change(&mut changes, peer).await;
         assert_eq!(up.liveness, Liveness::Up);
         println!("restarted peer up after {:?}", up.at - restarted_at);
-        assert!(up.at - restarted_at < Duration::from_millis(1500));
+        assert!(up.at - restarted_at < Duration::from_millis(2000));
         let reply = a
             .call(
                 peer,
@@ -972,11 +972,11 @@ async fn a_sigstopped_process_is_marked_down_and_up_after_sigcont() {
         let recovery = up.at - continued_at;
         println!("SIGSTOP detected after {detection:?}; up {recovery:?} after SIGCONT");
         assert!(
-            detection < Duration::from_millis(1500),
+            detection < Duration::from_millis(2000),
             "down after {detection:?}"
         );
         assert!(
-            recovery < Duration::from_millis(500),
+            recovery < Duration::from_millis(1000),
             "up {recovery:?} after SIGCONT"
         );
         let reply = a
