@@ -77,7 +77,7 @@ pub struct FailureDetector {
 }
 
 impl FailureDetector {
-    /// Starts pinging through `messenger` on the current tokio runtime; no peers yet.
+    /// Starts pinging through `messenger`, on its runtime; no peers yet.
     pub fn start(messenger: &Messenger, config: FailureDetectorConfig) -> FailureDetector {
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
         let detector = Arc::new(Detector {
@@ -86,7 +86,10 @@ impl FailureDetector {
             events,
         });
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(ping_loop(detector.clone(), messenger.shared(), stop_rx));
+        let shared = messenger.shared();
+        shared
+            .runtime()
+            .spawn(ping_loop(detector.clone(), shared.clone(), stop_rx));
         FailureDetector { detector, stop }
     }
 

@@ -122,6 +122,9 @@ pub struct MessengerConfig {
     pub outbound_queue_bytes: [usize; CLASS_COUNT],
     /// Bytes each class's inbound handler queue may hold.
     pub inbound_queue_bytes: [usize; CLASS_COUNT],
+    /// Most bytes per second written to one peer on each class; 0 for no limit. Background
+    /// classes (Bulk) get a budget here so that they cannot take the CPU from foreground work.
+    pub outbound_bytes_per_second: [u64; CLASS_COUNT],
     /// Messages each class's inbound handler queue may hold.
     pub inbound_queue_len: [usize; CLASS_COUNT],
     /// Inbound connections open at once; more are closed on accept. Each peer opens at most
@@ -149,6 +152,7 @@ impl MessengerConfig {
             outbound_queue_bytes: [MIB, 4 * MIB, 4 * MIB, 16 * MIB + HEADER_LEN],
             inbound_queue_bytes: [4 * MIB, 32 * MIB, 32 * MIB, 32 * MIB],
             inbound_queue_len: [1024, 4096, 4096, 256],
+            outbound_bytes_per_second: [0; CLASS_COUNT],
             max_inbound_connections: 1024,
             max_calls_in_flight_per_peer: 8192,
             connect_timeout: Duration::from_millis(1000),
@@ -234,6 +238,9 @@ pub(crate) struct Shared {
     inbound_bytes: [ByteBudget; CLASS_COUNT],
     inbound_rx: Mutex<[Option<mpsc::Receiver<InboundMessage>>; CLASS_COUNT]>,
     inbound_connections: Arc<Semaphore>,
+    /// The runtime `bind` ran on: every task of this messenger runs there, whichever thread
+    /// sends.
+    runtime: tokio::runtime::Handle,
     shutdown_tx: watch::Sender<bool>,
     shutdown_rx: watch::Receiver<bool>,
 }
@@ -245,8 +252,16 @@ pub struct Messenger {
 }
 
 impl Messenger {
-    /// Binds the internode listener and starts accepting on the current tokio runtime.
+    /// Binds the internode listener and starts accepting on the current tokio runtime, where
+    /// all of the messenger's tasks run. The listen address must be a specific IP: it is the
+    /// address peers reply to.
     pub async fn bind(config: MessengerConfig) -> io::Result<Messenger> {
+        if config.listen.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the internode listen address must be a specific IP, not 0.0.0.0 or ::",
+            ));
+        }
         if config.cluster_name.is_empty() || config.cluster_name.len() > MAX_CLUSTER_NAME {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -276,10 +291,11 @@ impl Messenger {
             calls: Mutex::new(CallTable::default()),
             next_id: AtomicU64::new(1),
             inbound_connections: Arc::new(Semaphore::new(config_inbound)),
+            runtime: tokio::runtime::Handle::current(),
             shutdown_tx,
             shutdown_rx,
         });
-        let task = tokio::spawn(accept_loop(shared.clone(), listener));
+        let task = shared.runtime.spawn(accept_loop(shared.clone(), listener));
         Ok(Messenger {
             shared,
             listener_task: Mutex::new(Some(task)),
@@ -425,6 +441,10 @@ impl Shared {
         *self.shutdown_rx.borrow()
     }
 
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown_rx.clone()
     }
@@ -568,7 +588,8 @@ impl Shared {
         });
         map.insert((peer, class), outbound.clone());
         drop(map);
-        tokio::spawn(writer_task(self.clone(), peer, class, queue, rx));
+        self.runtime
+            .spawn(writer_task(self.clone(), peer, class, queue, rx));
         Ok(outbound)
     }
 
@@ -704,6 +725,8 @@ async fn write_loop(
     let mut probe = [0u8; 64];
     let mut batch = BytesMut::with_capacity(WRITE_BATCH_BYTES);
     let mut batch_requests: Vec<u64> = Vec::new();
+    let rate = shared.config.outbound_bytes_per_second[class.index()];
+    let mut pacer = (rate > 0).then(|| Pacer::new(rate, Instant::now()));
     let mut next = Some(first);
     loop {
         let message = match next.take() {
@@ -762,12 +785,55 @@ async fn write_loop(
             }
             return Ended::Broken;
         }
+        if let Some(pause) = pacer
+            .as_mut()
+            .and_then(|p| p.after_write(batch.len(), Instant::now()))
+        {
+            // Over the class's byte rate: stop writing, so that the queue fills and senders
+            // are refused at once instead of this class taking the CPU and the link.
+            tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => return Ended::Shutdown,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
         batch.clear();
         batch_requests.clear();
         if batch.capacity() > 4 * WRITE_BATCH_BYTES {
             // One large body grew the buffer: do not keep the memory for small frames.
             batch = BytesMut::with_capacity(WRITE_BATCH_BYTES);
         }
+    }
+}
+
+/// Most a paced connection may catch up after writing late.
+const PACER_CREDIT: Duration = Duration::from_millis(20);
+
+/// Holds a connection's writes to a byte rate: each write moves the time the next may start.
+#[derive(Debug)]
+struct Pacer {
+    bytes_per_second: u64,
+    next_write: Instant,
+}
+
+impl Pacer {
+    fn new(bytes_per_second: u64, now: Instant) -> Pacer {
+        debug_assert!(bytes_per_second > 0);
+        Pacer {
+            bytes_per_second,
+            next_write: now,
+        }
+    }
+
+    /// Accounts for `bytes` just written and returns how long to wait before the next write.
+    fn after_write(&mut self, bytes: usize, now: Instant) -> Option<Duration> {
+        let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_second as f64);
+        // A late wake-up may be caught up, but idle time earns at most PACER_CREDIT, so a quiet
+        // connection cannot burst.
+        let floor = now.checked_sub(PACER_CREDIT).unwrap_or(now);
+        self.next_write = self.next_write.max(floor) + cost;
+        let wait = self.next_write.saturating_duration_since(now);
+        (!wait.is_zero()).then_some(wait)
     }
 }
 
@@ -852,6 +918,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 };
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
+                // The accept loop runs on the messenger's runtime: so does this task.
                 tokio::spawn(async move {
                     inbound_connection(shared, stream, remote).await;
                     drop(permit);
@@ -1188,5 +1255,39 @@ impl fmt::Debug for InboundMessage {
             .field("id", &self.id)
             .field("body_len", &self.body.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pacer_holds_writes_to_its_rate_with_bounded_credit() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(1_000_000, start);
+        // 100 KB at 1 MB/s: the next write waits 100 ms.
+        assert_eq!(
+            pacer.after_write(100_000, start),
+            Some(Duration::from_millis(100))
+        );
+        // Written on time: another 100 ms.
+        let on_time = start + Duration::from_millis(100);
+        assert_eq!(
+            pacer.after_write(100_000, on_time),
+            Some(Duration::from_millis(100))
+        );
+        // After ten idle seconds the debt is gone, and only PACER_CREDIT was earned.
+        let later = start + Duration::from_secs(10);
+        assert_eq!(
+            pacer.after_write(500_000, later),
+            Some(Duration::from_millis(500) - PACER_CREDIT)
+        );
+        // A wake-up 5 ms late is caught up on the next wait.
+        let next = later + Duration::from_millis(480 + 5);
+        assert_eq!(
+            pacer.after_write(100_000, next),
+            Some(Duration::from_millis(95))
+        );
     }
 }

@@ -992,3 +992,98 @@ async fn a_sigstopped_process_is_marked_down_and_up_after_sigcont() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_byte_rate_budget_holds_and_refuses_the_excess() {
+    bounded(Duration::from_secs(20), async {
+        const RATE: u64 = 16_000_000;
+        let mut a_config = config("127.0.0.1", 1);
+        a_config.outbound_bytes_per_second[ConnectionClass::Bulk.index()] = RATE;
+        let a = Arc::new(Messenger::bind(a_config).await.unwrap());
+        let b = Messenger::bind(config("127.0.0.2", 2)).await.unwrap();
+        let peer = b.local_addr();
+        let mut bulk_queue = b.take_inbound(ConnectionClass::Bulk).unwrap();
+        tokio::spawn(async move { while bulk_queue.recv().await.is_some() {} });
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sender = {
+            let (a, stop) = (a.clone(), stop.clone());
+            tokio::spawn(async move {
+                let body = Bytes::from(vec![1u8; 256 * 1024]);
+                let mut refused = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    match a.send_oneway(
+                        peer,
+                        ConnectionClass::Bulk,
+                        BULK,
+                        body.clone(),
+                        in_ms(5000),
+                    ) {
+                        Ok(()) => tokio::task::yield_now().await,
+                        Err(error) => {
+                            assert_eq!(error, CallError::QueueFull);
+                            refused += 1;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                refused
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = a.metrics().class(ConnectionClass::Bulk).bytes_out;
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let rate = (a.metrics().class(ConnectionClass::Bulk).bytes_out - before) as f64
+            / started.elapsed().as_secs_f64();
+        // Control is not paced: a ping still answers promptly.
+        let ping = a.ping(peer, in_ms(1000)).await.unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let refused = sender.await.unwrap();
+        println!(
+            "bulk paced at {:.1} MB/s of {} MB/s; {refused} sends refused; ping {ping:?}",
+            rate / 1e6,
+            RATE / 1_000_000
+        );
+        assert!(refused > 0);
+        assert!(rate <= RATE as f64 * 1.1, "bulk ran at {rate:.0} B/s");
+        assert!(rate >= RATE as f64 * 0.7, "bulk ran at only {rate:.0} B/s");
+    })
+    .await;
+}
+
+#[test]
+fn sends_from_a_thread_outside_the_runtime_run_on_the_messengers_runtime() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a, b, mut queue) = runtime.block_on(async {
+        let (a, b) = pair().await;
+        let queue = b.take_inbound(ConnectionClass::Bulk).unwrap();
+        (a, b, queue)
+    });
+    // This thread has no runtime: the writer task must still start, on the messenger's.
+    a.send_oneway(
+        b.local_addr(),
+        ConnectionClass::Bulk,
+        BULK,
+        Bytes::from_static(b"plain"),
+        in_ms(2000),
+    )
+    .unwrap();
+    let received = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), queue.recv()).await });
+    let message = received.expect("nothing arrived within 5 s").unwrap();
+    assert_eq!(&message.body[..], b"plain");
+    assert!(message.is_one_way());
+}
+
+#[tokio::test]
+async fn an_unspecified_listen_address_is_refused() {
+    let refused = Messenger::bind(config("0.0.0.0", 1)).await;
+    assert_eq!(
+        refused.err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::InvalidInput)
+    );
+}
