@@ -1,5 +1,7 @@
 //! Round trips per second and latency percentiles over loopback, with and without a saturated
-//! Bulk class: `cargo run --release -p sluice-internode --example roundtrip [seconds]`.
+//! Bulk class:
+//! `cargo run --release -p sluice-internode --example roundtrip [seconds] [bulk bytes/s]`
+//! (the Bulk byte-rate budget defaults to none).
 //!
 //! Two messengers run in this process (127.0.0.1 calls 127.0.0.2, which echoes 64-byte bodies
 //! on the Requests class). Each phase runs closed-loop callers for the given time; the Bulk
@@ -20,12 +22,16 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
+    let bulk_rate: u64 = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(Duration::from_secs(seconds)));
+    runtime.block_on(run(Duration::from_secs(seconds), bulk_rate));
 }
 
 struct Phase {
@@ -36,16 +42,10 @@ struct Phase {
     bulk_bytes: u64,
 }
 
-async fn run(duration: Duration) {
-    let a = Arc::new(
-        Messenger::bind(MessengerConfig::new(
-            "bench",
-            1,
-            "127.0.0.1:0".parse().unwrap(),
-        ))
-        .await
-        .expect("bind 127.0.0.1"),
-    );
+async fn run(duration: Duration, bulk_rate: u64) {
+    let mut config = MessengerConfig::new("bench", 1, "127.0.0.1:0".parse().unwrap());
+    config.outbound_bytes_per_second[ConnectionClass::Bulk.index()] = bulk_rate;
+    let a = Arc::new(Messenger::bind(config).await.expect("bind 127.0.0.1"));
     let b = Messenger::bind(MessengerConfig::new(
         "bench",
         2,
