@@ -370,6 +370,7 @@ impl Messenger {
 
     /// The inbound queue of `class`, once: its owner runs the requests that arrive.
     /// Until it is taken, requests wait in the bounded queue and then get `Overloaded`.
+    /// The Responses class carries only replies, so its queue stays empty.
     pub fn take_inbound(&self, class: ConnectionClass) -> Option<InboundQueue> {
         let rx = lock(&self.shared.inbound_rx)[class.index()].take()?;
         Some(InboundQueue {
