@@ -1,0 +1,212 @@
+//! Failure detection by pings on the Control class.
+//!
+//! Every `ping_interval` each watched peer is pinged with a deadline of `down_after`. A peer is
+//! up from its first pong and down once no pong has arrived for `down_after`; subscribers get
+//! each change. Pings are answered by the peer's connection reader ahead of every handler
+//! queue, so a peer that is busy but alive stays up while a stopped or dead one goes down.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+
+use crate::messenger::{Messenger, Shared};
+
+/// Capacity of the change channel; a subscriber that lags further learns it from `Lagged` and
+/// can re-read every peer with [`FailureDetector::is_up`].
+const EVENT_CAPACITY: usize = 1024;
+
+/// How often to ping and how long a silence means down.
+#[derive(Debug, Clone, Copy)]
+pub struct FailureDetectorConfig {
+    /// Time between pings to each peer.
+    pub ping_interval: Duration,
+    /// A peer with no pong for this long is down.
+    pub down_after: Duration,
+}
+
+impl Default for FailureDetectorConfig {
+    fn default() -> Self {
+        FailureDetectorConfig {
+            ping_interval: Duration::from_millis(100),
+            down_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A peer's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Answering pings.
+    Up,
+    /// Silent for longer than `down_after`, or never answered yet.
+    Down,
+}
+
+/// One change of a peer's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LivenessChange {
+    /// The peer's internode address.
+    pub peer: SocketAddr,
+    /// Its new state.
+    pub liveness: Liveness,
+    /// When the detector decided.
+    pub at: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PeerState {
+    liveness: Liveness,
+    last_pong: Option<Instant>,
+    last_rtt: Option<Duration>,
+    watched_since: Instant,
+}
+
+struct Detector {
+    config: FailureDetectorConfig,
+    peers: Mutex<HashMap<SocketAddr, PeerState>>,
+    events: broadcast::Sender<LivenessChange>,
+}
+
+/// Pings peers and tracks which are up. Dropping it stops the pings.
+pub struct FailureDetector {
+    detector: Arc<Detector>,
+    stop: watch::Sender<bool>,
+}
+
+impl FailureDetector {
+    /// Starts pinging through `messenger`, on its runtime; no peers yet.
+    pub fn start(messenger: &Messenger, config: FailureDetectorConfig) -> FailureDetector {
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let detector = Arc::new(Detector {
+            config,
+            peers: Mutex::new(HashMap::new()),
+            events,
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let shared = messenger.shared();
+        shared
+            .runtime()
+            .spawn(ping_loop(detector.clone(), shared.clone(), stop_rx));
+        FailureDetector { detector, stop }
+    }
+
+    /// Starts watching `peer`; it is down until its first pong.
+    pub fn watch(&self, peer: SocketAddr) {
+        lock(&self.detector.peers)
+            .entry(peer)
+            .or_insert_with(|| PeerState {
+                liveness: Liveness::Down,
+                last_pong: None,
+                last_rtt: None,
+                watched_since: Instant::now(),
+            });
+    }
+
+    /// Stops watching `peer`.
+    pub fn unwatch(&self, peer: SocketAddr) {
+        lock(&self.detector.peers).remove(&peer);
+    }
+
+    /// True if `peer` is watched and up.
+    pub fn is_up(&self, peer: SocketAddr) -> bool {
+        lock(&self.detector.peers)
+            .get(&peer)
+            .is_some_and(|state| state.liveness == Liveness::Up)
+    }
+
+    /// The round-trip time of `peer`'s latest pong.
+    pub fn last_rtt(&self, peer: SocketAddr) -> Option<Duration> {
+        lock(&self.detector.peers)
+            .get(&peer)
+            .and_then(|state| state.last_rtt)
+    }
+
+    /// Every change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LivenessChange> {
+        self.detector.events.subscribe()
+    }
+}
+
+impl Drop for FailureDetector {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Detector {
+    fn on_pong(&self, peer: SocketAddr, rtt: Duration) {
+        let now = Instant::now();
+        let mut peers = lock(&self.peers);
+        let Some(state) = peers.get_mut(&peer) else {
+            return;
+        };
+        state.last_pong = Some(now);
+        state.last_rtt = Some(rtt);
+        if state.liveness == Liveness::Down {
+            state.liveness = Liveness::Up;
+            let _ = self.events.send(LivenessChange {
+                peer,
+                liveness: Liveness::Up,
+                at: now,
+            });
+        }
+    }
+
+    /// Marks down every up peer silent for longer than `down_after`.
+    fn check(&self, now: Instant) {
+        let mut peers = lock(&self.peers);
+        for (&peer, state) in peers.iter_mut() {
+            let heard = state.last_pong.unwrap_or(state.watched_since);
+            if state.liveness == Liveness::Up
+                && now.saturating_duration_since(heard) > self.config.down_after
+            {
+                state.liveness = Liveness::Down;
+                let _ = self.events.send(LivenessChange {
+                    peer,
+                    liveness: Liveness::Down,
+                    at: now,
+                });
+            }
+        }
+    }
+}
+
+async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut shutdown = shared.shutdown_signal();
+    let mut ticker = tokio::time::interval(detector.config.ping_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut peers = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stop| *stop) => return,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = ticker.tick() => {}
+        }
+        let now = Instant::now();
+        detector.check(now);
+        peers.clear();
+        peers.extend(lock(&detector.peers).keys().copied());
+        // Each ping runs on its own until its deadline, so a silent peer never delays the
+        // others; at most down_after / ping_interval pings per peer are in flight.
+        let deadline = now + detector.config.down_after;
+        for &peer in &peers {
+            let detector = detector.clone();
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                if let Ok(rtt) = shared.ping(peer, deadline).await {
+                    detector.on_pong(peer, rtt);
+                }
+            });
+        }
+    }
+}
