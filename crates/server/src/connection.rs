@@ -246,12 +246,15 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut shutdown = shard.shutdown.clone();
     let mut reads = ReadState::new(Instant::now());
     let mut since_yield = 0usize;
+    // Bytes of frames turned away at the front of `buf`, dropped together (see
+    // `FrameDecoder::next_header_past`).
+    let mut skipped = 0usize;
 
     'read: loop {
         // Every complete frame already buffered. The header first: a frame turned away from
         // it is skipped without taking its body.
         loop {
-            let header = match decoder.next_header(&mut buf) {
+            let header = match decoder.next_header_past(&mut buf, &mut skipped) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -268,7 +271,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let handled = match handle_frame_at_once(&shard, &conn, &mut buf, header, arrival) {
+            let step = handle_frame_at_once(&shard, &conn, &mut buf, &mut skipped, header, arrival);
+            let handled = match step {
                 FrameStep::Done => Handled::DONE,
                 FrameStep::Waits(pending) => run_pending(pending).await,
                 FrameStep::OverCap => {
@@ -336,7 +340,10 @@ pub async fn handle_frame(
     header: FrameHeader,
     arrival: Arrival<Instant>,
 ) -> Handled {
-    match handle_frame_at_once(shard, conn, buf, header, arrival) {
+    let mut skipped = 0;
+    let step = handle_frame_at_once(shard, conn, buf, &mut skipped, header, arrival);
+    FrameDecoder::drop_skipped(buf, &mut skipped);
+    match step {
         FrameStep::Done => Handled::DONE,
         FrameStep::Waits(pending) => run_pending(pending).await,
         FrameStep::OverCap => handle_frame_after_pause(shard, conn, buf, header).await,
@@ -362,24 +369,31 @@ impl Handled {
 }
 
 /// [`handle_frame`]'s part that needs no wait: admission decided at once, and the stages
-/// that run in the reader. Synchronous, so that the common frame builds no future.
+/// that run in the reader. Synchronous, so that the common frame builds no future. The
+/// frame starts `skipped` bytes into `buf` (see `FrameDecoder::next_header_past`); one
+/// turned away adds its bytes there, any other drops them first and leaves it at 0.
 #[inline]
 pub fn handle_frame_at_once(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
     buf: &mut BytesMut,
+    skipped: &mut usize,
     header: FrameHeader,
     arrival: Arrival<Instant>,
 ) -> FrameStep {
     let request = match admit::admit(shard, conn, &header, arrival) {
         Admission::Admitted(r) => r,
         Admission::Overloaded => {
-            FrameDecoder::skip_body(buf, &header);
+            *skipped += HEADER_LEN + header.length as usize;
             reply::overloaded_from_header(shard, conn, header.stream);
             return FrameStep::Done;
         }
-        Admission::OverCap => return FrameStep::OverCap,
+        Admission::OverCap => {
+            FrameDecoder::drop_skipped(buf, skipped);
+            return FrameStep::OverCap;
+        }
     };
+    FrameDecoder::drop_skipped(buf, skipped);
     let frame = FrameDecoder::take_frame(buf, header);
     match pipeline::start(request, frame) {
         Some(pending) => FrameStep::Waits(pending),
