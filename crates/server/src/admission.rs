@@ -243,17 +243,7 @@ impl ShardAdmission {
             self.admitted += 1;
             return Admit::Accept(Ticket::BYPASS);
         }
-        // Full: decided before any time arithmetic, the cheapest possible rejection.
-        if self.queued() >= self.queue_capacity {
-            self.counts.rejected_full += 1;
-            metrics.rejected_overloaded.fetch_add(1, Relaxed);
-            return Admit::Reject;
-        }
-        // Overloaded and the queue already holds what it dispatches in time: as cheap, no
-        // clock read (the bound is refreshed at every dispatch and loop-lag probe).
-        if !paced && self.ctl.as_mut().is_some_and(|c| c.turn_away_at_once()) {
-            self.counts.shed_at_enqueue += 1;
-            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        if self.turns_away_from_header(paced, metrics) {
             return Admit::Reject;
         }
         let Some(idx) = self.free.pop() else {
@@ -296,6 +286,27 @@ impl ShardAdmission {
         self.occupy(idx, conn, SlotState::Queued);
         self.pump(now, metrics);
         Admit::Accept(Ticket(Some(idx)))
+    }
+
+    /// The rejections [`Self::admit_paced`] decides before any time arithmetic, inlined
+    /// into the reader so that the cheapest rejection costs no call: the queue is full, or
+    /// (not `paced`) the shard is overloaded and the queue already holds what it dispatches
+    /// in time (the bound is refreshed at every dispatch and loop-lag probe). Counts what
+    /// it turns away. Never true for a request that bypasses the queue.
+    #[inline]
+    pub fn turns_away_from_header(&mut self, paced: bool, metrics: &ShardMetrics) -> bool {
+        let Some(ctl) = self.ctl.as_mut() else {
+            return false;
+        };
+        if ctl.queued() >= self.queue_capacity {
+            self.counts.rejected_full += 1;
+        } else if !paced && ctl.turn_away_at_once() {
+            self.counts.shed_at_enqueue += 1;
+        } else {
+            return false;
+        }
+        metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        true
     }
 
     /// Gives slot `idx` to an admitted request of connection `conn`.

@@ -61,11 +61,16 @@ pub fn admit(
     }
     // The caps have room, so the queue decides; a frame it turns away never touches them.
     let conn_id = Rc::as_ptr(conn) as usize;
-    let admit =
-        shard
-            .admission
-            .borrow_mut()
-            .admit_paced(header, arrival, conn_id, paced, &shard.metrics);
+    let admit = {
+        let mut admission = shard.admission.borrow_mut();
+        if !super::control::bypasses_queue(header.opcode)
+            && admission.turns_away_from_header(paced, &shard.metrics)
+        {
+            Admit::Reject
+        } else {
+            admission.admit_paced(header, arrival, conn_id, paced, &shard.metrics)
+        }
+    };
     let Admit::Accept(ticket) = admit else {
         return turned_away(conn);
     };
