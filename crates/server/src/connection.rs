@@ -415,9 +415,8 @@ pub async fn run_pending(pending: Pending) -> Handled {
 }
 
 /// A frame over an in-flight cap: the reader pauses until its units are free, then admits
-/// it (see [`admit::admit_after_pause`]). Kept out of line so that the reader's common path
-/// stays small.
-#[inline(never)]
+/// it (see [`admit::admit_after_pause`]). The reader boxes this future, so that its state
+/// does not enlarge the reader's own for the frames that never pause.
 pub async fn handle_frame_after_pause(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
@@ -432,7 +431,7 @@ pub async fn handle_frame_after_pause(
     let resumed_at = Some(request.arrival);
     let frame = FrameDecoder::take_frame(buf, header);
     let mut handled = match pipeline::start(request, frame) {
-        Some(pending) => Box::pin(run_pending(pending)).await,
+        Some(pending) => run_pending(pending).await,
         None => Handled::DONE,
     };
     handled.resumed_at = resumed_at;
