@@ -311,18 +311,46 @@ impl FrameDecoder {
     /// request away from its header, drops it with [`FrameDecoder::skip_body`], which costs
     /// no reference count. `Ok(None)` and errors as for [`FrameDecoder::decode`].
     pub fn next_header(&mut self, buf: &mut BytesMut) -> Result<Option<FrameHeader>, FrameError> {
-        let header = match self.peek_header(buf) {
-            None => return Ok(None),
+        self.next_header_past(buf, &mut 0)
+    }
+
+    /// [`Self::next_header`] of the frame that starts `skipped` bytes into `buf`, past
+    /// frames turned away from their headers whose bytes are still there: a run of them is
+    /// dropped with one [`Self::drop_skipped`] instead of one advance each. When no whole
+    /// frame follows (`Ok(None)`), the skipped bytes are dropped here.
+    #[inline]
+    pub fn next_header_past(
+        &mut self,
+        buf: &mut BytesMut,
+        skipped: &mut usize,
+    ) -> Result<Option<FrameHeader>, FrameError> {
+        debug_assert!(*skipped <= buf.len(), "only buffered frames are skipped");
+        let rest = buf.get(*skipped..).unwrap_or_default();
+        let header = match self.peek_header(rest) {
+            None => {
+                Self::drop_skipped(buf, skipped);
+                return Ok(None);
+            }
             Some(h) => h?,
         };
         let total = HEADER_LEN + header.length as usize;
-        if buf.len() < total {
+        if rest.len() < total {
+            Self::drop_skipped(buf, skipped);
             // Reserve for the rest of the frame, but never more than READ_RESERVE_CAP at a
             // time: a header alone must not pin max-frame-size memory per connection.
             buf.reserve((total - buf.len()).min(READ_RESERVE_CAP));
             return Ok(None);
         }
         Ok(Some(header))
+    }
+
+    /// Drops the `skipped` bytes of frames turned away (see [`Self::next_header_past`]).
+    #[inline]
+    pub fn drop_skipped(buf: &mut BytesMut, skipped: &mut usize) {
+        if *skipped > 0 {
+            buf.advance((*skipped).min(buf.len()));
+            *skipped = 0;
+        }
     }
 
     /// Splits off the frame whose `header` [`FrameDecoder::next_header`] just returned.
@@ -407,6 +435,62 @@ mod tests {
         let s = stream.to_be_bytes();
         let l = len.to_be_bytes();
         [version, flags, s[0], s[1], opcode, l[0], l[1], l[2], l[3]]
+    }
+
+    #[test]
+    fn skipped_frames_are_passed_over_and_dropped_once_no_whole_frame_follows() {
+        let frame = |stream: i16, body: &[u8]| {
+            let mut b = BytesMut::new();
+            FrameHeader {
+                version: PROTOCOL_VERSION,
+                flags: 0,
+                stream,
+                opcode: Opcode::Query,
+                length: body.len() as u32,
+            }
+            .write(&mut b);
+            b.extend_from_slice(body);
+            b
+        };
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&frame(1, b"one"));
+        buf.extend_from_slice(&frame(2, b"second"));
+        buf.extend_from_slice(&frame(3, b"3"));
+        let partial = frame(4, b"fourth");
+        buf.extend_from_slice(&partial[..HEADER_LEN + 2]);
+        let mut d = FrameDecoder::default();
+        let mut skipped = 0;
+        for (stream, len) in [(1, 3), (2, 6)] {
+            let h = d
+                .next_header_past(&mut buf, &mut skipped)
+                .expect("valid")
+                .expect("whole");
+            assert_eq!((h.stream, h.length), (stream, len));
+            skipped += HEADER_LEN + len as usize;
+        }
+        // A frame let in takes its body from the front once the skipped ones are dropped.
+        let h = d
+            .next_header_past(&mut buf, &mut skipped)
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(h.stream, 3);
+        FrameDecoder::drop_skipped(&mut buf, &mut skipped);
+        assert_eq!(skipped, 0);
+        assert_eq!(&FrameDecoder::take_frame(&mut buf, h).body[..], b"3");
+        // Skipped bytes before an incomplete frame are dropped with the `None`.
+        let h = FrameHeader::parse(buf[..HEADER_LEN].try_into().expect("9 bytes"), u32::MAX);
+        assert_eq!(h.expect("valid").stream, 4);
+        let mut skipped = 0;
+        assert_eq!(d.next_header_past(&mut buf, &mut skipped), Ok(None));
+        assert_eq!(buf.len(), HEADER_LEN + 2, "the partial frame stays");
+        buf.extend_from_slice(&partial[HEADER_LEN + 2..]);
+        let h = d.next_header(&mut buf).expect("valid").expect("whole");
+        let mut skipped = HEADER_LEN + h.length as usize;
+        assert_eq!(d.next_header_past(&mut buf, &mut skipped), Ok(None));
+        assert!(
+            buf.is_empty() && skipped == 0,
+            "a skipped last frame is dropped"
+        );
     }
 
     #[test]

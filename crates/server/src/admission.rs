@@ -38,7 +38,6 @@
 
 use std::cell::Cell;
 use std::future::poll_fn;
-use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -248,17 +247,7 @@ impl ShardAdmission {
             self.admitted += 1;
             return Admit::Accept(Ticket::BYPASS);
         }
-        // Full: decided before any time arithmetic, the cheapest possible rejection.
-        if self.queued() >= self.queue_capacity {
-            self.counts.rejected_full += 1;
-            metrics.rejected_overloaded.fetch_add(1, Relaxed);
-            return Admit::Reject;
-        }
-        // Overloaded and the queue already holds what it dispatches in time: as cheap, no
-        // clock read (the bound is refreshed at every dispatch and loop-lag probe).
-        if !paced && self.ctl.as_mut().is_some_and(|c| c.turn_away_at_once()) {
-            self.counts.shed_at_enqueue += 1;
-            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        if self.turns_away_from_header(paced, metrics) {
             return Admit::Reject;
         }
         let Some(idx) = self.free.pop() else {
@@ -301,6 +290,27 @@ impl ShardAdmission {
         self.occupy(idx, conn, SlotState::Queued);
         self.pump(now, metrics);
         Admit::Accept(Ticket(Some(idx)))
+    }
+
+    /// The rejections [`Self::admit_paced`] decides before any time arithmetic, inlined
+    /// into the reader so that the cheapest rejection costs no call: the queue is full, or
+    /// (not `paced`) the shard is overloaded and the queue already holds what it dispatches
+    /// in time (the bound is refreshed at every dispatch and loop-lag probe). Counts what
+    /// it turns away. Never true for a request that bypasses the queue.
+    #[inline]
+    pub fn turns_away_from_header(&mut self, paced: bool, metrics: &ShardMetrics) -> bool {
+        let Some(ctl) = self.ctl.as_mut() else {
+            return false;
+        };
+        if ctl.queued() >= self.queue_capacity {
+            self.counts.rejected_full += 1;
+        } else if !paced && ctl.turn_away_at_once() {
+            self.counts.shed_at_enqueue += 1;
+        } else {
+            return false;
+        }
+        metrics.rejected_overloaded.fetch_add(1, Relaxed);
+        true
     }
 
     /// Gives slot `idx` to an admitted request of connection `conn`.
@@ -503,6 +513,19 @@ impl ShardAdmission {
         debug_assert_ne!(state, SlotState::Free, "a ticket is released once");
         slot.state = SlotState::Free;
         slot.waker = None;
+        // Dispatched, then turned away before it ran, with nothing queued: no latency sample
+        // and nothing to dispatch, so no clock read and no pump.
+        if let (SlotState::Running(_), false, Some(ctl)) = (state, sample, self.ctl.as_mut()) {
+            if ctl.queued() == 0 {
+                ctl.on_turned_away_after_dispatch();
+                self.free.push(idx);
+                debug_assert!(
+                    self.free.len() <= self.slots.len(),
+                    "more free slots than slots"
+                );
+                return;
+            }
+        }
         // The clock is needed for a latency sample and to dispatch what waits.
         let timed = sample || self.ctl.as_ref().is_some_and(|c| c.queued() > 0);
         let now = if timed { self.now() } else { self.last_now };
@@ -596,22 +619,20 @@ fn finish_slot(slots: &mut [Slot], idx: u32, state: SlotState) {
     }
 }
 
-/// A request's hold on the admission queue: wait for its [`Outcome`], and on drop (answered,
-/// failed or abandoned) release its place so the next request can be dispatched.
+/// A request's hold on the admission queue: wait for its [`Outcome`]; its owner (the
+/// pipeline's `Request`) releases its place once, when it ends (answered, failed or
+/// abandoned), so the next request can be dispatched. It keeps no reference to the shard:
+/// the request already holds one.
 pub struct Admitted {
-    shard: Rc<ShardCtx>,
     ticket: Ticket,
-    released: Cell<bool>,
     sampled: Cell<bool>,
 }
 
 impl Admitted {
     /// Takes ownership of `ticket` for the request's lifetime.
-    pub fn new(shard: Rc<ShardCtx>, ticket: Ticket) -> Admitted {
+    pub fn new(ticket: Ticket) -> Admitted {
         Admitted {
-            shard,
             ticket,
-            released: Cell::new(false),
             sampled: Cell::new(true),
         }
     }
@@ -623,31 +644,21 @@ impl Admitted {
     }
 
     /// Waits until the request is dispatched, shed, expired or dropped.
-    pub async fn outcome(&self) -> Outcome {
-        poll_fn(|cx| {
-            self.shard
-                .admission
-                .borrow_mut()
-                .poll_outcome(self.ticket, cx)
-        })
-        .await
+    pub async fn outcome(&self, shard: &ShardCtx) -> Outcome {
+        poll_fn(|cx| shard.admission.borrow_mut().poll_outcome(self.ticket, cx)).await
     }
 
     /// True when the request may run now: it bypassed the queue or was dispatched.
-    pub fn is_dispatched(&self) -> bool {
-        self.shard.admission.borrow().is_dispatched(self.ticket)
+    pub fn is_dispatched(&self, shard: &ShardCtx) -> bool {
+        shard.admission.borrow().is_dispatched(self.ticket)
     }
-}
 
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        if self.released.replace(true) {
-            return;
-        }
+    /// Gives the place back; called once, by the owner as it is dropped.
+    pub fn release(&self, shard: &ShardCtx) {
         // Admission is borrowed only inside its own methods, which never drop a request, so
         // the borrow cannot be busy here; if it were, the slot would leak for the shard's life.
-        match self.shard.admission.try_borrow_mut() {
-            Ok(mut a) => a.release(self.ticket, self.sampled.get(), &self.shard.metrics),
+        match shard.admission.try_borrow_mut() {
+            Ok(mut a) => a.release(self.ticket, self.sampled.get(), &shard.metrics),
             Err(_) => {
                 debug_assert!(false, "admission busy while a request is released");
                 tracing::error!("admission busy while a request is released: its slot leaks");
@@ -724,6 +735,29 @@ mod tests {
         a.release(t2, true, &m);
         assert_eq!(a.stats().completed, 2);
         assert_eq!(a.free.len(), a.slots.len(), "every slot returned");
+    }
+
+    #[test]
+    fn a_request_turned_away_after_dispatch_frees_its_place_without_a_sample() {
+        let m = ShardMetrics::default();
+        let mut a = ShardAdmission::new(&config(4, 1));
+        let now = Instant::now();
+        let alone = ticket(a.admit(&header(Opcode::Execute, 1), now.into(), 7, &m));
+        assert!(a.is_dispatched(alone));
+        assert_eq!((a.executing(), a.slots_in_use()), (1, 1));
+        a.release(alone, false, &m);
+        assert_eq!((a.executing(), a.slots_in_use()), (0, 0));
+        // With a request queued behind it, its release dispatches that one.
+        let first = ticket(a.admit(&header(Opcode::Execute, 2), now.into(), 7, &m));
+        let queued = ticket(a.admit(&header(Opcode::Execute, 3), now.into(), 7, &m));
+        assert_eq!(a.queued(), 1);
+        a.release(first, false, &m);
+        assert_eq!(poll(&mut a, queued).0, Poll::Ready(Outcome::Run));
+        assert_eq!(m.latency_samples.load(Relaxed), 0, "no request ran yet");
+        a.release(queued, true, &m);
+        assert_eq!(m.latency_samples.load(Relaxed), 1);
+        assert_eq!((a.executing(), a.slots_in_use()), (0, 0));
+        assert_eq!(a.stats().completed, 3);
     }
 
     #[test]

@@ -55,6 +55,40 @@ impl Budget {
         self.fit(units)
     }
 
+    /// True if [`Self::try_take`] of `units` would succeed now; takes nothing.
+    #[inline]
+    pub fn fits_now(&self, units: usize) -> bool {
+        self.waiters.get() == 0 && self.used.get() + units.min(self.cap) <= self.cap
+    }
+
+    /// Takes `units` (at most the cap) that [`Self::fits_now`] just said fit, without a
+    /// [`Held`]: the caller gives back the returned count with [`Self::give_back`].
+    #[inline]
+    pub fn take_fitting(&self, units: usize) -> usize {
+        debug_assert!(self.fits_now(units), "taken only when it fits");
+        let units = units.min(self.cap);
+        self.used.set(self.used.get() + units);
+        debug_assert!(
+            self.used.get() <= self.cap,
+            "a budget never exceeds its cap"
+        );
+        units
+    }
+
+    /// Gives back `units` taken by [`Self::take_fitting`] or kept by [`Held::keep`], and
+    /// wakes those waiting for room.
+    #[inline]
+    pub fn give_back(&self, units: usize) {
+        debug_assert!(
+            self.used.get() >= units,
+            "a budget gives back what was taken"
+        );
+        self.used.set(self.used.get() - units);
+        if self.watchers.get() > 0 {
+            self.freed.notify_waiters();
+        }
+    }
+
     /// Takes `units` (at most the cap), waiting until they fit.
     pub async fn take(self: &Rc<Self>, units: usize) -> Held {
         if let Some(held) = self.try_take(units) {
@@ -102,17 +136,20 @@ impl Budget {
     }
 }
 
+impl Held {
+    /// Keeps the units taken past this value: the owner gives back the returned count with
+    /// [`Budget::give_back`].
+    pub fn keep(mut self) -> usize {
+        std::mem::take(&mut self.units)
+    }
+}
+
 impl Drop for Held {
     #[inline]
     fn drop(&mut self) {
-        let b = &self.budget;
-        debug_assert!(
-            b.used.get() >= self.units,
-            "a budget gives back what was taken"
-        );
-        b.used.set(b.used.get() - self.units);
-        if b.watchers.get() > 0 {
-            b.freed.notify_waiters();
+        // Nothing held (kept, or a zero-byte frame): nothing freed, nobody to wake.
+        if self.units > 0 {
+            self.budget.give_back(self.units);
         }
     }
 }
@@ -195,6 +232,42 @@ mod tests {
         assert_eq!(b.in_use(), 1);
         drop(got);
         assert!(b.try_take(2).is_some(), "nobody waits any more");
+    }
+
+    #[test]
+    fn units_taken_without_a_hold_are_given_back_by_count() {
+        let b = Budget::new(4);
+        assert!(b.fits_now(3));
+        assert_eq!(b.take_fitting(3), 3);
+        assert!(!b.fits_now(2), "over the cap");
+        assert!(b.fits_now(1));
+        b.give_back(3);
+        assert_eq!(b.in_use(), 0);
+        // A request larger than the cap fits an empty budget and takes all of it.
+        assert!(b.fits_now(100));
+        assert_eq!(b.take_fitting(100), 4);
+        assert!(!b.fits_now(1));
+        b.give_back(4);
+        // A hold kept past its value stays taken until given back by count.
+        let kept = b.try_take(2).expect("room").keep();
+        assert_eq!((kept, b.in_use()), (2, 2));
+        b.give_back(kept);
+        assert_eq!(b.in_use(), 0);
+    }
+
+    #[test]
+    fn nothing_fits_now_while_a_reader_waits() {
+        let b = Budget::new(2);
+        let held = b.try_take(2).expect("room");
+        let mut waiter = pin!(b.take(1));
+        assert!(poll_once(waiter.as_mut()).is_pending());
+        drop(held);
+        assert!(!b.fits_now(1), "room, but the waiter is first");
+        let Poll::Ready(got) = poll_once(waiter.as_mut()) else {
+            panic!("the waiter did not get in");
+        };
+        drop(got);
+        assert!(b.fits_now(2));
     }
 
     #[test]

@@ -56,6 +56,7 @@ use tracing::debug;
 
 use crate::budget::Budget;
 use crate::pipeline::admit::{self, Admission};
+use crate::pipeline::Pending;
 use crate::pipeline::{self, reply};
 use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
@@ -98,6 +99,7 @@ impl Outbox {
     }
 
     /// Appends one or more complete frames through `encode` and wakes the writer.
+    #[inline]
     pub fn push(&self, encode: impl FnOnce(&mut BytesMut)) {
         if self.closed.get() {
             return;
@@ -244,12 +246,15 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     let mut shutdown = shard.shutdown.clone();
     let mut reads = ReadState::new(shard.clock.now());
     let mut since_yield = 0usize;
+    // Bytes of frames turned away at the front of `buf`, dropped together (see
+    // `FrameDecoder::next_header_past`).
+    let mut skipped = 0usize;
 
     'read: loop {
         // Every complete frame already buffered. The header first: a frame turned away from
         // it is skipped without taking its body.
         loop {
-            let header = match decoder.next_header(&mut buf) {
+            let header = match decoder.next_header_past(&mut buf, &mut skipped) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => {
@@ -266,7 +271,14 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            let handled = handle_frame(&shard, &conn, &mut buf, header, arrival).await;
+            let step = handle_frame_at_once(&shard, &conn, &mut buf, &mut skipped, header, arrival);
+            let handled = match step {
+                FrameStep::Done => Handled::DONE,
+                FrameStep::Waits(pending) => run_pending(pending).await,
+                FrameStep::OverCap => {
+                    Box::pin(handle_frame_after_pause(&shard, &conn, &mut buf, header)).await
+                }
+            };
             if let Some(at) = handled.resumed_at {
                 reads.resumed(at);
             }
@@ -330,32 +342,101 @@ pub async fn handle_frame(
     header: FrameHeader,
     arrival: Arrival<Instant>,
 ) -> Handled {
-    let mut handled = Handled {
+    let mut skipped = 0;
+    let step = handle_frame_at_once(shard, conn, buf, &mut skipped, header, arrival);
+    FrameDecoder::drop_skipped(buf, &mut skipped);
+    match step {
+        FrameStep::Done => Handled::DONE,
+        FrameStep::Waits(pending) => run_pending(pending).await,
+        FrameStep::OverCap => handle_frame_after_pause(shard, conn, buf, header).await,
+    }
+}
+
+/// Where [`handle_frame_at_once`] left a frame.
+pub enum FrameStep {
+    /// Answered (or turned away) in the reader.
+    Done,
+    /// Admitted, with stages left that may wait: [`run_pending`].
+    Waits(Pending),
+    /// Over an in-flight cap: the reader pauses in [`handle_frame_after_pause`].
+    OverCap,
+}
+
+impl Handled {
+    /// A frame answered without a pause or a run in the reader.
+    const DONE: Handled = Handled {
         resumed_at: None,
         weight: 0,
     };
-    let request = match admit::admit(shard, conn, &header, arrival).await {
+}
+
+/// [`handle_frame`]'s part that needs no wait: admission decided at once, and the stages
+/// that run in the reader. Synchronous, so that the common frame builds no future. The
+/// frame starts `skipped` bytes into `buf` (see `FrameDecoder::next_header_past`); one
+/// turned away adds its bytes there, any other drops them first and leaves it at 0.
+#[inline]
+pub fn handle_frame_at_once(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    skipped: &mut usize,
+    header: FrameHeader,
+    arrival: Arrival<Instant>,
+) -> FrameStep {
+    let request = match admit::admit(shard, conn, &header, arrival) {
         Admission::Admitted(r) => r,
-        Admission::AdmittedAfterPause(r) => {
-            handled.resumed_at = Some(r.arrival);
-            r
-        }
         Admission::Overloaded => {
-            FrameDecoder::skip_body(buf, &header);
+            *skipped += HEADER_LEN + header.length as usize;
             reply::overloaded_from_header(shard, conn, header.stream);
-            return handled;
+            return FrameStep::Done;
+        }
+        Admission::OverCap => {
+            FrameDecoder::drop_skipped(buf, skipped);
+            return FrameStep::OverCap;
         }
     };
+    FrameDecoder::drop_skipped(buf, skipped);
     let frame = FrameDecoder::take_frame(buf, header);
-    let Some(pending) = pipeline::start(request, frame) else {
-        return handled;
-    };
+    match pipeline::start(request, frame) {
+        Some(pending) => FrameStep::Waits(pending),
+        None => FrameStep::Done,
+    }
+}
+
+/// Runs the rest of an admitted request, here in the reader until it waits, then as a task.
+pub async fn run_pending(pending: Pending) -> Handled {
     // Boxed: the request's state machine is large, and a task holding it inline copies all
     // of it when it is spawned and again when it completes.
     if let Some(waiting) = run_until_it_waits(Box::pin(pipeline::finish(pending))).await {
         tokio::task::spawn_local(waiting);
     }
-    handled.weight = INLINE_RUN_WEIGHT;
+    Handled {
+        resumed_at: None,
+        weight: INLINE_RUN_WEIGHT,
+    }
+}
+
+/// A frame over an in-flight cap: the reader pauses until its units are free, then admits
+/// it (see [`admit::admit_after_pause`]). The reader boxes this future, so that its state
+/// does not enlarge the reader's own for the frames that never pause.
+pub async fn handle_frame_after_pause(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    header: FrameHeader,
+) -> Handled {
+    let Some(request) = admit::admit_after_pause(shard, conn, &header).await else {
+        FrameDecoder::skip_body(buf, &header);
+        reply::overloaded_from_header(shard, conn, header.stream);
+        return Handled::DONE;
+    };
+    let resumed_at = Some(request.arrival);
+    let frame = FrameDecoder::take_frame(buf, header);
+    let mut handled = match pipeline::start(request, frame) {
+        Some(pending) => run_pending(pending).await,
+        None => Handled::DONE,
+    };
+    handled.resumed_at = resumed_at;
     handled
 }
 

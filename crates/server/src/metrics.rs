@@ -192,7 +192,11 @@ impl ShardMetrics {
     /// Records one admission queue delay (no allocation; two relaxed adds).
     #[inline]
     pub fn observe_queue_delay(&self, delay: Duration) {
-        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        // Whole seconds and the sub-second part apart: no 128-bit arithmetic per request.
+        let us = delay
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(delay.subsec_micros()));
         let i = QUEUE_DELAY_BUCKETS_US
             .iter()
             .position(|&b| us <= b)

@@ -14,22 +14,23 @@ use crate::admission::{Admit, Admitted};
 use crate::connection::{ConnState, MAX_OUTBOX_BYTES};
 use crate::shard::ShardCtx;
 
-/// The admission decision for one frame.
+/// The admission decision for one frame, made at once from its header.
 pub enum Admission {
-    /// Let in at once.
+    /// Let in.
     Admitted(Request),
-    /// Let in after the reader paused over an in-flight cap: the frames still buffered
-    /// waited in the client's queue, not the shard's, so their arrival counts from now.
-    AdmittedAfterPause(Request),
     /// Turned away: answer `Overloaded` and skip the body.
     Overloaded,
+    /// Over an in-flight cap while it is to be held back: the reader pauses in
+    /// [`admit_after_pause`].
+    OverCap,
 }
 
-/// Decides from `header` whether the frame is let in. Over an in-flight cap the reader
-/// pauses (backpressure) unless the shard is overloaded: then the excess is turned away,
-/// because paused, it would wait unseen in the kernel socket buffer and time out at the
-/// client instead.
-pub async fn admit(
+/// Decides from `header` whether the frame is let in, without waiting. Over an in-flight
+/// cap the reader pauses (backpressure, [`Admission::OverCap`]) unless the shard is
+/// overloaded: then the excess is turned away, because paused, it would wait unseen in the
+/// kernel socket buffer and time out at the client instead.
+#[inline]
+pub fn admit(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
     header: &FrameHeader,
@@ -44,52 +45,84 @@ pub async fn admit(
     // A connection that slows down when held back is served, and held back over its caps;
     // one that keeps pushing has its excess turned away while the shard is overloaded.
     let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
-    let (permits, arrival, paused) = match try_permits(shard, conn, bytes) {
-        Some(p) => (p, arrival, false),
-        None => {
-            if !paced
-                && !super::control::bypasses_queue(header.opcode)
-                && conn.outbox.pending() < MAX_OUTBOX_BYTES
-                && shard
-                    .admission
-                    .borrow_mut()
-                    .reject_over_cap(shard.clock.now())
-            {
-                shard
-                    .admission
-                    .borrow_mut()
-                    .count_rejected_over_cap(&shard.metrics);
-                return turned_away(conn);
-            }
-            shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
-            let p = wait_permits(shard, conn, bytes).await;
-            (p, Arrival::Read(shard.clock.now()), true)
+    if !Permits::fit_now(shard, conn, bytes) {
+        if !paced
+            && !super::control::bypasses_queue(header.opcode)
+            && conn.outbox.pending() < MAX_OUTBOX_BYTES
+            && shard.admission.borrow_mut().reject_over_cap(shard.clock.now())
+        {
+            shard
+                .admission
+                .borrow_mut()
+                .count_rejected_over_cap(&shard.metrics);
+            return turned_away(conn);
+        }
+        return Admission::OverCap;
+    }
+    // The caps have room, so the queue decides; a frame it turns away never touches them.
+    let conn_id = Rc::as_ptr(conn) as usize;
+    let admit = {
+        let mut admission = shard.admission.borrow_mut();
+        if !super::control::bypasses_queue(header.opcode)
+            && admission.turns_away_from_header(paced, &shard.metrics)
+        {
+            Admit::Reject
+        } else {
+            admission.admit_paced(header, arrival, conn_id, paced, &shard.metrics)
         }
     };
+    let Admit::Accept(ticket) = admit else {
+        return turned_away(conn);
+    };
+    // Admission touches no cap, so the room seen above is still there.
+    let permits = Permits::take_fitting(shard, conn, bytes);
+    Admission::Admitted(Request::new(
+        shard.clone(),
+        conn.clone(),
+        header,
+        arrival.at(),
+        Admitted::new(ticket),
+        permits,
+    ))
+}
+
+/// Admission of a frame [`admit`] found over a cap: waits for its units, the socket unread
+/// meanwhile (backpressure), then asks the queue. The frames still buffered waited in the
+/// client's queue, not the shard's, so the arrival counts from the end of the pause.
+/// `Some` is the request let in; `None` means answer `Overloaded`.
+pub async fn admit_after_pause(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    header: &FrameHeader,
+) -> Option<Request> {
+    shard.metrics.backpressure_pauses.fetch_add(1, Relaxed);
+    let bytes = header.length as usize;
+    let held = (
+        conn.inflight.take(1).await,
+        shard.inflight.take(1).await,
+        conn.inflight_bytes.take(bytes).await,
+        shard.inflight_bytes.take(bytes).await,
+    );
+    let arrival = Arrival::Read(shard.clock.now());
+    let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
     let conn_id = Rc::as_ptr(conn) as usize;
     let admit =
         shard
             .admission
             .borrow_mut()
             .admit_paced(header, arrival, conn_id, paced, &shard.metrics);
-    let ticket = match admit {
-        Admit::Accept(t) => t,
-        Admit::Reject => return turned_away(conn),
+    let Admit::Accept(ticket) = admit else {
+        turned_away(conn);
+        return None;
     };
-    let admitted = Admitted::new(shard.clone(), ticket);
-    let request = Request::new(
+    Some(Request::new(
         shard.clone(),
         conn.clone(),
         header,
         arrival.at(),
-        admitted,
-        permits,
-    );
-    if paused {
-        Admission::AdmittedAfterPause(request)
-    } else {
-        Admission::Admitted(request)
-    }
+        Admitted::new(ticket),
+        Permits::keep(held),
+    ))
 }
 
 /// Counts a frame turned away in its connection's backlog watch.
@@ -98,24 +131,4 @@ fn turned_away(conn: &ConnState) -> Admission {
     watch.on_turned_away();
     conn.backlog.set(watch);
     Admission::Overloaded
-}
-
-/// Takes a request's units if all four are free now, without awaiting (so without spending
-/// the task's cooperative budget); `None` if a cap is reached (nothing is kept then).
-#[inline]
-fn try_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Option<Permits> {
-    let c = conn.inflight.try_take(1)?;
-    let s = shard.inflight.try_take(1)?;
-    let cbytes = conn.inflight_bytes.try_take(bytes)?;
-    let sbytes = shard.inflight_bytes.try_take(bytes)?;
-    Some((c, s, cbytes, sbytes))
-}
-
-/// Waits for a request's units, the socket unread meanwhile (backpressure).
-async fn wait_permits(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Permits {
-    let c = conn.inflight.take(1).await;
-    let s = shard.inflight.take(1).await;
-    let cbytes = conn.inflight_bytes.take(bytes).await;
-    let sbytes = shard.inflight_bytes.take(bytes).await;
-    (c, s, cbytes, sbytes)
 }

@@ -93,7 +93,7 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
         "a request is checked before it is answered"
     );
     debug_assert!(
-        request.admitted.is_dispatched(),
+        request.admitted.is_dispatched(&request.shard),
         "a request is checked only once admission lets it run"
     );
     let shard = &request.shard;

@@ -43,8 +43,58 @@ use check::Checked;
 use classify::Classified;
 use reply::Rejection;
 
-/// A request's in-flight units: its connection's and its shard's requests and bytes.
-pub type Permits = (Held, Held, Held, Held);
+/// A request's in-flight units: one request of its connection's and of its shard's caps,
+/// and these bytes of each (clamped to each cap). Given back by [`Request`]'s drop, through
+/// the connection and shard the request already holds, so they keep no references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permits {
+    /// Bytes taken from the connection's byte cap.
+    pub conn_bytes: usize,
+    /// Bytes taken from the shard's byte cap.
+    pub shard_bytes: usize,
+}
+
+impl Permits {
+    /// True if a frame of `bytes` fits every cap now (nobody waits, room for it).
+    #[inline]
+    pub fn fit_now(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> bool {
+        conn.inflight.fits_now(1)
+            && shard.inflight.fits_now(1)
+            && conn.inflight_bytes.fits_now(bytes)
+            && shard.inflight_bytes.fits_now(bytes)
+    }
+
+    /// Takes a frame's units after [`Self::fit_now`] said they fit.
+    #[inline]
+    pub fn take_fitting(shard: &ShardCtx, conn: &ConnState, bytes: usize) -> Permits {
+        conn.inflight.take_fitting(1);
+        shard.inflight.take_fitting(1);
+        Permits {
+            conn_bytes: conn.inflight_bytes.take_fitting(bytes),
+            shard_bytes: shard.inflight_bytes.take_fitting(bytes),
+        }
+    }
+
+    /// Keeps units taken by waiting (see `admit`) past their [`Held`]s.
+    pub fn keep(held: (Held, Held, Held, Held)) -> Permits {
+        let (c, s, conn_bytes, shard_bytes) = held;
+        let requests = (c.keep(), s.keep());
+        debug_assert_eq!(requests, (1, 1), "one request of each cap");
+        Permits {
+            conn_bytes: conn_bytes.keep(),
+            shard_bytes: shard_bytes.keep(),
+        }
+    }
+
+    /// Gives the units back to the caps they came from.
+    #[inline]
+    fn give_back(self, shard: &ShardCtx, conn: &ConnState) {
+        conn.inflight.give_back(1);
+        shard.inflight.give_back(1);
+        conn.inflight_bytes.give_back(self.conn_bytes);
+        shard.inflight_bytes.give_back(self.shard_bytes);
+    }
+}
 
 /// One request between its admission and its answer. Holds its in-flight permits and its
 /// place in the admission queue, both given back when it is dropped; dropped unanswered (a
@@ -63,7 +113,7 @@ pub struct Request {
     pub arrival: Instant,
     pub(crate) admitted: Admitted,
     pub(crate) answered: bool,
-    _permits: Permits,
+    permits: Permits,
 }
 
 impl Request {
@@ -85,7 +135,7 @@ impl Request {
             arrival,
             admitted,
             answered: false,
-            _permits: permits,
+            permits,
         }
     }
 }
@@ -96,6 +146,8 @@ impl Drop for Request {
         if !self.answered {
             reply::internal_error(&self.shard, &self.conn, self.stream);
         }
+        self.admitted.release(&self.shard);
+        self.permits.give_back(&self.shard, &self.conn);
     }
 }
 
@@ -116,7 +168,7 @@ pub fn start(request: Request, frame: Frame) -> Option<Pending> {
     if request.opcode != Opcode::Execute
         || !request.conn.ready.get()
         || frame.header.is_compressed()
-        || !request.admitted.is_dispatched()
+        || !request.admitted.is_dispatched(&request.shard)
     {
         return Some(Pending {
             request,
@@ -170,7 +222,7 @@ pub async fn finish(pending: Pending) {
         frame,
         early,
     } = pending;
-    match request.admitted.outcome().await {
+    match request.admitted.outcome(&request.shard).await {
         Outcome::Run => {}
         Outcome::Dropped => return reply::reject(request, Rejection::ClientGone),
         Outcome::Shed => return reply::reject(request, Rejection::Overloaded),

@@ -203,6 +203,7 @@ pub fn reject(mut request: Request, rejection: Rejection) {
 }
 
 /// Answers a frame turned away from its header, before it became a [`Request`].
+#[inline]
 pub fn overloaded_from_header(shard: &ShardCtx, conn: &ConnState, stream: i16) {
     shard.metrics.count_overloaded_error();
     let frames = &shard.frames;
