@@ -1084,7 +1084,12 @@ fn scan(
                 _ => ppl,
             };
             current = None;
-            let first_in_resumed = pi == 0 && resumed_inside;
+            // Only the partition the page resumed inside has shown its static row already; a
+            // page that resumes after a partition's last row starts with the next partition.
+            let first_in_resumed = pi == 0
+                && resumed_inside
+                && matches!(&start, ScanStart::Resume { token, partition_key, .. }
+                    if *token == part.token && *partition_key == part.partition_key);
             if part.read.rows.is_empty() && !first_in_resumed {
                 if let (true, Some(st)) = (static_only_allowed(s), part.read.static_row.as_ref()) {
                     let src = StoredRow {
