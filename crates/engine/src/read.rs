@@ -1214,6 +1214,15 @@ fn next_is_same(page: &sluice_storage::ScanPage, part: &sluice_storage::ScannedP
 /// The resume position after partition `pi` of a storage page is finished.
 fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize) -> Option<Position> {
     if let Some(nextp) = page.partitions.get(pi + 1) {
+        if page
+            .partitions
+            .get(pi)
+            .is_some_and(|p| p.token != nextp.token)
+        {
+            // From the next partition's token rather than resumed inside it: a resumed
+            // partition does not show its static row alone, so a static-only one would vanish.
+            return Some(Position::ScanToken(Bound::Included(nextp.token)));
+        }
         return Some(Position::ScanResume {
             token: nextp.token,
             key: nextp.partition_key.clone(),
