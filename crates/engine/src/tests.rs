@@ -1691,6 +1691,30 @@ async fn clustering_restrictions_on_static_only_statements_are_rejected() {
 }
 
 #[tokio::test]
+async fn a_null_collection_overwrite_deletes_below_its_timestamp() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.c (k int PRIMARY KEY, s set<int>, l list<int>)")
+        .await;
+    h.ok("INSERT INTO ks.c (k, s, l) VALUES (1, {1, 2}, [3]) USING TIMESTAMP 10")
+        .await;
+    // Same timestamp: the elements survive (Cassandra deletes at ts-1 on overwrite).
+    h.ok("INSERT INTO ks.c (k, s) VALUES (1, null) USING TIMESTAMP 10")
+        .await;
+    h.ok("UPDATE ks.c USING TIMESTAMP 10 SET l = null WHERE k = 1")
+        .await;
+    let rows = h.select("SELECT s, l FROM ks.c WHERE k = 1", vec![]).await;
+    assert!(rows[0][0].is_some() && rows[0][1].is_some(), "{rows:?}");
+    // A later null overwrite and a DELETE at the same timestamp remove them.
+    h.ok("UPDATE ks.c USING TIMESTAMP 11 SET s = null WHERE k = 1")
+        .await;
+    h.ok("DELETE l FROM ks.c USING TIMESTAMP 10 WHERE k = 1")
+        .await;
+    let rows = h.select("SELECT s, l FROM ks.c WHERE k = 1", vec![]).await;
+    assert!(rows[0][0].is_none() && rows[0][1].is_none(), "{rows:?}");
+}
+
+#[tokio::test]
 async fn a_static_only_partition_after_a_page_boundary_is_not_skipped() {
     let mut h = H::new();
     h.setup_kv().await;
