@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test of the project, from a fresh Debian machine with Rust and Python 3.11:
-#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree) -> pytest (both drivers).
+#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree) -> pytest (both drivers)
+#   -> the differential test against Cassandra 5.0 (tests/oracle).
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,5 +54,20 @@ step "pytest: cqlsh + cassandra-driver"
 
 step "pytest: scylla-driver"
 .venv/scylla/bin/python -m pytest -q tests/python/scylla
+
+# The differential test against the reference Cassandra 5.0 (tests/oracle): the anchor script
+# installs Java 17 and Maven from Debian and the jars from Maven Central. A bounded run here;
+# scripts/oracle.sh runs longer ones. ORACLE=0 skips it.
+if [ "${ORACLE:-1}" = 1 ]; then
+    step "oracle: Sluice against Cassandra 5.0 (bounded)"
+    (
+        export ANCHOR=${ORACLE_ANCHOR:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice-anchors/oracle-cassandra}
+        export CQL_PORT=9142 HEAP=1G STORAGE_PORT=7100 JMX_PORT=7299
+        trap 'scripts/anchor/cassandra/stop.sh; rm -rf "$ANCHOR/data"' EXIT
+        FRESH=1 scripts/anchor/cassandra/start.sh
+        ORACLE_CASSANDRA=127.0.0.1:$CQL_PORT ORACLE_SEEDS=40 ORACLE_STATEMENTS=200 \
+            .venv/cassandra/bin/python -m pytest -q -p no:cacheprovider tests/oracle
+    )
+fi
 
 step "all tests passed"

@@ -188,6 +188,21 @@ pub(crate) enum SelItem {
 }
 
 impl SelItem {
+    /// The column the item reads, if any.
+    fn column(&self) -> Option<usize> {
+        match self {
+            SelItem::Col(c)
+            | SelItem::WriteTime(c)
+            | SelItem::Ttl(c)
+            | SelItem::Count(c)
+            | SelItem::Max(c)
+            | SelItem::Min(c)
+            | SelItem::Sum(c)
+            | SelItem::Avg(c) => Some(*c),
+            SelItem::Token | SelItem::CountAll => None,
+        }
+    }
+
     fn is_aggregate(&self) -> bool {
         matches!(
             self,
@@ -998,6 +1013,20 @@ impl<'a> Analyzer<'a> {
                 items.push(self.selector(&table, sel)?);
             }
         }
+        // As Cassandra: a selection of static (and partition key) columns only reads no rows, so
+        // a clustering restriction there would be ignored; it is rejected instead.
+        if !s.selectors.is_empty()
+            && Self::selects_only_static(&table, &items)
+            && (where_.restricts_clustering()
+                || where_
+                    .filters
+                    .iter()
+                    .any(|f| table.columns[f.col].kind == ColumnKind::Clustering))
+        {
+            return Err(invalid(
+                "Cannot restrict clustering columns when selecting only static columns",
+            ));
+        }
         // Grouped selections aggregate per group (plain columns show the group's first row).
         let aggregate = items.iter().any(|i| i.is_aggregate()) || !group_by.is_empty();
         if s.distinct {
@@ -1256,6 +1285,20 @@ impl<'a> Analyzer<'a> {
             .ok_or_else(|| invalid(format!("Undefined column name {name}")))
     }
 
+    /// Whether a selection reads at least one static column and otherwise only partition key
+    /// columns (Cassandra's `containsOnlyStaticColumns`).
+    fn selects_only_static(table: &TableDef, items: &[SelItem]) -> bool {
+        let mut any_static = false;
+        for c in items.iter().filter_map(SelItem::column) {
+            match table.columns[c].kind {
+                ColumnKind::Static => any_static = true,
+                ColumnKind::PartitionKey => {}
+                _ => return false,
+            }
+        }
+        any_static
+    }
+
     /// Checks that a write restricts the whole key, and that no filters remain.
     fn check_write_where(
         table: &TableDef,
@@ -1304,11 +1347,12 @@ impl<'a> Analyzer<'a> {
                 )));
             }
         }
-        if static_only && w.restricts_clustering() && kind == WriteKind::Update {
-            // Cassandra accepts a full clustering key with static-only updates; keep it simple.
-            if w.ck_covered < table.clustering.len() {
-                return Err(invalid("Invalid restrictions on clustering columns since the UPDATE statement modifies only static columns"));
-            }
+        if static_only
+            && w.restricts_clustering()
+            && kind == WriteKind::Update
+            && w.ck_covered < table.clustering.len()
+        {
+            return Err(invalid("Invalid restrictions on clustering columns since the UPDATE statement modifies only static columns"));
         }
         Ok(())
     }
@@ -1446,6 +1490,10 @@ impl<'a> Analyzer<'a> {
                 .iter()
                 .all(|o| table.columns[o.col()].kind == ColumnKind::Static);
         Self::check_write_where(&table, &w, static_only, WriteKind::Update)?;
+        // As Cassandra: a clustering key on a write of static columns only is a mistake.
+        if static_only && s.condition.is_none() && w.restricts_clustering() {
+            return Err(invalid("Invalid restrictions on clustering columns since the UPDATE statement modifies only static columns"));
+        }
         let (ttl, timestamp, timeout) = self.using(&s.using, &table)?;
         if table.is_counter() {
             if ttl.is_some() {
@@ -1609,6 +1657,9 @@ impl<'a> Analyzer<'a> {
                 .iter()
                 .all(|o| table.columns[o.col()].kind == ColumnKind::Static);
         Self::check_write_where(&table, &w, static_only, WriteKind::Delete)?;
+        if static_only && s.condition.is_none() && w.restricts_clustering() {
+            return Err(invalid("Invalid restrictions on clustering columns since the DELETE statement modifies only static columns"));
+        }
         if !ops.is_empty()
             && !static_only
             && (w.ck_slice.is_some() || w.ck_covered < table.clustering.len())

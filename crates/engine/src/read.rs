@@ -1130,7 +1130,12 @@ fn scan(
                 _ => ppl,
             };
             current = None;
-            let first_in_resumed = pi == 0 && resumed_inside;
+            // Only the partition the page resumed inside has shown its static row already; a
+            // page that resumes after a partition's last row starts with the next partition.
+            let first_in_resumed = pi == 0
+                && resumed_inside
+                && matches!(&start, ScanStart::Resume { token, partition_key, .. }
+                    if *token == part.token && *partition_key == part.partition_key);
             if part.read.rows.is_empty() && !first_in_resumed {
                 if let (true, Some(st)) = (static_only_allowed(s), part.read.static_row.as_ref()) {
                     let src = StoredRow {
@@ -1255,6 +1260,15 @@ fn next_is_same(page: &sluice_storage::ScanPage, part: &sluice_storage::ScannedP
 /// The resume position after partition `pi` of a storage page is finished.
 fn next_after_partition(page: &sluice_storage::ScanPage, pi: usize) -> Option<Position> {
     if let Some(nextp) = page.partitions.get(pi + 1) {
+        if page
+            .partitions
+            .get(pi)
+            .is_some_and(|p| p.token != nextp.token)
+        {
+            // From the next partition's token rather than resumed inside it: a resumed
+            // partition does not show its static row alone, so a static-only one would vanish.
+            return Some(Position::ScanToken(Bound::Included(nextp.token)));
+        }
         return Some(Position::ScanResume {
             token: nextp.token,
             key: nextp.partition_key.clone(),

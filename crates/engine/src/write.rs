@@ -224,7 +224,9 @@ fn op_cells(
             R::Unset => {}
             R::Null => {
                 if ty.is_multi_cell_collection() {
-                    coll_dels.push((id, st.ts));
+                    // An overwrite, as with a value: Cassandra deletes at ts-1, so elements
+                    // written at the same timestamp survive.
+                    coll_dels.push((id, st.ts.saturating_sub(1)));
                 } else {
                     cells.push(tombstone(id, None, st.ts));
                 }

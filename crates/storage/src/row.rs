@@ -6,8 +6,9 @@
 //! the partition deletion, range tombstones (as encoded clustering byte ranges) and the
 //! static row.
 //!
-//! Merging is per cell: the higher timestamp wins; on equal timestamps a tombstone beats a
-//! live value, then the greater value, then the later expiry (Cassandra's rules). Counter
+//! Merging is per cell: the higher timestamp wins; on equal timestamps a tombstone beats an
+//! expiring cell, which beats a cell without TTL, then the later expiry, then the greater
+//! value (Cassandra's rules). Counter
 //! deltas add. Data shadowed by a deletion stored in the same row is dropped at merge time,
 //! and rows entirely shadowed by a partition or range deletion are removed by `apply`.
 //! Tombstones must keep shadowing late writes with older timestamps, so they stay until
@@ -163,27 +164,36 @@ fn max_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     }
 }
 
-/// Cassandra's cell reconciliation: true when `new` supersedes `old`.
+/// Cassandra's cell reconciliation (`Cells.resolveRegular`): true when `new` supersedes `old`.
 fn supersedes(new: &StoredCell, old: &StoredCell) -> bool {
     if new.timestamp != old.timestamp {
         return new.timestamp > old.timestamp;
     }
     let new_dead = matches!(new.value, StoredValue::Tombstone);
     let old_dead = matches!(old.value, StoredValue::Tombstone);
+    // At equal timestamps a tombstone or an expiring cell beats a cell without TTL, whatever
+    // the clock says (CASSANDRA-14592); then a tombstone beats an expiring cell.
+    let new_mortal = new_dead || new.expiry.is_some();
+    let old_mortal = old_dead || old.expiry.is_some();
+    if new_mortal != old_mortal {
+        return new_mortal;
+    }
     if new_dead != old_dead {
         return new_dead;
+    }
+    if !new_dead {
+        // Both expiring: the later expiry wins; then, as for two cells without TTL, the value.
+        let at = |c: &StoredCell| c.expiry.map_or(0, |(at, _)| at);
+        if at(new) != at(old) {
+            return at(new) > at(old);
+        }
     }
     let by_value = match (&new.value, &old.value) {
         (StoredValue::Live(a), StoredValue::Live(b)) => a.cmp(b),
         (StoredValue::Counter(a), StoredValue::Counter(b)) => a.cmp(b),
         _ => Ordering::Equal,
     };
-    if by_value != Ordering::Equal {
-        return by_value == Ordering::Greater;
-    }
-    // Later expiry wins; no expiry is the latest.
-    let exp = |c: &StoredCell| c.expiry.map_or(u64::MAX, |(at, _)| u64::from(at));
-    exp(new) > exp(old)
+    by_value == Ordering::Greater
 }
 
 /// Cassandra's liveness reconciliation: true when `new` supersedes `old`.

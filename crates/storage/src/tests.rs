@@ -308,6 +308,36 @@ fn lww_through_storage() {
 }
 
 #[test]
+fn at_equal_timestamps_an_expiring_cell_beats_one_without_ttl() {
+    let (_d, s) = open(periodic());
+    let l = layout_no_ck(T2);
+    let write = |v: &str, ts: i64, expiry: Option<(u32, u32)>| {
+        let mut c = cell(1, v, ts);
+        c.expiry = expiry;
+        let mut m = mutation(T2, 1, "k");
+        m.rows.push(RowMutation {
+            cells: vec![c],
+            ..Default::default()
+        });
+        s.apply(&[(&l, m)]).unwrap();
+    };
+    let read = || value(&read_all(&s, &l, 1, "k", 0).rows[0], 1);
+    // As Cassandra (CASSANDRA-14592): the expiring cell wins whatever the values.
+    write("a", 20, Some((1_000, 100)));
+    write("z", 20, None);
+    assert_eq!(read(), Some(text("a")));
+    // Of two expiring cells the later expiry wins, then the greater value.
+    write("b", 20, Some((999, 100)));
+    assert_eq!(read(), Some(text("a")));
+    write("c", 20, Some((2_000, 100)));
+    assert_eq!(read(), Some(text("c")));
+    write("d", 20, Some((2_000, 100)));
+    assert_eq!(read(), Some(text("d")));
+    write("b", 20, Some((2_000, 100)));
+    assert_eq!(read(), Some(text("d")));
+}
+
+#[test]
 fn clustering_order_asc_desc_and_prefix_slices() {
     let (_d, s) = open(periodic());
     let l = layout();
@@ -1523,9 +1553,9 @@ mod model_check {
                 liveness.is_some_and(|(ts, expiring, at)| alive(ts) && (!expiring || at > NOW));
             let mut cells = Vec::new();
             for col in 0..3u16 {
-                // Winner: highest timestamp; on ties a tombstone, then the greater value,
-                // then the later expiry (none = latest). An expired winner still hides
-                // older values, as the tombstone it has become.
+                // Winner: highest timestamp; on ties a tombstone, then an expiring cell
+                // (the later expiry first), then a cell without TTL; then the greater value.
+                // An expired winner still hides older values, as the tombstone it has become.
                 let winner = ops
                     .iter()
                     .filter_map(|op| match op {
@@ -1535,17 +1565,18 @@ mod model_check {
                             value,
                             ts,
                             expires,
-                        } if *k == key && *c == col => {
-                            Some((*ts, 0u8, *value, expires.unwrap_or(u32::MAX)))
-                        }
+                        } => (*k == key && *c == col).then_some(match expires {
+                            Some(at) => (*ts, 1u8, *at, *value),
+                            None => (*ts, 0u8, 0, *value),
+                        }),
                         Op::CellDelete { key: k, col: c, ts } if *k == key && *c == col => {
-                            Some((*ts, 1u8, 0, 0))
+                            Some((*ts, 2u8, 0, 0))
                         }
                         _ => None,
                     })
                     .max();
-                if let Some((ts, 0, value, at)) = winner {
-                    if alive(ts) && at > NOW {
+                if let Some((ts, class, at, value)) = winner {
+                    if class < 2 && alive(ts) && (class == 0 || at > NOW) {
                         cells.push((col, value, ts));
                     }
                 }
