@@ -168,6 +168,7 @@ fn transport_error(error: CallError) -> TransportError {
 
 /// Answers the Raft messages that arrive on `control` (the messenger's Control inbound queue)
 /// with `handler`, until the messenger shuts down. Other verbs are answered `UnknownVerb`.
+/// Call it on a tokio runtime: the service and its handlers are spawned there.
 pub fn serve_raft(mut control: InboundQueue, handler: RpcHandler) -> JoinHandle<()> {
     debug_assert_eq!(control.class(), ConnectionClass::Control);
     let running = Arc::new(Semaphore::new(MAX_RAFT_HANDLERS));
