@@ -1,0 +1,26 @@
+//! The internode verbs of the cluster layer, all in one place so that no two share a number.
+//!
+//! Verbs below [`FIRST_APPLICATION_VERB`] belong to the messenger itself (pings).
+
+use sluice_internode::FIRST_APPLICATION_VERB;
+
+/// A message of the metadata Raft group (append, vote, snapshot, or an operation forwarded to
+/// the leader), always on `ConnectionClass::Control`. The body is the serialized message
+/// followed by one byte, its `sluice_meta::RpcKind`.
+pub const VERB_RAFT: u16 = FIRST_APPLICATION_VERB;
+
+/// Every verb of this crate, to check that they are distinct and not reserved.
+pub const ALL: [u16; 1] = [VERB_RAFT];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_are_distinct_and_outside_the_reserved_range() {
+        for (i, verb) in ALL.iter().enumerate() {
+            assert!(*verb >= FIRST_APPLICATION_VERB, "verb {verb} is reserved");
+            assert!(!ALL[..i].contains(verb), "verb {verb} is used twice");
+        }
+    }
+}
