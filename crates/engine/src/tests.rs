@@ -2191,4 +2191,5 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
 }
 
 mod aggregates;
+mod big_values;
 mod canonical;

@@ -22,7 +22,7 @@ mod tests;
 
 pub use model::*;
 pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
-pub use store::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
+pub use store::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -2213,3 +2213,72 @@ mod table_keyspaces {
         );
     }
 }
+
+/// A partition of `rows` rows of `row_bytes` each under token 7, key "big".
+fn fill_big_partition(s: &Storage, l: &TableLayout, rows: i32, row_bytes: usize) {
+    let value = "x".repeat(row_bytes);
+    for c1 in 0..rows {
+        let mut m = mutation(T1, 7, "big");
+        m.rows
+            .push(insert_row(ck(c1, "r"), vec![cell(1, &value, 1)], 1));
+        s.apply(&[(l, m)]).unwrap();
+    }
+}
+
+#[test]
+fn a_partition_of_big_rows_is_read_in_pieces_of_bounded_bytes() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    let row_bytes = 256 << 10;
+    let rows = 40; // 10 MiB, more than twice MAX_READ_BYTES
+    fill_big_partition(&s, &l, rows, row_bytes);
+    let most_rows = MAX_READ_BYTES / row_bytes + 1;
+    let mut after: Option<Vec<Bytes>> = None;
+    let mut seen = Vec::new();
+    let mut calls = 0;
+    loop {
+        let read = s
+            .read_partition(
+                &l,
+                7,
+                b"big",
+                &ClusteringSlice::all(),
+                after.as_deref(),
+                usize::MAX,
+                0,
+            )
+            .unwrap();
+        calls += 1;
+        assert!(!read.rows.is_empty());
+        assert!(
+            read.rows.len() <= most_rows,
+            "one read returned {} rows of {row_bytes} bytes",
+            read.rows.len()
+        );
+        for r in &read.rows {
+            assert_eq!(value(r, 1).map(|v| v.len()), Some(row_bytes));
+            seen.push(r.clustering.clone());
+        }
+        after = read.rows.last().map(|r| r.clustering.clone());
+        if !read.more {
+            break;
+        }
+    }
+    assert_eq!(seen, (0..rows).map(|c| ck(c, "r")).collect::<Vec<_>>());
+    assert!(calls >= 3, "{calls} reads for 10 MiB");
+
+    // A scan stops at the same bound and resumes inside the partition.
+    let mut start = ScanStart::Token(Bound::Unbounded);
+    let mut scanned = 0;
+    loop {
+        let page = s.scan(&l, &start, Bound::Unbounded, usize::MAX, 0).unwrap();
+        let n = scan_rows(&page);
+        assert!(n <= most_rows, "one scan page returned {n} big rows");
+        scanned += n;
+        match page.next {
+            Some(next) => start = next,
+            None => break,
+        }
+    }
+    assert_eq!(scanned, rows as usize);
+}

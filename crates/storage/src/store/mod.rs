@@ -51,7 +51,7 @@ mod tables;
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
-pub use read::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
+pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
