@@ -793,7 +793,13 @@ pub(crate) async fn execute_select(
                         pos,
                     });
                 }
-                pos => break pos,
+                pos => {
+                    // Also when the bound was reached on the very last row.
+                    if internal && out.rows.body_bytes() >= MAX_UNPAGED_RESULT_BYTES {
+                        return Err(invalid(UNPAGED_TOO_LARGE));
+                    }
+                    break pos;
+                }
             }
         }
     };
