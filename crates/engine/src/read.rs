@@ -29,6 +29,14 @@ const SLICE_EXAMINED: usize = CHUNK;
 /// bigger one answers an error rather than a silently short result or unbounded memory.
 const MAX_UNPAGED_RESULT_BYTES: usize = if cfg!(test) { 1 << 20 } else { 256 << 20 };
 
+/// Result bytes after which a client page ends (with a paging state) whatever its fetch
+/// size, as ScyllaDB cuts pages by size: a page of big rows stays bounded in memory and
+/// well under the frame limit. A page holds at least one row.
+pub(crate) const MAX_PAGE_BYTES: usize = if cfg!(test) { 1 << 20 } else { 8 << 20 };
+
+/// The error of an unpaged result past [`MAX_UNPAGED_RESULT_BYTES`].
+const UNPAGED_TOO_LARGE: &str = "The result of this unpaged query is larger than a response frame may be; page it (set a fetch size)";
+
 /// A filter with its values resolved.
 pub(crate) struct ResolvedFilter {
     col: usize,
@@ -579,6 +587,11 @@ fn encode_numeric(ty: &CqlType, i: i128, f: f64) -> Bytes {
 /// Remaining budgets of one request.
 struct Budget {
     page_left: usize,
+    /// Result bytes after which the page is full ([`MAX_PAGE_BYTES`] for a client page,
+    /// [`MAX_UNPAGED_RESULT_BYTES`] for an internal one).
+    page_bytes_cap: usize,
+    /// Result bytes so far, as of the last [`Budget::take`].
+    page_bytes: usize,
     limit_left: Option<usize>,
     /// Rows one read call may examine before it returns where to resume: a client page
     /// ends there (short, with a paging state), an internally paged read goes on.
@@ -597,7 +610,9 @@ impl Budget {
         Ok(())
     }
 
-    fn take(&mut self) {
+    /// Counts one row emitted; `result_bytes` is the result's size with it.
+    fn take(&mut self, result_bytes: usize) {
+        self.page_bytes = result_bytes;
         self.page_left = self.page_left.saturating_sub(1);
         if let Some(l) = &mut self.limit_left {
             *l = l.saturating_sub(1);
@@ -607,7 +622,7 @@ impl Budget {
         self.limit_left == Some(0)
     }
     fn full(&self) -> bool {
-        self.page_left == 0 || self.limit_done()
+        self.page_left == 0 || self.page_bytes >= self.page_bytes_cap || self.limit_done()
     }
     fn want(&self, ppl_left: Option<usize>, filtering: bool) -> usize {
         if filtering {
@@ -665,6 +680,13 @@ pub(crate) async fn execute_select(
     let internal = page_size.is_none();
     let mut budget = Budget {
         page_left: page_size.unwrap_or(usize::MAX),
+        // An unpaged result stops growing at its bound and answers the error below.
+        page_bytes_cap: if internal {
+            MAX_UNPAGED_RESULT_BYTES
+        } else {
+            MAX_PAGE_BYTES
+        },
+        page_bytes: 0,
         limit_left: match &state {
             Some(st) => st.limit_left.map(|l| l as usize),
             None => limit,
@@ -709,7 +731,7 @@ pub(crate) async fn execute_select(
                 continue;
             }
             out.emit(&src);
-            budget.take();
+            budget.take(out.rows.body_bytes());
             let seen = i + 1;
             if budget.limit_done() {
                 break;
@@ -760,10 +782,8 @@ pub(crate) async fn execute_select(
                 // An internal read never ends at a slice: it lets the shard run its other
                 // tasks, then goes on (or times out, never answering a partial result).
                 Some(pos) if internal && !budget.limit_done() && !out.groups_full() => {
-                    if out.rows.body_bytes() > MAX_UNPAGED_RESULT_BYTES {
-                        return Err(invalid(
-                            "The result of this unpaged query is larger than a response frame may be; page it (set a fetch size)",
-                        ));
+                    if out.rows.body_bytes() >= MAX_UNPAGED_RESULT_BYTES {
+                        return Err(invalid(UNPAGED_TOO_LARGE));
                     }
                     tokio::task::yield_now().await;
                     budget.check_deadline()?;
@@ -777,7 +797,13 @@ pub(crate) async fn execute_select(
                         pos,
                     });
                 }
-                pos => break pos,
+                pos => {
+                    // Also when the bound was reached on the very last row.
+                    if internal && out.rows.body_bytes() >= MAX_UNPAGED_RESULT_BYTES {
+                        return Err(invalid(UNPAGED_TOO_LARGE));
+                    }
+                    break pos;
+                }
             }
         }
     };
@@ -821,6 +847,8 @@ fn read_in_ordered(
         reversed: s.reversed,
     };
     let mut all: Vec<(Vec<Bytes>, Vec<Option<Bytes>>)> = Vec::new();
+    // The rows are sorted before any is returned, so they are bounded like an unpaged result.
+    let mut held_bytes = 0usize;
     for pk in &keys {
         let mut ppl_left = ppl;
         let mut after: Option<Vec<Bytes>> = None;
@@ -851,11 +879,15 @@ fn read_in_ordered(
                 if !out.passes(&src)? {
                     continue;
                 }
-                let cells = out
+                let cells: Vec<Option<Bytes>> = out
                     .items
                     .iter()
                     .map(|i| scalar(t, i, &src, now_secs))
                     .collect();
+                held_bytes += cells.iter().flatten().map(Bytes::len).sum::<usize>();
+                if held_bytes > MAX_UNPAGED_RESULT_BYTES {
+                    return Err(invalid(UNPAGED_TOO_LARGE));
+                }
                 all.push((row.clustering.clone(), cells));
                 if let Some(p) = &mut ppl_left {
                     *p -= 1;
@@ -989,7 +1021,7 @@ fn read_partitions(
                     };
                     if out.passes(&src)? {
                         out.emit(&src);
-                        budget.take();
+                        budget.take(out.rows.body_bytes());
                     }
                 }
                 examined += 1;
@@ -1008,7 +1040,7 @@ fn read_partitions(
                     continue;
                 }
                 out.emit(&src);
-                budget.take();
+                budget.take(out.rows.body_bytes());
                 if let Some(p) = &mut ppl_left {
                     *p -= 1;
                 }
@@ -1146,7 +1178,7 @@ fn scan(
                     };
                     if out.passes(&src)? {
                         out.emit(&src);
-                        budget.take();
+                        budget.take(out.rows.body_bytes());
                         if budget.limit_done() {
                             return Ok(None);
                         }
@@ -1172,7 +1204,7 @@ fn scan(
                     continue;
                 }
                 out.emit(&src);
-                budget.take();
+                budget.take(out.rows.body_bytes());
                 if let Some(p) = &mut ppl_left {
                     *p -= 1;
                 }

@@ -19,6 +19,8 @@ pub const DEFAULT_DATA_DIR: &str = "./sluice-data";
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9180";
 /// Default shard-aware port (ScyllaDB's).
 pub const DEFAULT_SHARD_AWARE_PORT: u16 = 19042;
+/// Default block cache of the storage engine.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 /// When a write is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -123,6 +125,29 @@ pub struct ServeArgs {
     /// error and the connection is closed [default: 16MiB].
     #[arg(long, env = "SLUICE_MAX_FRAME_BYTES", value_name = "SIZE")]
     pub max_frame_bytes: Option<String>,
+
+    /// Block cache of the storage engine, shared out among the stores (e.g. 256MiB)
+    /// [default: 256MiB].
+    #[arg(long, env = "SLUICE_CACHE_BYTES", value_name = "SIZE")]
+    pub cache_bytes: Option<String>,
+
+    /// Largest cell value a write may store (e.g. 10MiB); a bigger one is answered Invalid
+    /// naming the limit. At most max-frame-bytes and max-mutation-bytes
+    /// [default: 16MiB, or max-frame-bytes if smaller].
+    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", value_name = "SIZE")]
+    pub max_value_bytes: Option<String>,
+
+    /// Largest mutation of one partition (a statement, or a batch's changes to one
+    /// partition), as Cassandra's max_mutation_size; a bigger one is answered Invalid naming
+    /// the limit [default: 16MiB].
+    #[arg(long, env = "SLUICE_MAX_MUTATION_BYTES", value_name = "SIZE")]
+    pub max_mutation_bytes: Option<String>,
+
+    /// Free space the data directory's file system must keep: below it writes are answered
+    /// Server_error ("No space left on device ...") while reads go on, until space is freed;
+    /// 0 disables the guard [default: 1GiB].
+    #[arg(long, env = "SLUICE_MIN_FREE_DISK_BYTES", value_name = "SIZE")]
+    pub min_free_disk_bytes: Option<String>,
 
     /// ScyllaDB shard-aware port: a connection from source port p is served by shard
     /// p % shards, and drivers are told so in SUPPORTED; `off` disables it [default: 19042].
@@ -305,6 +330,10 @@ struct FileConfig {
     periodic_sync_ms: Option<u64>,
     tombstone_failure_threshold: Option<usize>,
     max_frame_bytes: Option<toml::Value>,
+    cache_bytes: Option<toml::Value>,
+    max_value_bytes: Option<toml::Value>,
+    max_mutation_bytes: Option<toml::Value>,
+    min_free_disk_bytes: Option<toml::Value>,
     shard_aware_port: Option<toml::Value>,
     metrics_listen: Option<String>,
     read_timeout: Option<String>,
@@ -356,6 +385,14 @@ pub struct ResolvedConfig {
     pub tombstone_failure_threshold: usize,
     /// Maximum frame size in bytes.
     pub max_frame_bytes: usize,
+    /// Block cache bytes.
+    pub cache_bytes: u64,
+    /// Largest cell value a write may store.
+    pub max_value_bytes: usize,
+    /// Largest mutation of one partition.
+    pub max_mutation_bytes: usize,
+    /// Free space below which writes are refused (0: never).
+    pub min_free_disk_bytes: u64,
     /// Shard-aware port, if enabled.
     pub shard_aware_port: Option<u16>,
     /// Metrics endpoint, if enabled.
@@ -484,6 +521,43 @@ impl ServeArgs {
         if !(1024..=256 << 20).contains(&max_frame_bytes) {
             bail!("max-frame-bytes must be between 1KiB and 256MiB, got {max_frame_bytes}");
         }
+        let size = |flag: &Option<String>, file: &Option<toml::Value>| -> Result<Option<usize>> {
+            match (flag, file) {
+                (Some(s), _) => parse_size(s).map(Some),
+                (None, Some(v)) => parse_size(&toml_scalar(v)).map(Some),
+                (None, None) => Ok(None),
+            }
+        };
+        let max_mutation_bytes = size(&self.max_mutation_bytes, &file.max_mutation_bytes)?
+            .unwrap_or(sluice_storage::DEFAULT_MAX_MUTATION_BYTES);
+        let max_value_bytes = match size(&self.max_value_bytes, &file.max_value_bytes)? {
+            Some(n) => n,
+            None => sluice_storage::DEFAULT_MAX_VALUE_BYTES.min(max_frame_bytes),
+        };
+        if max_value_bytes == 0 || max_mutation_bytes == 0 {
+            bail!("max-value-bytes and max-mutation-bytes must be positive");
+        }
+        if max_value_bytes > max_frame_bytes {
+            bail!(
+                "max-value-bytes ({max_value_bytes}) is above max-frame-bytes \
+                 ({max_frame_bytes}): no request could carry such a value; lower \
+                 max-value-bytes or raise max-frame-bytes"
+            );
+        }
+        if max_value_bytes > max_mutation_bytes {
+            bail!(
+                "max-value-bytes ({max_value_bytes}) is above max-mutation-bytes \
+                 ({max_mutation_bytes}): a write holding such a value would be refused; lower \
+                 max-value-bytes or raise max-mutation-bytes"
+            );
+        }
+        let cache_bytes =
+            size(&self.cache_bytes, &file.cache_bytes)?.map_or(DEFAULT_CACHE_BYTES, |n| n as u64);
+        if cache_bytes < 1 << 20 {
+            bail!("cache-bytes must be at least 1MiB, got {cache_bytes}");
+        }
+        let min_free_disk_bytes = size(&self.min_free_disk_bytes, &file.min_free_disk_bytes)?
+            .map_or(sluice_storage::DEFAULT_MIN_FREE_DISK_BYTES, |n| n as u64);
         let shard_aware_port = match (&self.shard_aware_port, &file.shard_aware_port) {
             (Some(s), _) => parse_port_or_off(s)?,
             (None, Some(v)) => parse_port_or_off(&toml_scalar(v))?,
@@ -673,6 +747,10 @@ impl ServeArgs {
             periodic_sync: Duration::from_millis(periodic_ms),
             tombstone_failure_threshold,
             max_frame_bytes,
+            cache_bytes,
+            max_value_bytes,
+            max_mutation_bytes,
+            min_free_disk_bytes,
             shard_aware_port,
             metrics_listen,
             read_timeout: duration(&self.read_timeout, file.read_timeout, server.timeouts.read)?,
@@ -1068,6 +1146,69 @@ mod tests {
         assert!(c.shards >= 1);
         assert!(!c.transparent_huge_pages, "off unless asked for");
         assert_eq!(c.tombstone_failure_threshold, 100_000);
+        assert_eq!(c.cache_bytes, 256 << 20);
+        assert_eq!(c.max_value_bytes, 16 << 20);
+        assert_eq!(c.max_mutation_bytes, 16 << 20);
+        assert_eq!(c.min_free_disk_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn write_limits_come_from_flag_or_file_and_keep_their_relations() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.toml");
+        std::fs::write(
+            &path,
+            "max_value_bytes = \"1MiB\"\nmax_mutation_bytes = 4194304\nmin_free_disk_bytes = \"64MiB\"\n",
+        )
+        .unwrap();
+        let c = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            (
+                c.max_value_bytes,
+                c.max_mutation_bytes,
+                c.min_free_disk_bytes
+            ),
+            (1 << 20, 4 << 20, 64 << 20)
+        );
+        // A smaller frame lowers the default value limit with it.
+        let small_frame = ServeArgs {
+            max_frame_bytes: Some("1MiB".into()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(small_frame.resolve().unwrap().max_value_bytes, 1 << 20);
+        // A value limit above the frame or the mutation limit is refused, saying why.
+        let e = ServeArgs {
+            max_value_bytes: Some("32MiB".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("above max-frame-bytes"), "{e}");
+        let e = ServeArgs {
+            max_frame_bytes: Some("64MiB".into()),
+            max_value_bytes: Some("32MiB".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("above max-mutation-bytes"), "{e}");
+        let ok = ServeArgs {
+            max_frame_bytes: Some("64MiB".into()),
+            max_value_bytes: Some("32MiB".into()),
+            max_mutation_bytes: Some("48MiB".into()),
+            min_free_disk_bytes: Some("0".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(ok.min_free_disk_bytes, 0);
     }
 
     #[test]

@@ -128,11 +128,16 @@ fn serve(args: ServeArgs) -> Result<()> {
     let storage = sluice_storage::Storage::open(sluice_storage::StorageConfig {
         path: cfg.data_dir.join("db"),
         durability,
-        cache_bytes: 256 << 20,
+        cache_bytes: cfg.cache_bytes,
         stores: cfg.shards,
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
     storage.set_tombstone_failure_threshold(cfg.tombstone_failure_threshold);
+    storage.set_write_limits(sluice_storage::WriteLimits::new(
+        cfg.max_value_bytes,
+        cfg.max_mutation_bytes,
+    ));
+    storage.set_min_free_disk_bytes(cfg.min_free_disk_bytes);
 
     let tls = match &cfg.tls {
         Some(files) => Some(Arc::new(

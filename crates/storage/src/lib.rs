@@ -10,6 +10,7 @@ mod background;
 mod gc_tests;
 mod journal_sync;
 pub mod keycodec;
+mod limits;
 mod memtable_reaper;
 pub mod model;
 mod row;
@@ -20,9 +21,13 @@ mod superseded_tests;
 #[cfg(test)]
 mod tests;
 
+pub use limits::{
+    WriteLimits, DEFAULT_MAX_MUTATION_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MIN_FREE_DISK_BYTES,
+    DISK_FULL_MESSAGE, STORAGE_FAILED_MESSAGE,
+};
 pub use model::*;
 pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
-pub use store::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
+pub use store::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -13,6 +13,7 @@
 //! timestamp like any write, so replaying what is already there changes nothing). Once
 //! every part is durable the record is removed.
 
+use crate::limits::{DiskSpace, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::store::{take_batchlog_len, Prepared, Store};
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
@@ -74,6 +75,10 @@ struct Shared {
     /// Distinguishes this process's batchlog keys from those of earlier runs.
     batch_epoch: u64,
     batch_seq: AtomicU64,
+    /// Size limits of one write (the defaults until `set_write_limits`).
+    limits: std::sync::OnceLock<WriteLimits>,
+    /// The free-space guard of the data directory.
+    disk: Arc<DiskSpace>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -138,10 +143,41 @@ impl Storage {
                 stores,
                 batch_epoch,
                 batch_seq: AtomicU64::new(0),
+                limits: std::sync::OnceLock::new(),
+                disk: DiskSpace::start(&config.path)?,
             }),
         };
         storage.replay_batchlog()?;
         Ok(storage)
+    }
+
+    /// Sets the size limits of one write, once (at start-up); a later call is ignored.
+    pub fn set_write_limits(&self, limits: WriteLimits) {
+        if self.inner.limits.set(limits).is_err() {
+            tracing::warn!("write limits already set; keeping the first");
+        }
+    }
+
+    /// The size limits of one write.
+    pub fn write_limits(&self) -> &WriteLimits {
+        static DEFAULT: std::sync::OnceLock<WriteLimits> = std::sync::OnceLock::new();
+        self.inner
+            .limits
+            .get()
+            .unwrap_or_else(|| DEFAULT.get_or_init(WriteLimits::default))
+    }
+
+    /// Refuses writes while the data directory's file system has less than `bytes` free
+    /// (0, the default of a storage opened without it: never).
+    pub fn set_min_free_disk_bytes(&self, bytes: u64) {
+        self.inner.disk.set_min_free(bytes);
+    }
+
+    /// Test hook: assume `free` bytes free on the data directory's file system instead of
+    /// asking it (`None`: ask it again), so that tests can fill the disk.
+    #[doc(hidden)]
+    pub fn assume_free_disk_bytes(&self, free: Option<u64>) {
+        self.inner.disk.override_free(free);
     }
 
     /// Number of stores (fjall databases) the data is spread over.
@@ -164,10 +200,19 @@ impl Storage {
     /// store, else store by store with a batchlog record (see the module doc). LWW merge
     /// per cell happens here. Returns when the data is visible to reads; durability is
     /// awaited with `wait_durable`.
+    ///
+    /// Refused before anything is written when the disk is below its reserve
+    /// ([`DISK_FULL_MESSAGE`](crate::DISK_FULL_MESSAGE)) or a mutation is over the
+    /// [`WriteLimits`] (`TooLarge`, naming the limit).
     pub fn apply(
         &self,
         mutations: &[(&TableLayout, Mutation)],
     ) -> Result<CommitTicket, StorageError> {
+        self.inner.disk.check()?;
+        let limits = self.write_limits();
+        for (_, m) in mutations {
+            limits.check(m)?;
+        }
         let stores = &self.inner.stores;
         let first = mutations.first().map_or(0, |(_, m)| self.store_of(m.token));
         if mutations

@@ -2244,3 +2244,128 @@ mod table_keyspaces {
         );
     }
 }
+
+/// A partition of `rows` rows of `row_bytes` each under token 7, key "big".
+fn fill_big_partition(s: &Storage, l: &TableLayout, rows: i32, row_bytes: usize) {
+    let value = "x".repeat(row_bytes);
+    for c1 in 0..rows {
+        let mut m = mutation(T1, 7, "big");
+        m.rows
+            .push(insert_row(ck(c1, "r"), vec![cell(1, &value, 1)], 1));
+        s.apply(&[(l, m)]).unwrap();
+    }
+}
+
+#[test]
+fn a_partition_of_big_rows_is_read_in_pieces_of_bounded_bytes() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    let row_bytes = 256 << 10;
+    let rows = 40; // 10 MiB, more than twice MAX_READ_BYTES
+    fill_big_partition(&s, &l, rows, row_bytes);
+    let most_rows = MAX_READ_BYTES / row_bytes + 1;
+    let mut after: Option<Vec<Bytes>> = None;
+    let mut seen = Vec::new();
+    let mut calls = 0;
+    loop {
+        let read = s
+            .read_partition(
+                &l,
+                7,
+                b"big",
+                &ClusteringSlice::all(),
+                after.as_deref(),
+                usize::MAX,
+                0,
+            )
+            .unwrap();
+        calls += 1;
+        assert!(!read.rows.is_empty());
+        assert!(
+            read.rows.len() <= most_rows,
+            "one read returned {} rows of {row_bytes} bytes",
+            read.rows.len()
+        );
+        for r in &read.rows {
+            assert_eq!(value(r, 1).map(|v| v.len()), Some(row_bytes));
+            seen.push(r.clustering.clone());
+        }
+        after = read.rows.last().map(|r| r.clustering.clone());
+        if !read.more {
+            break;
+        }
+    }
+    assert_eq!(seen, (0..rows).map(|c| ck(c, "r")).collect::<Vec<_>>());
+    assert!(calls >= 3, "{calls} reads for 10 MiB");
+
+    // A scan stops at the same bound and resumes inside the partition.
+    let mut start = ScanStart::Token(Bound::Unbounded);
+    let mut scanned = 0;
+    loop {
+        let page = s.scan(&l, &start, Bound::Unbounded, usize::MAX, 0).unwrap();
+        let n = scan_rows(&page);
+        assert!(n <= most_rows, "one scan page returned {n} big rows");
+        scanned += n;
+        match page.next {
+            Some(next) => start = next,
+            None => break,
+        }
+    }
+    assert_eq!(scanned, rows as usize);
+}
+
+#[test]
+fn a_full_disk_refuses_writes_keeps_reads_and_recovers_when_space_is_freed() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    let write = |v: &str, ts: i64| {
+        let mut m = mutation(T1, 7, "p");
+        m.rows
+            .push(insert_row(ck(1, "a"), vec![cell(1, v, ts)], ts));
+        s.apply(&[(&l, m)])
+    };
+    write("before", 1).unwrap();
+    s.set_min_free_disk_bytes(64 << 20);
+    s.assume_free_disk_bytes(Some(10 << 20));
+    assert_eq!(
+        write("refused", 2),
+        Err(StorageError::Io(DISK_FULL_MESSAGE))
+    );
+    let r = read_all(&s, &l, 7, "p", 0);
+    assert_eq!(value(&r.rows[0], 1), Some(text("before")), "reads go on");
+    s.assume_free_disk_bytes(Some(100 << 20));
+    write("after", 3).unwrap();
+    let r = read_all(&s, &l, 7, "p", 0);
+    assert_eq!(value(&r.rows[0], 1), Some(text("after")));
+}
+
+#[test]
+fn a_write_over_the_configured_limits_is_refused_before_anything_is_written() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    s.set_write_limits(WriteLimits::new(100, 150));
+    let row = |c1: i32, n: usize| insert_row(ck(c1, "a"), vec![cell(1, &"x".repeat(n), 1)], 1);
+    let mut m = mutation(T1, 7, "p");
+    m.rows.push(row(1, 100));
+    s.apply(&[(&l, m)]).unwrap();
+    let mut m = mutation(T1, 7, "p");
+    m.rows.push(row(2, 101));
+    let e = s.apply(&[(&l, m)]).unwrap_err();
+    assert_eq!(
+        e,
+        StorageError::TooLarge("A cell value is larger than max-value-bytes (100 bytes)")
+    );
+    // Two cells under the cell limit, over the mutation limit together; in a batch with an
+    // acceptable mutation, which is not written either.
+    let mut ok = mutation(T1, 8, "q");
+    ok.rows.push(row(1, 10));
+    let mut m = mutation(T1, 7, "p");
+    m.rows.push(row(3, 90));
+    m.rows.push(row(4, 90));
+    let e = s.apply(&[(&l, ok), (&l, m)]).unwrap_err();
+    assert!(
+        matches!(e, StorageError::TooLarge(msg) if msg.contains("max-mutation-bytes (150 bytes)"))
+    );
+    assert_eq!(read_all(&s, &l, 7, "p", 0).rows.len(), 1);
+    assert!(read_all(&s, &l, 8, "q", 0).rows.is_empty());
+}

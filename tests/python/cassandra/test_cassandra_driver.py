@@ -4,6 +4,7 @@ every native type and the collections round-tripping."""
 import datetime
 import decimal
 import ipaddress
+import os
 import uuid
 
 import pytest
@@ -141,3 +142,30 @@ def test_invalid_query_is_an_error_not_a_disconnect(session):
     with pytest.raises(InvalidRequest):
         session.execute("SELECT * FROM no_such_table_here")
     assert session.execute("SELECT key FROM system.local").one().key == "local"
+
+
+def test_a_ten_megabyte_blob_round_trips_and_a_page_of_big_rows_is_cut(session):
+    session.execute("CREATE TABLE IF NOT EXISTS blobs (p int, c int, v blob, PRIMARY KEY (p, c))")
+    ins = session.prepare("INSERT INTO blobs (p, c, v) VALUES (?, ?, ?)")
+    blob = os.urandom(10_000_000)
+    session.execute(ins, (1, 0, blob))
+    assert session.execute("SELECT v FROM blobs WHERE p = 1 AND c = 0").one().v == blob
+    # Twenty rows of 1 MB at the driver's fetch size of 5000: pages end at the server's byte
+    # bound (8 MiB), and every row comes back in order.
+    for c in range(1, 21):
+        session.execute(ins, (2, c, bytes([c]) * 1_000_000))
+    result = session.execute(SimpleStatement("SELECT c, v FROM blobs WHERE p = 2", fetch_size=5000))
+    first_page = len(result.current_rows)
+    rows = list(result)
+    assert [r.c for r in rows] == list(range(1, 21))
+    assert all(r.v == bytes([r.c]) * 1_000_000 for r in rows)
+    assert first_page < 20, f"one page of {first_page} rows of 1 MB"
+
+
+def test_a_twelve_megabyte_value_is_accepted_under_the_default_limits(session):
+    # Both the default frame and value limits are 16 MiB (a value over the value limit is
+    # tested with smaller limits in crates/sluice/tests/limits.rs).
+    session.execute("CREATE TABLE IF NOT EXISTS blobs (p int, c int, v blob, PRIMARY KEY (p, c))")
+    ins = session.prepare("INSERT INTO blobs (p, c, v) VALUES (?, ?, ?)")
+    session.execute(ins, (3, 0, b"\x01" * 12_000_000))
+    assert len(session.execute("SELECT v FROM blobs WHERE p = 3").one().v) == 12_000_000

@@ -51,7 +51,7 @@ mod tables;
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
-pub use read::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
+pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
@@ -127,7 +127,19 @@ impl Drop for Store {
 
 fn io(e: fjall::Error) -> StorageError {
     tracing::error!(error = ?e, "storage I/O error");
-    StorageError::Io("storage engine error")
+    match e {
+        // fjall refuses every write after one failed (its database is poisoned).
+        fjall::Error::Poisoned => StorageError::Io(crate::limits::STORAGE_FAILED_MESSAGE),
+        fjall::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+            StorageError::Io("no space left on device")
+        }
+        fjall::Error::Storage(fjall::LsmError::Io(e))
+            if e.kind() == std::io::ErrorKind::StorageFull =>
+        {
+            StorageError::Io("no space left on device")
+        }
+        _ => StorageError::Io("storage engine error"),
+    }
 }
 
 /// What one partition lock stripe guards besides the partitions themselves.
@@ -525,5 +537,32 @@ impl Store {
             std::thread::sleep(Duration::from_millis(5));
         }
         tracing::debug!(took = ?started.elapsed(), "memtables flushed at shutdown");
+    }
+}
+
+#[cfg(test)]
+mod io_error_tests {
+    use super::io;
+    use crate::StorageError;
+
+    #[test]
+    fn a_full_disk_and_a_poisoned_engine_are_named_in_the_error() {
+        let enospc = || std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            io(fjall::Error::Io(enospc())),
+            StorageError::Io("no space left on device")
+        );
+        assert_eq!(
+            io(fjall::Error::Storage(fjall::LsmError::Io(enospc()))),
+            StorageError::Io("no space left on device")
+        );
+        assert_eq!(
+            io(fjall::Error::Poisoned),
+            StorageError::Io(crate::STORAGE_FAILED_MESSAGE)
+        );
+        assert_eq!(
+            io(fjall::Error::Io(std::io::Error::other("x"))),
+            StorageError::Io("storage engine error")
+        );
     }
 }

@@ -14,9 +14,15 @@ use std::ops::Bound;
 /// cost stays bounded.
 pub const DEFAULT_TOMBSTONE_FAILURE_THRESHOLD: usize = 100_000;
 
+/// Most stored row bytes one partition read or scan page returns, whatever its row limit:
+/// past it the read stops (at least one row returned) and says there is more, so that a
+/// partition of big rows is read in pieces of bounded memory, never whole.
+pub const MAX_READ_BYTES: usize = 4 << 20;
+
 impl Store {
-    /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
-    /// rows are not returned (`now_secs` = now as epoch seconds).
+    /// `after` (a full clustering key) when given, at most `limit` rows and about
+    /// [`MAX_READ_BYTES`] of them. TTL-expired cells and rows are not returned (`now_secs` = now
+    /// as epoch seconds).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_partition(
         &self,
@@ -115,6 +121,7 @@ impl Store {
             more: false,
         };
         let mut dead = 0usize;
+        let mut bytes = 0usize;
         'ranges: for (i, (range, point)) in ranges.iter().enumerate() {
             let with_header = header_in_range && i == 0;
             let iter: Box<
@@ -155,10 +162,13 @@ impl Store {
                 let row = StoredRow::decode_value(&value)?;
                 match row.live_view(header.deletion_for(clustering), now_secs) {
                     Some(view) => {
-                        if out.rows.len() >= limit {
+                        if out.rows.len() >= limit
+                            || (bytes >= MAX_READ_BYTES && !out.rows.is_empty())
+                        {
                             out.more = true;
                             break 'ranges;
                         }
+                        bytes += value.len();
                         out.rows.push(view);
                     }
                     None => {

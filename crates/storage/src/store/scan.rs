@@ -1,7 +1,7 @@
 //! Token-ordered scans of a table over every store.
 
 use super::merge::MergedRange;
-use super::read::read_header;
+use super::read::{read_header, MAX_READ_BYTES};
 use super::tables::TablesRead;
 use super::Store;
 use crate::keycodec::{self, KIND_HEADER, KIND_ROW};
@@ -14,7 +14,8 @@ use std::ops::Bound;
 
 impl Store {
     /// Token-ordered scan of a table from `start` up to `end` (token bound), returning at most
-    /// `row_limit` rows in total (a partition with only a static row counts as 1) and where to resume.
+    /// `row_limit` rows in total (a partition with only a static row counts as 1), and about
+    /// [`MAX_READ_BYTES`] of them, and where to resume.
     ///
     /// A resumed partition (`ScanStart::Resume`) is returned with its static row, for the
     /// caller to fill static columns, but only when it still has rows; its static row alone
@@ -101,6 +102,7 @@ impl Store {
 
         let mut page = ScanPage::default();
         let mut rows_out = 0usize;
+        let mut bytes = 0usize;
         let mut dead = 0usize;
         // Position after the last item returned: (token, partition key, last clustering key).
         let mut last_pos: Option<(i64, Bytes, Option<Vec<Bytes>>)> = None;
@@ -184,13 +186,14 @@ impl Store {
                         // The static row was counted as this partition's row; its first
                         // live row takes that place.
                         c.static_slot_free = false;
-                    } else if rows_out >= row_limit {
+                    } else if rows_out >= row_limit || (bytes >= MAX_READ_BYTES && rows_out > 0) {
                         c.read.more = true;
                         stopped = true;
                         break;
                     } else {
                         rows_out += 1;
                     }
+                    bytes += value.len();
                     last_pos = Some((
                         c.token,
                         c.partition_key.clone(),
