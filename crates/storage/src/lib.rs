@@ -7,6 +7,8 @@
 
 mod background;
 #[cfg(test)]
+mod conditional_tests;
+#[cfg(test)]
 mod gc_tests;
 mod journal_sync;
 pub mod keycodec;
@@ -21,8 +23,8 @@ mod superseded_tests;
 mod tests;
 
 pub use model::*;
-pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
-pub use store::DEFAULT_TOMBSTONE_FAILURE_THRESHOLD;
+pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage};
+pub use store::{ConditionRead, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD};
 
 use bytes::Bytes;
 use std::ops::Bound;
