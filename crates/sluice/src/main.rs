@@ -137,6 +137,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let engine =
         sluice_engine::Engine::open_with_auth(storage.clone(), node_info(&cfg, host_id), cfg.auth)
             .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+    engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
 
     let mut config = server_config(&cfg, host_id);
     config.tls = tls.clone();
