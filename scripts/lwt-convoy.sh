@@ -4,12 +4,15 @@
 # --lwt-serialize-through-durability on (each LWT holds one of 64 lock stripes until its
 # write is durable, as LWTs did before their condition moved into the storage commit) and
 # once off (the default: the condition is checked under the partition's stripe locks inside
-# the commit, and concurrent LWTs share a group fsync). The modes alternate ROUNDS times,
+# the commit, and concurrent LWTs share a group fsync). Admission control is off, so that
+# every request runs and the figures are those of the LWT path, not of shedding. The modes
+# alternate ROUNDS times,
 # each on a fresh server and data directory, so that a drift of the machine shows.
 # `sluice-lwt-convoy` (crates/bench/src/lwt_convoy.rs) is the client: closed loop,
 # CONCURRENCY requests in flight over 4 connections, a 2 s warm-up then MEASURE_SECONDS measured.
 #
-# Usage: [CONCURRENCY=256] [MEASURE_SECONDS=10] [ROUNDS=2] [SHARDS=2] scripts/lwt-convoy.sh
+# Usage: [CONCURRENCY=256] [MEASURE_SECONDS=10] [ROUNDS=2] [SHARDS=2] [NO_BUILD=1] scripts/lwt-convoy.sh
+# (NO_BUILD=1: use the release binaries already built)
 set -euo pipefail
 CONCURRENCY=${CONCURRENCY:-256}
 SECONDS_MEASURED=${MEASURE_SECONDS:-10}
@@ -20,8 +23,8 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 BIN=$CARGO_TARGET_DIR/release
 
 WORK=$(mktemp -d /tmp/sluice-lwt-convoy.XXXXXX)
-if ! cargo build --release -p sluice -p sluice-bench --bin sluice --bin sluice-lwt-convoy \
-    >"$WORK/build.log" 2>&1; then
+if [ "${NO_BUILD:-0}" != 1 ] && ! cargo build --release -p sluice -p sluice-bench \
+    --bin sluice --bin sluice-lwt-convoy >"$WORK/build.log" 2>&1; then
     cat "$WORK/build.log" >&2
     exit 1
 fi
@@ -61,7 +64,7 @@ for round in $(seq 1 "$ROUNDS"); do
         rm -rf "$WORK/data"
         "$BIN/sluice" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data" \
             --shards "$SHARDS" --shard-aware-port off --metrics-listen off --log warn \
-            --durability batch --lwt-serialize-through-durability "$mode" \
+            --durability batch --admission off --lwt-serialize-through-durability "$mode" \
             >"$WORK/server.log" 2>&1 &
         SERVER=$!
         wait_listening "$port" "$SERVER" "$WORK/server.log"

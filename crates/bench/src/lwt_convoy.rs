@@ -50,6 +50,7 @@ struct Tally {
     not_applied: u64,
     errors: u64,
     micros: Vec<u64>,
+    first_error: Option<String>,
 }
 
 /// Runs the benchmark and prints one result line; Err when nothing succeeded or a
@@ -104,6 +105,9 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
         total.not_applied += t.not_applied;
         total.errors += t.errors;
         total.micros.extend(t.micros);
+        if total.first_error.is_none() {
+            total.first_error = t.first_error;
+        }
     }
     total.micros.sort_unstable();
     let pct = |p: f64| -> f64 {
@@ -129,6 +133,9 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
         c = args.concurrency,
         s = args.seconds,
     );
+    if let Some(e) = &total.first_error {
+        println!("  first error: {e}");
+    }
     if total.applied == 0 {
         bail!("no conditional insert succeeded");
     }
@@ -156,14 +163,26 @@ async fn run_task(
         let k = next_key.fetch_add(1, Ordering::Relaxed);
         let result = session.execute_unpaged(insert, (k, k)).await;
         let counted = sent >= measure_from;
-        let applied = result.ok().and_then(|r| {
-            r.into_rows_result()
-                .ok()?
-                .maybe_first_row::<(bool, Option<i32>, Option<i32>)>()
-                .ok()
-                .flatten()
-                .map(|row| row.0)
-        });
+        let applied = match result {
+            Ok(r) => r
+                .into_rows_result()
+                .map_err(|e| e.to_string())
+                .and_then(|rows| {
+                    rows.maybe_first_row::<(bool, Option<i32>, Option<i32>)>()
+                        .map_err(|e| e.to_string())
+                })
+                .map(|row| row.map(|r| r.0)),
+            Err(e) => Err(e.to_string()),
+        };
+        let applied = match applied {
+            Ok(a) => a,
+            Err(e) => {
+                if tally.first_error.is_none() {
+                    tally.first_error = Some(e);
+                }
+                None
+            }
+        };
         if !counted {
             continue;
         }

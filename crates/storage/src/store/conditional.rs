@@ -82,6 +82,7 @@ impl Store {
                 return Ok(Some(0));
             };
             let timestamp = provisional.max(newest.saturating_add(1));
+            debug_assert!(timestamp > newest || newest == i64::MAX);
             *assigned = Some(timestamp);
             Ok(Some(timestamp - provisional))
         });
