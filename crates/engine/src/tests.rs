@@ -2192,3 +2192,72 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
 
 mod aggregates;
 mod canonical;
+
+#[tokio::test]
+async fn lwt_past_its_deadline_is_a_cas_write_timeout_and_writes_nothing() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'x') IF NOT EXISTS",
+        )
+        .unwrap();
+    let ctx = RequestContext {
+        deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
+        now_micros: crate::now_micros(),
+        ack_barrier: None,
+    };
+    let e = h
+        .engine
+        .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
+        .await
+        .unwrap_err();
+    match e.error {
+        DbError::WriteTimeout { write_type, .. } => {
+            assert_eq!(write_type, sluice_protocol::WriteType::Cas)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn lwt_write_is_ordered_after_a_newer_stored_write() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    // A plain write stamped an hour ahead: last-write-wins at the LWT's own clock would
+    // keep it; the commit moves the LWT's write above it.
+    let future = crate::now_micros() + 3_600_000_000;
+    h.ok(&format!(
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'future') USING TIMESTAMP {future}"
+    ))
+    .await;
+    let r = h
+        .rows_of(
+            "UPDATE ks.t SET v = 'lwt' WHERE pk = 1 AND ck = 1 IF v = 'future'",
+            vec![],
+        )
+        .await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    let rows = h
+        .select(
+            "SELECT v, writetime(v) FROM ks.t WHERE pk = 1 AND ck = 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(ctext(&rows[0][0]), "lwt");
+    let written = cbig(&rows[0][1]);
+    assert!(written > future, "{written} <= {future}");
+    // A later server-stamped plain write is ordered after the LWT.
+    h.ok("UPDATE ks.t SET v = 'after' WHERE pk = 1 AND ck = 1")
+        .await;
+    let rows = h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await;
+    assert_eq!(ctext(&rows[0][0]), "after");
+}
