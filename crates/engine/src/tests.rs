@@ -2261,3 +2261,27 @@ async fn lwt_write_is_ordered_after_a_newer_stored_write() {
         .await;
     assert_eq!(ctext(&rows[0][0]), "after");
 }
+
+#[tokio::test]
+async fn serial_reads_see_the_applied_conditional_write() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.rows_of(
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'cas') IF NOT EXISTS",
+        vec![],
+    )
+    .await;
+    for consistency in [Consistency::Serial, Consistency::LocalSerial] {
+        let params = QueryParameters {
+            consistency,
+            ..QueryParameters::default()
+        };
+        match h
+            .exec_params("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", params)
+            .await
+        {
+            Ok(ResultMessage::Rows(r)) => assert_eq!(ctext(&cells(&r)[0][0]), "cas"),
+            other => panic!("{consistency:?}: {other:?}"),
+        }
+    }
+}
