@@ -2285,3 +2285,65 @@ async fn serial_reads_see_the_applied_conditional_write() {
         }
     }
 }
+
+#[tokio::test]
+async fn transactional_mode_full_orders_plain_writes_by_their_commit() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.tx_full (pk int PRIMARY KEY, v text) WITH transactional_mode = 'full'")
+        .await;
+    h.ok("CREATE TABLE ks.tx_off (pk int PRIMARY KEY, v text) WITH transactional_mode = 'off'")
+        .await;
+    // Two client-stamped writes, the first an hour ahead of the second.
+    let now = crate::now_micros();
+    for table in ["tx_full", "tx_off"] {
+        for (v, ts) in [("ahead", now + 3_600_000_000), ("second", now)] {
+            let params = QueryParameters {
+                values: vec![text(v)],
+                default_timestamp: Some(ts),
+                ..QueryParameters::default()
+            };
+            h.exec_params(
+                &format!("INSERT INTO ks.{table} (pk, v) VALUES (1, ?)"),
+                params,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    // 'full': the commit orders them; 'off': last-write-wins by their own timestamps.
+    let full = h
+        .select("SELECT v FROM ks.tx_full WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(ctext(&full[0][0]), "second");
+    let off = h
+        .select("SELECT v FROM ks.tx_off WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(ctext(&off[0][0]), "ahead");
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_full", vec![]).await)[0][3]);
+    assert!(
+        described.contains("transactional_mode = 'full'"),
+        "{described}"
+    );
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_off", vec![]).await)[0][3]);
+    assert!(!described.contains("transactional_mode"), "{described}");
+    // The option is part of the persisted schema.
+    let mut h = h.reopen();
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_full", vec![]).await)[0][3]);
+    assert!(
+        described.contains("transactional_mode = 'full'"),
+        "{described}"
+    );
+    for bad in ["mixed_reads", "sometimes"] {
+        let e = h
+            .exec(
+                &format!(
+                    "CREATE TABLE ks.bad (pk int PRIMARY KEY) WITH transactional_mode = '{bad}'"
+                ),
+                vec![],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ConfigError, "{bad}");
+    }
+}

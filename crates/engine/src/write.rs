@@ -650,8 +650,59 @@ pub(crate) async fn execute_writes(
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }
+    if commit_assigns_timestamp(entries, batch_ts, &muts) {
+        apply_with_assigned_timestamp(engine, entries, muts, default_ts, ctx.ack_barrier).await?;
+        return Ok(ResultMessage::Void);
+    }
     apply(engine, entries, muts, ctx.ack_barrier).await?;
     Ok(ResultMessage::Void)
+}
+
+/// Whether a plain write gets a commit-assigned timestamp: every table it writes has
+/// `transactional_mode = 'full'` (counters excepted), no statement carries its own
+/// timestamp, and it writes one partition (a batch over several keeps its timestamps).
+fn commit_assigns_timestamp(
+    entries: &[(&WritePlan, &Binder<'_>)],
+    batch_ts: Option<i64>,
+    muts: &[Mutation],
+) -> bool {
+    batch_ts.is_none()
+        && muts.len() == 1
+        && entries.iter().all(|(w, _)| {
+            w.table.options.transactional_mode == crate::catalog::TransactionalMode::Full
+                && !w.table.is_counter()
+                && w.timestamp.is_none()
+        })
+}
+
+/// Applies a one-partition write whose timestamp the commit assigns (above everything
+/// stored in the partition's stripe), then waits as [`apply`] does.
+async fn apply_with_assigned_timestamp(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+    provisional: Option<i64>,
+    ack_barrier: Option<sluice_storage::AckBarrierHeld>,
+) -> Result<(), DetailedError> {
+    let batch = with_layouts(entries, muts)?;
+    let Some((_, first)) = batch.first() else {
+        return Ok(());
+    };
+    let (token, key) = (first.token, first.partition_key.clone());
+    let outcome = engine
+        .storage
+        .apply_conditional(token, &key, &[], 0, &batch, provisional, |_| true)
+        .map_err(storage_error)?;
+    if let Some(ts) = outcome.timestamp {
+        engine.note_write_timestamp(ts);
+    }
+    match outcome.ticket {
+        Some(ticket) => wait_until_durable(engine, ticket, ack_barrier).await,
+        None => Err(DetailedError::new(
+            sluice_protocol::DbError::ServerError,
+            "an unconditional write was not applied",
+        )),
+    }
 }
 
 /// Applies `muts` and waits until they are durable, or only until they are applied when the
