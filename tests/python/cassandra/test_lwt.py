@@ -67,3 +67,15 @@ def test_compare_and_set_increments_racing_plain_writes_lose_nothing(session):
     row = session.execute("SELECT v, w FROM c WHERE k = 3").one()
     assert row.v == threads * increments
     assert row.w == plain_writes - 1
+
+
+def test_transactional_mode_shows_in_the_schema(session):
+    session.execute(
+        "CREATE TABLE IF NOT EXISTS f (k int PRIMARY KEY, v int) WITH transactional_mode = 'full'")
+    session.cluster.refresh_table_metadata("lwt", "f")
+    assert "f" in session.cluster.metadata.keyspaces["lwt"].tables
+    described = session.execute("DESCRIBE TABLE lwt.f").one().create_statement
+    assert "transactional_mode = 'full'" in described
+    session.execute("INSERT INTO f (k, v) VALUES (1, 1)")
+    assert session.execute("UPDATE f SET v = 2 WHERE k = 1 IF v = 1").was_applied
+    assert session.execute("SELECT v FROM f WHERE k = 1").one().v == 2
