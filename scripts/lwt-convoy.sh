@@ -10,6 +10,7 @@
 # each on a fresh server and data directory, so that a drift of the machine shows.
 # `sluice-lwt-convoy` (crates/bench/src/lwt_convoy.rs) is the client: closed loop,
 # CONCURRENCY requests in flight over 4 connections, a 2 s warm-up then MEASURE_SECONDS measured.
+# Then the same for plain INSERTs into a table with transactional_mode 'off' and 'full'.
 #
 # Usage: [CONCURRENCY=256] [MEASURE_SECONDS=10] [ROUNDS=2] [SHARDS=2] [NO_BUILD=1] scripts/lwt-convoy.sh
 # (NO_BUILD=1: use the release binaries already built)
@@ -70,6 +71,27 @@ for round in $(seq 1 "$ROUNDS"); do
         wait_listening "$port" "$SERVER" "$WORK/server.log"
         "$BIN/sluice-lwt-convoy" --node "127.0.0.1:$port" --concurrency "$CONCURRENCY" \
             --seconds "$SECONDS_MEASURED" --label "round $round, serialize-through-durability $mode"
+        kill -TERM "$SERVER"
+        wait "$SERVER" 2>/dev/null || true
+        SERVER=
+    done
+done
+
+# The cost of transactional_mode = 'full' for plain writes (commit-assigned timestamps):
+# plain INSERTs of fresh keys into a table with the mode off, then one with it full.
+echo "plain writes, transactional_mode off vs full"
+for round in $(seq 1 "$ROUNDS"); do
+    for tmode in off full; do
+        port=$(free_port)
+        rm -rf "$WORK/data"
+        "$BIN/sluice" serve --listen "127.0.0.1:$port" --data-dir "$WORK/data" \
+            --shards "$SHARDS" --shard-aware-port off --metrics-listen off --log warn \
+            --durability batch --admission off >"$WORK/server.log" 2>&1 &
+        SERVER=$!
+        wait_listening "$port" "$SERVER" "$WORK/server.log"
+        "$BIN/sluice-lwt-convoy" --node "127.0.0.1:$port" --concurrency "$CONCURRENCY" \
+            --seconds "$SECONDS_MEASURED" --plain --transactional-mode "$tmode" \
+            --label "round $round, plain INSERT, transactional_mode $tmode"
         kill -TERM "$SERVER"
         wait "$SERVER" 2>/dev/null || true
         SERVER=

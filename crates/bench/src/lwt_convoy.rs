@@ -41,6 +41,13 @@ pub struct ConvoyArgs {
     /// Seconds run before measuring.
     #[arg(long, default_value_t = 2)]
     pub warm_up_seconds: u64,
+    /// Run plain `INSERT`s instead of `INSERT ... IF NOT EXISTS` (the cost of
+    /// `transactional_mode = 'full'` for plain writes).
+    #[arg(long)]
+    pub plain: bool,
+    /// The table's `transactional_mode` ('off' or 'full').
+    #[arg(long, default_value = "off")]
+    pub transactional_mode: String,
 }
 
 /// What one task saw in the measured window.
@@ -55,6 +62,7 @@ struct Tally {
 
 /// Runs the benchmark and prints one result line; Err when nothing succeeded or a
 /// conditional insert on a fresh key was not applied (the benchmark would be wrong).
+/// With `--plain`, plain inserts of fresh keys instead.
 pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.seconds == 0 {
         bail!("--concurrency and --seconds must be at least 1");
@@ -73,14 +81,22 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
             "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
              {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
         ),
-        format!("CREATE TABLE IF NOT EXISTS {KEYSPACE}.t (k int PRIMARY KEY, v int)"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {KEYSPACE}.t_{mode} (k int PRIMARY KEY, v int) \
+             WITH transactional_mode = '{mode}'",
+            mode = args.transactional_mode
+        ),
     ] {
         conn.ddl(&ddl)
             .await
             .map_err(anyhow::Error::msg)
             .with_context(|| ddl.clone())?;
     }
-    let cql = format!("INSERT INTO {KEYSPACE}.t (k, v) VALUES (?, ?) IF NOT EXISTS");
+    let condition = if args.plain { "" } else { " IF NOT EXISTS" };
+    let cql = format!(
+        "INSERT INTO {KEYSPACE}.t_{mode} (k, v) VALUES (?, ?){condition}",
+        mode = args.transactional_mode
+    );
     let insert = Arc::new(
         conn.session
             .prepare(cql.as_str())
@@ -96,7 +112,10 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
         let session = conn.session.clone();
         let insert = insert.clone();
         let next_key = next_key.clone();
-        tasks.spawn(async move { run_task(&session, &insert, &next_key, measure_from, end).await });
+        let plain = args.plain;
+        tasks.spawn(async move {
+            run_task(&session, &insert, plain, &next_key, measure_from, end).await
+        });
     }
     let mut total = Tally::default();
     while let Some(done) = tasks.join_next().await {
@@ -120,10 +139,11 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
     };
     let per_second = total.applied as f64 / args.seconds as f64;
     println!(
-        "{label}: {per_second:.0} LWT/s  p50 {p50:.2} ms  p99 {p99:.2} ms  max {max:.2} ms  \
+        "{label}: {per_second:.0} {unit}/s  p50 {p50:.2} ms  p99 {p99:.2} ms  max {max:.2} ms  \
          applied {applied}  not-applied {not_applied}  errors {errors}  \
          (concurrency {c}, {s} s)",
         label = args.label,
+        unit = if args.plain { "writes" } else { "LWT" },
         p50 = pct(0.50),
         p99 = pct(0.99),
         max = pct(1.0),
@@ -150,6 +170,7 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
 async fn run_task(
     session: &scylla::client::session::Session,
     insert: &PreparedStatement,
+    plain: bool,
     next_key: &AtomicI32,
     measure_from: Instant,
     end: Instant,
@@ -164,6 +185,8 @@ async fn run_task(
         let result = session.execute_unpaged(insert, (k, k)).await;
         let counted = sent >= measure_from;
         let applied = match result {
+            // A plain write that succeeded is applied.
+            Ok(_) if plain => Ok(Some(true)),
             Ok(r) => r
                 .into_rows_result()
                 .map_err(|e| e.to_string())
