@@ -108,6 +108,33 @@ pub struct TableOptions {
     pub memtable: String,
     /// ScyllaDB's `per_partition_rate_limit`.
     pub per_partition_rate_limit: Option<RateLimits>,
+    /// Cassandra 6's `transactional_mode`.
+    #[serde(default)]
+    pub transactional_mode: TransactionalMode,
+}
+
+/// How plain writes to a table are ordered with its lightweight transactions
+/// (Cassandra 6's `transactional_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransactionalMode {
+    /// Plain writes keep their own timestamps: last-write-wins between them and LWTs.
+    #[default]
+    Off,
+    /// A plain write to one partition gets a commit-assigned timestamp, above every write
+    /// stored in its partition's stripe, as an LWT does: plain writes and LWTs are then
+    /// linearizable together.
+    Full,
+}
+
+impl TransactionalMode {
+    /// The option's value as CQL spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransactionalMode::Off => "off",
+            TransactionalMode::Full => "full",
+        }
+    }
 }
 
 fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -147,6 +174,7 @@ impl Default for TableOptions {
             speculative_retry: "99p".into(),
             memtable: "default".into(),
             per_partition_rate_limit: None,
+            transactional_mode: TransactionalMode::Off,
         }
     }
 }

@@ -218,6 +218,20 @@ pub(crate) fn apply_table_options(
             "per_partition_rate_limit" => {
                 o.per_partition_rate_limit = crate::rate_limit_option::parse(v)?;
             }
+            "transactional_mode" => {
+                o.transactional_mode = match string()?.as_str() {
+                    "off" => crate::catalog::TransactionalMode::Off,
+                    "full" => crate::catalog::TransactionalMode::Full,
+                    "mixed_reads" => return Err(config_error(
+                        "transactional_mode 'mixed_reads' is not supported; use 'off' or 'full'",
+                    )),
+                    _ => {
+                        return Err(config_error(
+                            "Invalid value for property 'transactional_mode': use 'off' or 'full'",
+                        ))
+                    }
+                };
+            }
             "id" => return Err(invalid("Cannot set or alter table id")),
             other => {
                 return Err(DetailedError::new(

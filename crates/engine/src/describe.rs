@@ -168,6 +168,12 @@ pub fn table_cql(t: &TableDef) -> String {
         "speculative_retry = {}",
         quoted(&o.speculative_retry)
     ));
+    if o.transactional_mode != crate::catalog::TransactionalMode::Off {
+        opts.push(format!(
+            "transactional_mode = {}",
+            quoted(o.transactional_mode.name())
+        ));
+    }
     s.push_str(&opts.join("\n    AND "));
     s.push(';');
     s

@@ -282,6 +282,9 @@ impl Prepared {
 /// ~300 instructions per lookup; the seed keeps clients from aiming collisions.
 type PreparedIdHash = foldhash::fast::RandomState;
 
+/// Lock stripes of the LWT benchmark switch (as many as the per-token LWT locks had).
+const LWT_SERIALIZER_STRIPES: usize = 64;
+
 /// The query engine, shared by all shards.
 pub struct Engine {
     storage: Storage,
@@ -293,7 +296,10 @@ pub struct Engine {
     events: broadcast::Sender<SchemaChange>,
     list_clock: AtomicU64,
     last_write_ts: std::sync::atomic::AtomicI64,
-    lwt_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Benchmark switch: when on, an LWT holds one of `lwt_serializer`'s stripes until its
+    /// write is durable (the behaviour before conditions moved into the storage commit).
+    lwt_serialize_through_durability: std::sync::atomic::AtomicBool,
+    lwt_serializer: Box<[tokio::sync::Mutex<()>]>,
     auth: auth::AuthState,
 }
 
@@ -362,7 +368,10 @@ impl Engine {
             events,
             list_clock: AtomicU64::new(0),
             last_write_ts: std::sync::atomic::AtomicI64::new(i64::MIN),
-            lwt_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            lwt_serialize_through_durability: std::sync::atomic::AtomicBool::new(false),
+            lwt_serializer: (0..LWT_SERIALIZER_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             auth,
         }))
     }
@@ -908,9 +917,29 @@ impl Engine {
         self.list_clock.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The lock stripe serialising conditional updates of one partition.
-    pub(crate) fn lwt_lock(&self, token: i64) -> &tokio::sync::Mutex<()> {
-        let i = (token as u64 % self.lwt_locks.len() as u64) as usize;
-        &self.lwt_locks[i]
+    /// Benchmark switch (`--lwt-serialize-through-durability`): when on, every LWT holds a
+    /// per-token lock stripe until its write is durable, as before conditions were checked
+    /// inside the storage commit, so that both can be measured in one run. Off by default.
+    pub fn set_lwt_serialize_through_durability(&self, on: bool) {
+        self.lwt_serialize_through_durability
+            .store(on, Ordering::Relaxed);
+    }
+
+    /// The LWT's serializing stripe when the benchmark switch is on.
+    pub(crate) fn lwt_durability_serializer(&self, token: i64) -> Option<&tokio::sync::Mutex<()>> {
+        if !self
+            .lwt_serialize_through_durability
+            .load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let i = (token as u64 % self.lwt_serializer.len() as u64) as usize;
+        self.lwt_serializer.get(i)
+    }
+
+    /// Keeps later server-assigned write timestamps above `ts`, one a conditional commit
+    /// assigned, so that this node's writes after an LWT are ordered after it.
+    pub(crate) fn note_write_timestamp(&self, ts: i64) {
+        self.last_write_ts.fetch_max(ts, Ordering::Relaxed);
     }
 }

@@ -81,31 +81,40 @@ fn parse_limit(key: &str, v: &OptionValue) -> Result<u32, DetailedError> {
 /// The `extensions` cell of `system_schema.tables`: ScyllaDB keeps the option there as the
 /// schema extension `per_partition_rate_limit`, whose blob is its IDL serialization of a
 /// `map<sstring, sstring>` (u32 little-endian count, then u32 length + bytes per string).
-/// An empty map when the table has no limit.
-pub(crate) fn extensions_cell(rl: Option<&RateLimits>) -> bytes::Bytes {
-    let Some(rl) = rl else {
-        return crate::codec::map(std::iter::empty());
-    };
-    let entries: Vec<(&str, String)> = [
-        (MAX_READS, rl.max_reads_per_second),
-        (MAX_WRITES, rl.max_writes_per_second),
-    ]
-    .into_iter()
-    .filter_map(|(k, v)| v.map(|v| (k, v.to_string())))
-    .collect();
-    let mut blob = Vec::with_capacity(64);
-    let mut put = |s: &[u8]| {
-        blob.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        blob.extend_from_slice(s);
-    };
-    let mut count = Vec::new();
-    count.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (k, v) in &entries {
-        put(k.as_bytes());
-        put(v.as_bytes());
+/// A `transactional_mode` other than 'off' is there too, its value as text. An empty map
+/// when the table has neither.
+pub(crate) fn extensions_cell(
+    rl: Option<&RateLimits>,
+    mode: crate::catalog::TransactionalMode,
+) -> bytes::Bytes {
+    let mut cells: Vec<(&[u8], Vec<u8>)> = Vec::new();
+    if let Some(rl) = rl {
+        let entries: Vec<(&str, String)> = [
+            (MAX_READS, rl.max_reads_per_second),
+            (MAX_WRITES, rl.max_writes_per_second),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v.to_string())))
+        .collect();
+        let mut blob = Vec::with_capacity(64);
+        let mut put = |s: &[u8]| {
+            blob.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            blob.extend_from_slice(s);
+        };
+        let mut count = Vec::new();
+        count.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for (k, v) in &entries {
+            put(k.as_bytes());
+            put(v.as_bytes());
+        }
+        count.extend_from_slice(&blob);
+        cells.push((OPTION_NAME.as_bytes(), count));
     }
-    count.extend_from_slice(&blob);
-    crate::codec::map([(OPTION_NAME.as_bytes(), count.as_slice())])
+    // Shown only when set, so tables without it look as they do in Cassandra 5.0.
+    if mode != crate::catalog::TransactionalMode::Off {
+        cells.push((b"transactional_mode", mode.name().as_bytes().to_vec()));
+    }
+    crate::codec::map(cells.iter().map(|(k, v)| (*k, v.as_slice())))
 }
 
 impl RateLimits {
@@ -257,13 +266,21 @@ mod tests {
 
     #[test]
     fn extensions_cell_holds_the_serialized_map() {
-        let empty = extensions_cell(None);
+        use crate::catalog::TransactionalMode;
+        let empty = extensions_cell(None, TransactionalMode::Off);
         assert_eq!(&empty[..], &0i32.to_be_bytes());
+        let full = extensions_cell(None, TransactionalMode::Full);
+        let pairs = crate::codec::split_map(&full).unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(
+            (&pairs[0].0[..], &pairs[0].1[..]),
+            (&b"transactional_mode"[..], &b"full"[..])
+        );
         let rl = RateLimits {
             max_reads_per_second: None,
             max_writes_per_second: Some(10),
         };
-        let cell = extensions_cell(Some(&rl));
+        let cell = extensions_cell(Some(&rl), TransactionalMode::Off);
         let pairs = crate::codec::split_map(&cell).unwrap();
         assert_eq!(pairs.len(), 1);
         assert_eq!(&pairs[0].0[..], OPTION_NAME.as_bytes());

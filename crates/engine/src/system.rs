@@ -663,6 +663,7 @@ fn option_cells(o: &TableOptions) -> Vec<(&'static str, Option<Bytes>)> {
             "extensions",
             Some(crate::rate_limit_option::extensions_cell(
                 o.per_partition_rate_limit.as_ref(),
+                o.transactional_mode,
             )),
         ),
         ("gc_grace_seconds", Some(codec::int(o.gc_grace_seconds))),

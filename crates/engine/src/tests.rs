@@ -2347,3 +2347,158 @@ async fn token_replicas_are_served_by_key() {
         .await;
     assert!(e.message.contains("read by key"), "{}", e.message);
 }
+
+#[tokio::test]
+async fn lwt_past_its_deadline_is_a_cas_write_timeout_and_writes_nothing() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let p = h
+        .engine
+        .prepare(
+            None,
+            "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'x') IF NOT EXISTS",
+        )
+        .unwrap();
+    let ctx = RequestContext {
+        deadline: Some(std::time::Instant::now() - Duration::from_millis(1)),
+        now_micros: crate::now_micros(),
+        ack_barrier: None,
+    };
+    let e = h
+        .engine
+        .execute(&mut h.session, &p, &QueryParameters::default(), &ctx)
+        .await
+        .unwrap_err();
+    match e.error {
+        DbError::WriteTimeout { write_type, .. } => {
+            assert_eq!(write_type, sluice_protocol::WriteType::Cas)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn lwt_write_is_ordered_after_a_newer_stored_write() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    // A plain write stamped an hour ahead: last-write-wins at the LWT's own clock would
+    // keep it; the commit moves the LWT's write above it.
+    let future = crate::now_micros() + 3_600_000_000;
+    h.ok(&format!(
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'future') USING TIMESTAMP {future}"
+    ))
+    .await;
+    let r = h
+        .rows_of(
+            "UPDATE ks.t SET v = 'lwt' WHERE pk = 1 AND ck = 1 IF v = 'future'",
+            vec![],
+        )
+        .await;
+    assert_eq!(cells(&r)[0][0].as_deref(), Some(&[1u8][..]));
+    let rows = h
+        .select(
+            "SELECT v, writetime(v) FROM ks.t WHERE pk = 1 AND ck = 1",
+            vec![],
+        )
+        .await;
+    assert_eq!(ctext(&rows[0][0]), "lwt");
+    let written = cbig(&rows[0][1]);
+    assert!(written > future, "{written} <= {future}");
+    // A later server-stamped plain write is ordered after the LWT.
+    h.ok("UPDATE ks.t SET v = 'after' WHERE pk = 1 AND ck = 1")
+        .await;
+    let rows = h
+        .select("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", vec![])
+        .await;
+    assert_eq!(ctext(&rows[0][0]), "after");
+}
+
+#[tokio::test]
+async fn serial_reads_see_the_applied_conditional_write() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.rows_of(
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'cas') IF NOT EXISTS",
+        vec![],
+    )
+    .await;
+    for consistency in [Consistency::Serial, Consistency::LocalSerial] {
+        let params = QueryParameters {
+            consistency,
+            ..QueryParameters::default()
+        };
+        match h
+            .exec_params("SELECT v FROM ks.t WHERE pk = 1 AND ck = 1", params)
+            .await
+        {
+            Ok(ResultMessage::Rows(r)) => assert_eq!(ctext(&cells(&r)[0][0]), "cas"),
+            other => panic!("{consistency:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn transactional_mode_full_orders_plain_writes_by_their_commit() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.tx_full (pk int PRIMARY KEY, v text) WITH transactional_mode = 'full'")
+        .await;
+    h.ok("CREATE TABLE ks.tx_off (pk int PRIMARY KEY, v text) WITH transactional_mode = 'off'")
+        .await;
+    // Two client-stamped writes, the first an hour ahead of the second.
+    let now = crate::now_micros();
+    for table in ["tx_full", "tx_off"] {
+        for (v, ts) in [("ahead", now + 3_600_000_000), ("second", now)] {
+            let params = QueryParameters {
+                values: vec![text(v)],
+                default_timestamp: Some(ts),
+                ..QueryParameters::default()
+            };
+            h.exec_params(
+                &format!("INSERT INTO ks.{table} (pk, v) VALUES (1, ?)"),
+                params,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    // 'full': the commit orders them; 'off': last-write-wins by their own timestamps.
+    let full = h
+        .select("SELECT v FROM ks.tx_full WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(ctext(&full[0][0]), "second");
+    let off = h
+        .select("SELECT v FROM ks.tx_off WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(ctext(&off[0][0]), "ahead");
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_full", vec![]).await)[0][3]);
+    assert!(
+        described.contains("transactional_mode = 'full'"),
+        "{described}"
+    );
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_off", vec![]).await)[0][3]);
+    assert!(!described.contains("transactional_mode"), "{described}");
+    // The option is part of the persisted schema.
+    let mut h = h.reopen();
+    let described = ctext(&cells(&h.rows_of("DESCRIBE TABLE ks.tx_full", vec![]).await)[0][3]);
+    assert!(
+        described.contains("transactional_mode = 'full'"),
+        "{described}"
+    );
+    for bad in ["mixed_reads", "sometimes"] {
+        let e = h
+            .exec(
+                &format!(
+                    "CREATE TABLE ks.bad (pk int PRIMARY KEY) WITH transactional_mode = '{bad}'"
+                ),
+                vec![],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ConfigError, "{bad}");
+    }
+}

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use sluice_cql::ast::BatchKind;
 use sluice_protocol::{ColumnSpec, Consistency, DetailedError, ResultMessage, Value, WriteType};
 use sluice_storage::{
-    CellValue, CellWrite, ClusteringSlice, Liveness, Mutation, RangeDeletion, ReadRow, RowMutation,
-    TableLayout,
+    CellValue, CellWrite, ClusteringSlice, ConditionRead, Liveness, Mutation, PartitionRead,
+    RangeDeletion, ReadRow, RowMutation, TableLayout,
 };
 use sluice_types::{CqlType, NativeType};
 use std::borrow::Cow;
@@ -652,8 +652,59 @@ pub(crate) async fn execute_writes(
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }
+    if commit_assigns_timestamp(entries, batch_ts, &muts) {
+        apply_with_assigned_timestamp(engine, entries, muts, default_ts, ctx.ack_barrier).await?;
+        return Ok(ResultMessage::Void);
+    }
     apply(engine, entries, muts, ctx.ack_barrier).await?;
     Ok(ResultMessage::Void)
+}
+
+/// Whether a plain write gets a commit-assigned timestamp: every table it writes has
+/// `transactional_mode = 'full'` (counters excepted), no statement carries its own
+/// timestamp, and it writes one partition (a batch over several keeps its timestamps).
+fn commit_assigns_timestamp(
+    entries: &[(&WritePlan, &Binder<'_>)],
+    batch_ts: Option<i64>,
+    muts: &[Mutation],
+) -> bool {
+    batch_ts.is_none()
+        && muts.len() == 1
+        && entries.iter().all(|(w, _)| {
+            w.table.options.transactional_mode == crate::catalog::TransactionalMode::Full
+                && !w.table.is_counter()
+                && w.timestamp.is_none()
+        })
+}
+
+/// Applies a one-partition write whose timestamp the commit assigns (above everything
+/// stored in the partition's stripe), then waits as [`apply`] does.
+async fn apply_with_assigned_timestamp(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+    provisional: Option<i64>,
+    ack_barrier: Option<sluice_storage::AckBarrierHeld>,
+) -> Result<(), DetailedError> {
+    let batch = with_layouts(entries, muts)?;
+    let Some((_, first)) = batch.first() else {
+        return Ok(());
+    };
+    let (token, key) = (first.token, first.partition_key.clone());
+    let outcome = engine
+        .storage
+        .apply_conditional(token, &key, &[], 0, &batch, provisional, |_| true)
+        .map_err(storage_error)?;
+    if let Some(ts) = outcome.timestamp {
+        engine.note_write_timestamp(ts);
+    }
+    match outcome.ticket {
+        Some(ticket) => wait_until_durable(engine, ticket, ack_barrier).await,
+        None => Err(DetailedError::new(
+            sluice_protocol::DbError::ServerError,
+            "an unconditional write was not applied",
+        )),
+    }
 }
 
 /// Applies `muts` and waits until they are durable, or only until they are applied when the
@@ -689,6 +740,41 @@ async fn apply(
         .map_err(storage_error)
 }
 
+/// Pairs each mutation with its table's layout.
+fn with_layouts<'p>(
+    entries: &[(&'p WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+) -> Result<Vec<(&'p TableLayout, Mutation)>, DetailedError> {
+    muts.into_iter()
+        .map(|m| {
+            entries
+                .iter()
+                .find(|(w, _)| *w.table.id.as_bytes() == m.table)
+                .map(|(w, _)| (&w.table.layout, m))
+                .ok_or_else(|| invalid("Mutation for an unknown table"))
+        })
+        .collect()
+}
+
+/// Waits until `ticket`'s write is durable, or only until it is applied when the caller's
+/// acknowledgement barrier will make it durable.
+async fn wait_until_durable(
+    engine: &Engine,
+    ticket: sluice_storage::CommitTicket,
+    ack_barrier: Option<sluice_storage::AckBarrierHeld>,
+) -> Result<(), DetailedError> {
+    if let Some(held) = ack_barrier {
+        if engine.storage.durable_at_ack_barrier(&ticket, held) {
+            return Ok(());
+        }
+    }
+    engine
+        .storage
+        .wait_durable(ticket)
+        .await
+        .map_err(storage_error)
+}
+
 /// The single row a conditional statement checks: its clustering key (empty for the
 /// static row or tables without clustering columns).
 fn condition_row(w: &WritePlan, b: &Binder) -> Result<Vec<Bytes>, DetailedError> {
@@ -709,16 +795,18 @@ fn condition_row(w: &WritePlan, b: &Binder) -> Result<Vec<Bytes>, DetailedError>
     }
 }
 
-/// Checks one statement's condition against the current row; returns whether it holds
-/// and the row's cells as shown in the result (table columns, ScyllaDB style).
-fn check_condition(
-    engine: &Engine,
-    w: &WritePlan,
+/// What one conditional statement checks, prepared before the partition's locks: the
+/// row it reads and its column conditions with their operands bound.
+struct ConditionInputs<'p> {
+    plan: &'p WritePlan,
+    filters: Vec<crate::read::ResolvedFilter>,
+}
+
+/// The row a statement's condition reads and its bound column conditions.
+fn condition_inputs<'p>(
+    w: &'p WritePlan,
     b: &Binder,
-    pk: &PartitionKey,
-    now_secs: u32,
-) -> Result<(bool, Vec<Option<Bytes>>), DetailedError> {
-    let t = &*w.table;
+) -> Result<(ConditionRead<'p>, ConditionInputs<'p>), DetailedError> {
     let ck = condition_row(w, b)?;
     let filters = match &w.condition {
         Some(CondPlan::Columns(fs)) => resolve_filters(b, fs)?,
@@ -732,10 +820,20 @@ fn check_condition(
             reversed: false,
         }
     };
-    let read = engine
-        .storage
-        .read_partition(&t.layout, pk.token, &pk.key, &slice, None, 1, now_secs)
-        .map_err(storage_error)?;
+    let read = ConditionRead {
+        layout: &w.table.layout,
+        slice,
+        limit: 1,
+    };
+    Ok((read, ConditionInputs { plan: w, filters }))
+}
+
+/// The row a condition read, as the result and the condition see it.
+fn condition_source<'r>(
+    w: &WritePlan,
+    read: &'r PartitionRead,
+    pk: &'r PartitionKey,
+) -> (crate::read::StoredRow<'r>, bool) {
     let row: Option<&ReadRow> = if w.static_only {
         None
     } else {
@@ -753,26 +851,41 @@ fn check_condition(
         stat,
         token: pk.token,
     };
-    let applied = match &w.condition {
+    (src, exists)
+}
+
+/// Whether one statement's condition holds on the row it read (run under the partition's
+/// stripe locks: comparisons only).
+fn condition_holds(
+    inputs: &ConditionInputs<'_>,
+    read: &PartitionRead,
+    pk: &PartitionKey,
+) -> Result<bool, DetailedError> {
+    let w = inputs.plan;
+    let t = &*w.table;
+    let (src, exists) = condition_source(w, read, pk);
+    Ok(match &w.condition {
         Some(CondPlan::NotExists) => !exists,
         Some(CondPlan::Exists) => exists,
         Some(CondPlan::Columns(_)) => {
-            let mut ok = true;
-            for f in &filters {
+            for f in &inputs.filters {
                 let v = crate::read::RowSource::value(&src, t, f.col());
                 if !filter_matches(t, f, v.as_ref())? {
-                    ok = false;
-                    break;
+                    return Ok(false);
                 }
             }
-            ok
+            true
         }
         None => true,
-    };
-    // Key and regular columns are shown only for an existing row; static columns
-    // whenever the partition has them.
-    let cells = t
-        .columns
+    })
+}
+
+/// The row's cells as shown in the result (table columns, ScyllaDB style): key and
+/// regular columns only for an existing row; static columns whenever the partition has them.
+fn shown_cells(w: &WritePlan, read: &PartitionRead, pk: &PartitionKey) -> Vec<Option<Bytes>> {
+    let t = &*w.table;
+    let (src, exists) = condition_source(w, read, pk);
+    t.columns
         .iter()
         .enumerate()
         .map(|(ci, c)| {
@@ -782,13 +895,13 @@ fn check_condition(
                 None
             }
         })
-        .collect();
-    Ok((applied, cells))
+        .collect()
 }
 
 /// Executes conditional statements (one, or a conditional batch on one partition): read,
-/// check every condition, and write everything only if all hold, under the partition's
-/// lock stripe. The result has one row per conditional statement: `[applied]` then the
+/// check every condition, and write everything only if all hold, inside the storage commit
+/// under the partition's stripe locks (which plain writes take too); durability is awaited
+/// after they are released, so concurrent LWTs share an fsync. The result has one row per conditional statement: `[applied]` then the
 /// row as it was (ScyllaDB's stable layout).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn execute_conditional(
@@ -828,35 +941,75 @@ pub(crate) async fn execute_conditional(
         return Ok(ResultMessage::Void);
     };
     let t = &*first.table;
-    let _guard = engine.lwt_lock(pk.token).lock().await;
+    // Benchmark switch only: the old behaviour, one LWT per lock stripe until durable.
+    let _serialized = match engine.lwt_durability_serializer(pk.token) {
+        Some(stripe) => Some(stripe.lock().await),
+        None => None,
+    };
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, WriteType::Cas));
     }
     let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
-    let mut applied = true;
-    let mut shown = Vec::new();
+    // Everything but the check itself is prepared before the partition's locks.
+    let mut reads = Vec::new();
+    let mut conditions = Vec::new();
     for (w, b) in entries.iter().filter(|(w, _)| w.condition.is_some()) {
-        let (ok, cells) = check_condition(engine, w, b, &pk, now_secs)?;
-        applied &= ok;
-        shown.push(cells);
+        let (read, inputs) = condition_inputs(w, b)?;
+        reads.push(read);
+        conditions.push(inputs);
     }
+    let mut muts = Vec::new();
+    for (w, b) in entries {
+        build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
+    }
+    let batch = with_layouts(entries, merge_mutations(muts))?;
+    // The commit moves the write above what the partition's stripe stores, unless the
+    // statements carry their own timestamp.
+    let provisional = (batch_ts.is_none() && entries.iter().all(|(w, _)| w.timestamp.is_none()))
+        .then_some(default_ts)
+        .flatten();
+    let mut failure = None;
+    let outcome = engine
+        .storage
+        .apply_conditional(
+            pk.token,
+            &pk.key,
+            &reads,
+            now_secs,
+            &batch,
+            provisional,
+            |found| {
+                for (inputs, read) in conditions.iter().zip(found) {
+                    match condition_holds(inputs, read, &pk) {
+                        Ok(true) => {}
+                        Ok(false) => return false,
+                        Err(e) => {
+                            failure = Some(e);
+                            return false;
+                        }
+                    }
+                }
+                true
+            },
+        )
+        .map_err(storage_error)?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let applied = outcome.applied();
     let specs = lwt_result_specs(t);
     let mut rows = RowsBuilder::new(specs.len());
-    for cells in &shown {
+    for (inputs, read) in conditions.iter().zip(&outcome.reads) {
         rows.cell(Some(&[applied as u8]));
-        for c in cells {
+        for c in shown_cells(inputs.plan, read, &pk) {
             rows.cell(c.as_deref());
         }
     }
-    if applied {
-        let mut muts = Vec::new();
-        for (w, b) in entries {
-            build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
+    if let Some(ticket) = outcome.ticket {
+        if let Some(ts) = outcome.timestamp {
+            engine.note_write_timestamp(ts);
         }
-        let muts = merge_mutations(muts);
-        if !muts.is_empty() {
-            apply(engine, entries, muts, ctx.ack_barrier).await?;
-        }
+        wait_until_durable(engine, ticket, ctx.ack_barrier).await?;
     }
     Ok(ResultMessage::Rows(rows.finish(
         specs.into(),

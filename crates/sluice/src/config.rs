@@ -280,6 +280,17 @@ pub struct ServeArgs {
     )]
     pub test_only_service_delay: Option<String>,
 
+    /// BENCHMARK ONLY: `on` makes every LWT hold a per-token lock stripe until its write is
+    /// durable, as before conditions were checked inside the storage commit, to measure the
+    /// convoy that caused [default: off].
+    #[arg(
+        long,
+        env = "SLUICE_LWT_SERIALIZE_THROUGH_DURABILITY",
+        value_name = "on|off",
+        hide = true
+    )]
+    pub lwt_serialize_through_durability: Option<String>,
+
     /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
     /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
     #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
@@ -421,6 +432,8 @@ pub struct ResolvedConfig {
     pub transparent_huge_pages: bool,
     /// TEST ONLY: service time added to every execution.
     pub test_only_service_delay: Option<Duration>,
+    /// BENCHMARK ONLY: LWTs hold a lock stripe until durable (the old convoy).
+    pub lwt_serialize_through_durability: bool,
     /// Log filter, if given (else RUST_LOG, else info).
     pub log: Option<String>,
     /// Authentication and authorization.
@@ -782,6 +795,12 @@ impl ServeArgs {
                 false,
             )?,
             test_only_service_delay,
+            lwt_serialize_through_durability: on_off(
+                "lwt-serialize-through-durability",
+                &self.lwt_serialize_through_durability,
+                &None,
+                false,
+            )?,
             log: self.log.clone().or(file.log),
             auth,
             tls,
@@ -1292,6 +1311,7 @@ mod tests {
         assert_eq!(c.max_inflight_bytes_per_connection, 8 << 20);
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
+        assert!(!c.lwt_serialize_through_durability);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
         assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
@@ -1304,12 +1324,13 @@ mod tests {
             admission_shed_at_enqueue: Some("OFF".into()),
             admission_reject_over_cap: Some("off".into()),
             admission_lifo: Some("on".into()),
+            lwt_serialize_through_durability: Some("on".into()),
             ..ServeArgs::default()
         }
         .resolve()
-        .unwrap()
-        .admission
         .unwrap();
+        assert!(hidden_off.lwt_serialize_through_durability);
+        let hidden_off = hidden_off.admission.unwrap();
         assert_eq!(hidden_off.lag_probe, None);
         assert!(!hidden_off.shed_at_enqueue && !hidden_off.reject_over_cap && hidden_off.lifo);
         let cfg = hidden_off.to_config();

@@ -152,6 +152,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         cfg.auth,
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
+    engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
 
     let mut config = server_config(&cfg, host_id);
     config.tls = tls.clone();

@@ -7,6 +7,8 @@
 
 mod background;
 #[cfg(test)]
+mod conditional_tests;
+#[cfg(test)]
 mod gc_tests;
 mod journal_sync;
 pub mod keycodec;
@@ -26,8 +28,8 @@ pub use limits::{
     DISK_FULL_MESSAGE, STORAGE_FAILED_MESSAGE,
 };
 pub use model::*;
-pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, Storage};
-pub use store::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
+pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage};
+pub use store::{ConditionRead, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 
 use bytes::Bytes;
 use std::ops::Bound;

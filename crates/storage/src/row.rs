@@ -423,6 +423,24 @@ impl StoredRow {
         });
     }
 
+    /// Moves every timestamp in the row by `delta` µs (a conditional commit that assigns its
+    /// write timestamp under the lock keeps the offsets between them, e.g. a collection's
+    /// replacement tombstone one below its elements).
+    pub(crate) fn shift_timestamps(&mut self, delta: i64) {
+        for c in &mut self.cells {
+            c.timestamp = c.timestamp.saturating_add(delta);
+        }
+        for (_, ts) in &mut self.collection_deletions {
+            *ts = ts.saturating_add(delta);
+        }
+        if let Some(l) = &mut self.liveness {
+            l.timestamp = l.timestamp.saturating_add(delta);
+        }
+        if let Some(d) = &mut self.deletion {
+            *d = d.saturating_add(delta);
+        }
+    }
+
     /// Every timestamp in the row: cells, collection deletions, liveness, row deletion.
     fn timestamps(&self) -> impl Iterator<Item = i64> + '_ {
         let cells = self.cells.iter().map(|c| c.timestamp);
@@ -619,6 +637,19 @@ impl StoredRow {
 }
 
 impl PartitionHeader {
+    /// Moves every timestamp in the header by `delta` µs (see [`StoredRow::shift_timestamps`]).
+    pub(crate) fn shift_timestamps(&mut self, delta: i64) {
+        if let Some(d) = &mut self.deletion {
+            *d = d.saturating_add(delta);
+        }
+        for t in &mut self.range_tombstones {
+            t.timestamp = t.timestamp.saturating_add(delta);
+        }
+        if let Some(row) = &mut self.static_row {
+            row.shift_timestamps(delta);
+        }
+    }
+
     /// The newest timestamp in the header (deletions, range tombstones, static row).
     pub fn max_timestamp(&self) -> i64 {
         let tombstones = self.range_tombstones.iter().map(|t| t.timestamp);

@@ -15,7 +15,7 @@
 
 use crate::limits::{DiskSpace, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
-use crate::store::{take_batchlog_len, Prepared, Store};
+use crate::store::{take_batchlog_len, ConditionRead, Prepared, Store};
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
 use bytes::Bytes;
 use std::ops::Bound;
@@ -92,6 +92,25 @@ impl std::fmt::Debug for Storage {
 /// Proof that a write was applied; wait on it with `Storage::wait_durable`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitTicket(Ticket);
+
+/// What [`Storage::apply_conditional`] did.
+#[derive(Debug)]
+pub struct ConditionalOutcome {
+    /// Set when the condition held and the write was applied: await it with
+    /// [`Storage::wait_durable`].
+    pub ticket: Option<CommitTicket>,
+    /// The condition's reads as they were under the locks, in the order asked.
+    pub reads: Vec<PartitionRead>,
+    /// The write timestamp the commit assigned, when asked to assign one and it wrote.
+    pub timestamp: Option<i64>,
+}
+
+impl ConditionalOutcome {
+    /// Whether the condition held (and the write was applied).
+    pub fn applied(&self) -> bool {
+        self.ticket.is_some()
+    }
+}
 
 /// A batch that spans stores: its parts by store, its batchlog key and record.
 type SplitBatch = (Vec<(usize, Prepared)>, Vec<u8>, Vec<u8>);
@@ -233,6 +252,51 @@ impl Storage {
             parts: committed,
             key,
         }))
+    }
+
+    /// Applies `mutations` (all in the partition `token`/`partition_key`) only if
+    /// `condition` holds on `reads` of that partition, read and evaluated under the
+    /// partition's stripe locks, which every write to it takes: nothing lands between the
+    /// check and the write. Encoding happens before the locks. With `provisional`, the
+    /// timestamp the mutations were made with, the commit assigns the write's timestamp:
+    /// above every timestamp stored in the partition's stripe, so it is ordered after
+    /// everything it read. The locks are released on return; await durability with
+    /// [`wait_durable`](Self::wait_durable), so concurrent conditional writes share an fsync.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_conditional(
+        &self,
+        token: i64,
+        partition_key: &[u8],
+        reads: &[ConditionRead<'_>],
+        now_secs: u32,
+        mutations: &[(&TableLayout, Mutation)],
+        provisional: Option<i64>,
+        condition: impl FnOnce(&[PartitionRead]) -> bool,
+    ) -> Result<ConditionalOutcome, StorageError> {
+        if mutations
+            .iter()
+            .any(|(_, m)| m.token != token || m.partition_key != partition_key)
+        {
+            return Err(StorageError::Corrupt(
+                "a conditional write outside its condition's partition",
+            ));
+        }
+        let store = self.store_of(token);
+        let prepared = Store::prepare(mutations)?;
+        let done = self.inner.stores[store].commit_conditional(
+            prepared,
+            token,
+            partition_key,
+            reads,
+            now_secs,
+            provisional,
+            condition,
+        )?;
+        Ok(ConditionalOutcome {
+            ticket: done.seq.map(|seq| CommitTicket(Ticket::One { store, seq })),
+            reads: done.reads,
+            timestamp: done.timestamp,
+        })
     }
 
     /// Splits a batch that spans stores into its parts, a batchlog key and the record.

@@ -49,7 +49,10 @@ pub fn admit(
         if !paced
             && !super::control::bypasses_queue(header.opcode)
             && conn.outbox.pending() < MAX_OUTBOX_BYTES
-            && shard.admission.borrow_mut().reject_over_cap(shard.clock.now())
+            && shard
+                .admission
+                .borrow_mut()
+                .reject_over_cap(shard.clock.now())
         {
             shard
                 .admission

@@ -1,5 +1,6 @@
 //! Writes: `prepare` (no lock) and `commit` (under the partitions' stripe locks).
 
+use super::tables::TablesRead;
 use super::{io, Store, Stripe};
 use crate::keycodec::{self, ByteRange, KIND_ROW, MAX_KEY_LEN};
 use crate::model::{Mutation, TableId, TableLayout};
@@ -11,6 +12,10 @@ use std::sync::MutexGuard;
 
 /// Initial size of the buffer a commit encodes its rows into (it grows for larger rows).
 const ENCODE_BUFFER_BYTES: usize = 1024;
+
+/// What a conditional commit runs under the stripe locks (see [`Store::commit_checked`]).
+pub(super) type UnderLocks<'c> =
+    Box<dyn FnOnce(&TablesRead<'_>, i64) -> Result<Option<i64>, StorageError> + 'c>;
 
 /// One entry of a commit, keyed by its table and fjall key.
 pub(super) enum Pending {
@@ -154,15 +159,30 @@ impl Store {
         prepared: Prepared,
         batchlog: Option<(&[u8], &[u8])>,
     ) -> Result<u64, StorageError> {
+        let unconditional: Option<UnderLocks<'_>> = None;
+        self.commit_checked(prepared, batchlog, unconditional)?
+            .ok_or(StorageError::Corrupt("an unconditional commit was refused"))
+    }
+
+    /// [`Store::commit`], running `check` first when given, under the stripe locks (and the
+    /// table registry's read side, which it may read through): it gets the newest timestamp
+    /// stored in the locked stripes and answers `None` to write nothing (the answer is then
+    /// `None`), or by how much to move every timestamp of the write.
+    pub(super) fn commit_checked(
+        &self,
+        prepared: Prepared,
+        batchlog: Option<(&[u8], &[u8])>,
+        check: Option<UnderLocks<'_>>,
+    ) -> Result<Option<u64>, StorageError> {
         self.check_open()?;
         let Prepared {
-            entries,
+            mut entries,
             stripes,
             tables,
             gc_grace,
         } = prepared;
-        if entries.is_empty() && batchlog.is_none() {
-            return Ok(self.commit.applied.load(Ordering::Acquire));
+        if entries.is_empty() && batchlog.is_none() && check.is_none() {
+            return Ok(Some(self.commit.applied.load(Ordering::Acquire)));
         }
         // Held to the end, purges included: no TRUNCATE or DROP retires a keyspace while this
         // write uses it. Taken before the stripes, as every holder does.
@@ -183,7 +203,7 @@ impl Store {
         let mut purges: Vec<(TableId, Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
         let mut replaced = 0u64;
         let mut journal_bytes = 0u64;
-        let newest_written = entries
+        let mut newest_written = entries
             .values()
             .map(|p| match p {
                 Pending::Header(h) => h.max_timestamp(),
@@ -197,6 +217,21 @@ impl Store {
                 .iter()
                 .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
                 .collect();
+            if let Some(check) = check {
+                let newest_stored = guards.iter().map(|g| g.newest).max().unwrap_or(i64::MIN);
+                let Some(shift) = check(&registry, newest_stored)? else {
+                    return Ok(None);
+                };
+                if shift != 0 {
+                    for pending in entries.values_mut() {
+                        pending.shift_timestamps(shift);
+                    }
+                    newest_written = newest_written.saturating_add(shift);
+                }
+                if entries.is_empty() && batchlog.is_none() {
+                    return Ok(Some(self.commit.applied.load(Ordering::Acquire)));
+                }
+            }
             for ((table, key), pending) in entries {
                 // A table dropped since the write was planned: its data is being deleted.
                 let Some(keyspace) = registry.keyspace(&table) else {
@@ -295,6 +330,23 @@ impl Store {
                 self.purge_shadowed_rows(&table, keyspace, &prefix, &header, range)?;
             }
         }
-        Ok(ticket)
+        Ok(Some(ticket))
+    }
+}
+
+impl Pending {
+    /// Moves every timestamp of the entry by `delta` µs.
+    fn shift_timestamps(&mut self, delta: i64) {
+        match self {
+            Pending::Header(h) => h.shift_timestamps(delta),
+            Pending::Row {
+                row, replaces_from, ..
+            } => {
+                row.shift_timestamps(delta);
+                if let Some(oldest) = replaces_from {
+                    *oldest = oldest.saturating_add(delta);
+                }
+            }
+        }
     }
 }

@@ -40,6 +40,7 @@
 mod batchlog;
 mod ceiling;
 mod commit;
+mod conditional;
 mod gc;
 mod merge;
 mod purge;
@@ -51,6 +52,7 @@ mod tables;
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
+pub use conditional::ConditionRead;
 pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Point reads of one partition.
 
+use super::tables::TablesRead;
 use super::{io, Store};
 use crate::keycodec::{self, ByteRange, KIND_ROW};
 use crate::model::{ClusteringSlice, PartitionRead, TableLayout};
@@ -36,6 +37,32 @@ impl Store {
     ) -> Result<PartitionRead, StorageError> {
         self.check_open()?;
         let registry = self.tables.read();
+        self.read_partition_in(
+            &registry,
+            layout,
+            token,
+            partition_key,
+            slice,
+            after,
+            limit,
+            now_secs,
+        )
+    }
+
+    /// [`Store::read_partition`] under a registry read side the caller already holds (a
+    /// conditional commit reads under it: taking it again could wait behind a TRUNCATE).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn read_partition_in(
+        &self,
+        registry: &TablesRead<'_>,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        slice: &ClusteringSlice,
+        after: Option<&[Bytes]>,
+        limit: usize,
+        now_secs: u32,
+    ) -> Result<PartitionRead, StorageError> {
         let Some(data) = registry.keyspace(&layout.id) else {
             // Never written in this store, or dropped.
             return Ok(PartitionRead {
