@@ -32,6 +32,7 @@
 //! ```
 
 pub mod raft_transport;
+pub mod topology;
 pub mod verbs;
 
 pub use raft_transport::{serve_raft, PeerDirectory, RaftTransport, MAX_RAFT_HANDLERS};
