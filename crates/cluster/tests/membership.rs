@@ -1,6 +1,7 @@
 //! Cluster membership over real TCP: three `ClusterNode`s on 127.0.0.1, 127.0.0.2 and
 //! 127.0.0.3, the first starting a new cluster and the other two joining through it; a
-//! restart from the data directory; and a join whose only seed is unreachable.
+//! restart from the data directory; a join whose only seed is unreachable; a node past the
+//! group's voters joining as a learner; a malformed join request.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -9,7 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use sluice_cluster::verbs::VERB_JOIN;
 use sluice_cluster::{ClusterConfig, ClusterNode, StartError};
+use sluice_internode::{ConnectionClass, Messenger, MessengerConfig};
 use sluice_meta::MetaLog;
 use sluice_ring::{NodeState, TokenMetadata};
 use tokio::sync::watch;
@@ -222,4 +226,61 @@ async fn a_node_whose_seed_is_unreachable_fails_within_its_bound() {
         elapsed < bound + Duration::from_secs(2),
         "overran its bound: {elapsed:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_voters_a_node_joins_as_a_learner_and_garbage_joins_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first_config = config(1, dir.path(), None, &[]);
+    first_config.max_voters = 1;
+    let first = bounded("the first node", STEP, ClusterNode::start(first_config))
+        .await
+        .expect("the first node starts a new cluster");
+    let seed = first.internode_addr();
+
+    // A join request that is not one is refused with an answer, and the seed keeps serving.
+    let stranger = Messenger::bind(MessengerConfig::new(
+        CLUSTER,
+        99,
+        ([127, 0, 0, 9], 0).into(),
+    ))
+    .await
+    .unwrap();
+    let reply = stranger
+        .call(
+            seed,
+            ConnectionClass::Control,
+            VERB_JOIN,
+            Bytes::from_static(b"\x01{\"not\":\"a join\"}"),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .expect("a malformed join is answered, not dropped");
+    assert_eq!(&reply[..], b"\x01{\"Refused\":\"Malformed\"}");
+    stranger.shutdown().await;
+
+    let second = bounded(
+        "the second node",
+        STEP,
+        ClusterNode::start(config(2, dir.path(), None, &[seed])),
+    )
+    .await
+    .expect("the second node joins");
+    for node in [&first, &second] {
+        bounded("convergence", STEP, wait_settled(node.ring(), 2)).await;
+    }
+    let members = first.meta().members();
+    assert_eq!(members.voters.len(), 1, "{members:?}");
+    assert_eq!(
+        members.learners.iter().map(|l| l.0).collect::<Vec<_>>(),
+        vec![sluice_cluster::raft_node_id(host(2))],
+        "the second node is a learner"
+    );
+    assert_eq!(
+        summary(&first.ring().borrow()),
+        summary(&second.ring().borrow())
+    );
+    for node in [&first, &second] {
+        bounded("stopping", STEP, node.stop()).await.unwrap();
+    }
 }
