@@ -105,6 +105,9 @@ pub enum StartError {
     Meta(MetaError),
     /// The cluster refused this node (its address is taken, its host id left, ...).
     Refused(TopologyError),
+    /// The stored topology has this node at another internode address; restart it on that
+    /// one.
+    AddressChanged,
     /// No seed admitted this node within [`ClusterConfig::join_timeout`].
     NoSeedAnswered {
         /// Join attempts made.
@@ -120,6 +123,9 @@ impl std::fmt::Display for StartError {
             StartError::Bind(kind) => write!(f, "cannot bind the internode listener: {kind}"),
             StartError::Meta(error) => write!(f, "metadata group: {error}"),
             StartError::Refused(error) => write!(f, "the cluster refused this node: {error}"),
+            StartError::AddressChanged => f.write_str(
+                "the cluster knows this node at another internode address; restart it there",
+            ),
             StartError::NoSeedAnswered { attempts, last } => write!(
                 f,
                 "no seed admitted this node after {attempts} attempts (last: {last})"
@@ -146,6 +152,20 @@ struct JoinRequest {
     dc: String,
     rack: String,
     num_tokens: u16,
+}
+
+impl JoinRequest {
+    /// The topology command that puts the requesting node in the ring.
+    fn command(self) -> TopologyCommand {
+        TopologyCommand::Join {
+            host_id: self.host_id,
+            cql_addr: self.cql_addr,
+            internode_addr: self.internode_addr,
+            dc: self.dc,
+            rack: self.rack,
+            num_tokens: self.num_tokens,
+        }
+    }
 }
 
 /// A seed's answer to a join request.
@@ -269,7 +289,7 @@ impl ClusterNode {
             .copied()
             .filter(|s| *s != internode_addr && *s != config.internode_listen)
             .collect();
-        let join = TopologyCommand::Join {
+        let request = JoinRequest {
             host_id: config.host_id,
             cql_addr: config.cql_addr,
             internode_addr,
@@ -278,6 +298,13 @@ impl ClusterNode {
             num_tokens: config.num_tokens,
         };
         if known {
+            let stored = self
+                .meta
+                .with_state(|t| t.node(config.host_id).map(|n| n.internode_address));
+            if stored != Some(internode_addr) {
+                // The other nodes would keep calling the old address.
+                return Err(StartError::AddressChanged);
+            }
             // Replay is done (open did it); catch up with what the group committed since.
             self.meta
                 .wait_caught_up(config.join_timeout)
@@ -293,27 +320,8 @@ impl ClusterNode {
                 Ok(()) | Err(MetaError::AlreadyInitialized) => {}
                 Err(error) => return Err(StartError::Meta(error)),
             }
-            self.propose(join).await?;
+            self.propose(request.command()).await?;
         } else {
-            let TopologyCommand::Join {
-                host_id,
-                cql_addr,
-                internode_addr,
-                dc,
-                rack,
-                num_tokens,
-            } = join
-            else {
-                unreachable!()
-            };
-            let request = JoinRequest {
-                host_id,
-                cql_addr,
-                internode_addr,
-                dc,
-                rack,
-                num_tokens,
-            };
             let deadline = Instant::now() + config.join_timeout;
             join_through_seeds(&self.messenger, &seeds, &request, config, deadline).await?;
             self.meta
@@ -460,14 +468,7 @@ async fn serve_join(meta: Arc<TopologyMeta>, max_voters: usize, message: Inbound
 async fn admit(meta: &TopologyMeta, max_voters: usize, request: JoinRequest) -> JoinReply {
     let node_id = raft_node_id(request.host_id);
     let internode_addr = request.internode_addr;
-    let command = TopologyCommand::Join {
-        host_id: request.host_id,
-        cql_addr: request.cql_addr,
-        internode_addr,
-        dc: request.dc,
-        rack: request.rack,
-        num_tokens: request.num_tokens,
-    };
+    let command = request.command();
     let committed = match meta.propose(meta.next_request_id(), command.encode()).await {
         Ok(committed) => committed,
         Err(error) => return JoinReply::Unavailable(error),

@@ -280,7 +280,20 @@ async fn past_max_voters_a_node_joins_as_a_learner_and_garbage_joins_are_refused
         summary(&first.ring().borrow()),
         summary(&second.ring().borrow())
     );
+    let second_addr = second.internode_addr();
     for node in [&first, &second] {
         bounded("stopping", STEP, node.stop()).await.unwrap();
+    }
+
+    // Restarted from its data directory on another port, the node refuses to start rather than
+    // leave the others calling its old address.
+    let moved = config(2, dir.path(), None, &[seed]);
+    let result = bounded("a restart on another port", STEP, ClusterNode::start(moved)).await;
+    match result {
+        Err(error) => assert_eq!(error, StartError::AddressChanged, "{error}"),
+        Ok(node) => panic!(
+            "started on {} though the ring has it at {second_addr}",
+            node.internode_addr()
+        ),
     }
 }
