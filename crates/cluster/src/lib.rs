@@ -2,8 +2,10 @@
 //! (`sluice-meta`), node-to-node messaging (`sluice-internode`) and replica placement
 //! (`sluice-ring`).
 //!
-//! Today it carries the metadata group's Raft messages over internode connections:
-//! [`RaftTransport`] sends them and [`serve_raft`] answers them, on the Control class.
+//! Today it carries the metadata group's Raft messages over internode connections
+//! ([`RaftTransport`] sends them and [`serve_raft`] answers them, on the Control class), keeps
+//! the cluster's topology in that group ([`Topology`], published as a ring), and starts a node
+//! into the cluster ([`ClusterNode`]: a new cluster, a join through seeds, or a restart).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,7 +33,13 @@
 //! # drop(service); Ok(()) }
 //! ```
 
+pub mod control;
+pub mod node;
 pub mod raft_transport;
+pub mod topology;
 pub mod verbs;
 
+pub use control::{serve_control, ControlHandler, ControlVerb};
+pub use node::{raft_node_id, ClusterConfig, ClusterNode, StartError, TopologyMeta};
 pub use raft_transport::{serve_raft, PeerDirectory, RaftTransport, MAX_RAFT_HANDLERS};
+pub use topology::{Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch};

@@ -19,7 +19,6 @@ use sluice_internode::{
     CallError, ConnectionClass, InboundMessage, InboundQueue, Messenger, Status,
 };
 use sluice_meta::{MetaTransport, RpcHandler, RpcKind, TransportError};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::verbs::VERB_RAFT;
@@ -167,33 +166,15 @@ fn transport_error(error: CallError) -> TransportError {
 }
 
 /// Answers the Raft messages that arrive on `control` (the messenger's Control inbound queue)
-/// with `handler`, until the messenger shuts down. Other verbs are answered `UnknownVerb`.
+/// with `handler`, until the messenger shuts down. Other verbs are answered `UnknownVerb`;
+/// [`crate::control::serve_control`] serves more Control verbs beside Raft.
 /// Call it on a tokio runtime: the service and its handlers are spawned there.
-pub fn serve_raft(mut control: InboundQueue, handler: RpcHandler) -> JoinHandle<()> {
-    debug_assert_eq!(control.class(), ConnectionClass::Control);
-    let running = Arc::new(Semaphore::new(MAX_RAFT_HANDLERS));
-    tokio::spawn(async move {
-        while let Some(message) = control.recv().await {
-            if message.verb != VERB_RAFT {
-                message.reply_status(Status::UnknownVerb);
-                continue;
-            }
-            // A forwarded proposal waits for its commit: each message runs in its own task so
-            // that heartbeats are not held behind it.
-            let Ok(permit) = Arc::clone(&running).try_acquire_owned() else {
-                message.reply_status(Status::Overloaded);
-                continue;
-            };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                handle_one(&handler, message).await;
-                drop(permit);
-            });
-        }
-    })
+pub fn serve_raft(control: InboundQueue, handler: RpcHandler) -> JoinHandle<()> {
+    crate::control::serve_control(control, handler, Vec::new())
 }
 
-async fn handle_one(handler: &RpcHandler, message: InboundMessage) {
+/// Runs one Raft message through `handler` and answers it.
+pub(crate) async fn handle_raft_message(handler: &RpcHandler, message: InboundMessage) {
     let body = message.body.clone();
     let Some((kind, request)) = decode_message(&body) else {
         message.reply_status(Status::Failed);

@@ -9,8 +9,13 @@ use sluice_internode::FIRST_APPLICATION_VERB;
 /// followed by one byte, its `sluice_meta::RpcKind`.
 pub const VERB_RAFT: u16 = FIRST_APPLICATION_VERB;
 
+/// A node asks a member of the cluster to admit it, on `ConnectionClass::Control`. The body
+/// is the joining node's host id, addresses, dc, rack and token count; the reply its tokens,
+/// or why it was refused (see `crate::node`).
+pub const VERB_JOIN: u16 = FIRST_APPLICATION_VERB + 1;
+
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 1] = [VERB_RAFT];
+pub const ALL: [u16; 2] = [VERB_RAFT, VERB_JOIN];
 
 #[cfg(test)]
 mod tests {
