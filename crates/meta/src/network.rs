@@ -255,6 +255,8 @@ impl<T: MetaTransport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
             addr: node.addr.clone(),
             backoff: self.backoff,
             max_append_bytes: self.max_append_bytes,
+            append_budget: self.max_append_bytes,
+            append_unanswered: false,
         }
     }
 }
@@ -266,9 +268,18 @@ pub(crate) struct PeerClient<T> {
     target: u64,
     addr: String,
     backoff: Duration,
-    /// An append encoded larger than this is refused with openraft's `PayloadTooLarge`.
+    /// The most bytes an encoded append to this peer may take.
     max_append_bytes: usize,
+    /// The bound used now: halved after an append of several entries went unanswered within
+    /// openraft's deadline (the heartbeat interval), doubled back after each answered append.
+    append_budget: usize,
+    /// An append of several entries was sent and its answer not seen: it failed, or openraft
+    /// dropped the call at its deadline.
+    append_unanswered: bool,
 }
+
+/// The smallest budget an append shrinks to; a single entry is sent whatever its size.
+const MIN_APPEND_BUDGET_BYTES: usize = 16 * 1024;
 
 impl<T: MetaTransport> PeerClient<T> {
     async fn call<Resp, E>(
@@ -327,23 +338,46 @@ impl<T: MetaTransport> RaftNetwork<TypeConfig> for PeerClient<T> {
         // openraft resends a failed batch unchanged, so an append too large for the transport
         // would fail forever; `PayloadTooLarge` makes it resend fewer entries instead. The
         // estimate spares encoding a batch only to drop it; the encoded size is the backstop.
+        // openraft gives an append the heartbeat interval and resends it unchanged when that
+        // passes, so on a slow machine a full-size append could time out forever: send less.
+        if std::mem::take(&mut self.append_unanswered) {
+            let floor = MIN_APPEND_BUDGET_BYTES.min(self.max_append_bytes);
+            self.append_budget = (self.append_budget / 2).max(floor);
+        }
+        debug_assert!(self.append_budget <= self.max_append_bytes);
         let entries = request.entries.len();
         if entries > 1 {
-            if let Some(fitting) = fitting_prefix(&request.entries, self.max_append_bytes) {
+            if let Some(fitting) = fitting_prefix(&request.entries, self.append_budget) {
                 return Err(self.fewer_entries(entries, fitting.clamp(1, entries - 1) as u64));
             }
         }
         let body = encode(&request);
-        if let Some(hint) = entries_hint(body.len(), entries, self.max_append_bytes) {
+        if let Some(hint) = entries_hint(body.len(), entries, self.append_budget) {
             return Err(self.fewer_entries(entries, hint));
         }
-        self.call(
-            RpcKind::AppendEntries,
-            RPCTypes::AppendEntries,
-            body,
-            &option,
-        )
-        .await
+        self.append_unanswered = entries > 1;
+        let result = self
+            .call(
+                RpcKind::AppendEntries,
+                RPCTypes::AppendEntries,
+                body,
+                &option,
+            )
+            .await;
+        match &result {
+            Ok(_) => {
+                self.append_unanswered = false;
+                if entries > 0 {
+                    self.append_budget = (self.append_budget * 2).min(self.max_append_bytes);
+                }
+            }
+            // Slow: the next append is smaller.
+            Err(RPCError::Timeout(_)) => {}
+            // Down or refusing: size is not the cause.
+            Err(_) => self.append_unanswered = false,
+        }
+        debug_assert!(self.append_budget <= self.max_append_bytes);
+        result
     }
 
     async fn install_snapshot(
@@ -490,10 +524,12 @@ mod tests {
     use super::*;
     use crate::{MetaConfig, RequestId};
 
-    /// Records the size of every message it is given and answers each append `Success`.
+    /// Records the size of every message it is given and answers each append `Success`, or
+    /// never answers while `stalled`.
     #[derive(Default)]
     struct Recording {
         sent: Mutex<Vec<usize>>,
+        stalled: std::sync::atomic::AtomicBool,
     }
 
     impl MetaTransport for Recording {
@@ -507,6 +543,9 @@ mod tests {
         ) -> Result<Vec<u8>, TransportError> {
             assert_eq!(kind, RpcKind::AppendEntries);
             self.sent.lock().unwrap().push(body.len());
+            if self.stalled.load(std::sync::atomic::Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
             let reply: Result<AppendEntriesResponse<u64>, RaftError<u64>> =
                 Ok(AppendEntriesResponse::Success);
             Ok(encode(&reply))
@@ -543,6 +582,8 @@ mod tests {
             addr: "peer".to_owned(),
             backoff: Duration::from_millis(10),
             max_append_bytes,
+            append_budget: max_append_bytes,
+            append_unanswered: false,
         }
     }
 
@@ -580,6 +621,58 @@ mod tests {
         // Not wastefully small either: more than half the bound is used.
         assert!(resend_bytes > max / 2, "{resend_bytes} of {max}");
         assert_eq!(*transport.sent.lock().unwrap(), vec![resend_bytes]);
+    }
+
+    /// Sends `request`, answering openraft's `PayloadTooLarge` as it does: resend the first
+    /// `hint` entries. Returns the entries finally sent, or `None` if openraft's deadline passed.
+    async fn send_as_openraft(
+        client: &mut PeerClient<Recording>,
+        command_bytes: usize,
+        mut entries: usize,
+    ) -> Option<usize> {
+        loop {
+            let call = client.append_entries(append_of(entries, command_bytes), option());
+            match tokio::time::timeout(Duration::from_millis(20), call).await {
+                Err(_) => return None,
+                Ok(Ok(_)) => return Some(entries),
+                Ok(Err(RPCError::PayloadTooLarge(too_large))) => {
+                    entries = too_large.entries_hint() as usize
+                }
+                Ok(Err(other)) => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_append_left_unanswered_at_the_deadline_makes_the_next_one_smaller() {
+        let max = MetaConfig::new(1, "a", "/nonexistent").max_append_bytes;
+        let transport = Arc::new(Recording::default());
+        let mut client = client(&transport, max);
+        let full = send_as_openraft(&mut client, 4096, 300).await.unwrap();
+        // A slow peer: each call is dropped at openraft's deadline, and each next one halves.
+        transport
+            .stalled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(send_as_openraft(&mut client, 4096, 300).await, None);
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            assert_eq!(send_as_openraft(&mut client, 4096, 300).await, None);
+            sizes.push(*transport.sent.lock().unwrap().last().unwrap());
+        }
+        assert!(sizes[0] <= max / 2 && sizes[1] <= max / 4, "{sizes:?}");
+        // It stops at the floor, 16 KiB: one 4 KiB command (about 8 KB encoded).
+        assert!(sizes[5] <= MIN_APPEND_BUDGET_BYTES && sizes[5] > MIN_APPEND_BUDGET_BYTES / 2);
+        // Answered again: one more halving for the last unanswered call, then it doubles back.
+        transport
+            .stalled
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let mut sent = Vec::new();
+        for _ in 0..6 {
+            sent.push(send_as_openraft(&mut client, 4096, 300).await.unwrap());
+        }
+        assert!(sent.windows(2).all(|w| w[0] <= w[1]), "{sent:?}");
+        assert_eq!(*sent.last().unwrap(), full, "{sent:?}");
+        assert!(sent[0] < full / 8, "{sent:?}");
     }
 
     #[tokio::test]
