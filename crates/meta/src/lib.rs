@@ -139,7 +139,8 @@ pub enum MetaError {
     /// The command is larger than [`MetaConfig::max_command_bytes`].
     TooLarge,
     /// The configuration is inconsistent: a command of [`MetaConfig::max_command_bytes`] does
-    /// not fit in one message of [`MetaConfig::max_append_bytes`].
+    /// not fit in one message of [`MetaConfig::max_append_bytes`], or that bound leaves
+    /// snapshot chunks too small.
     Misconfigured,
 }
 
@@ -156,7 +157,7 @@ impl MetaError {
             MetaError::AlreadyInitialized => "metadata group already initialized",
             MetaError::TooLarge => "metadata command too large",
             MetaError::Misconfigured => {
-                "metadata max_command_bytes, encoded, does not fit in max_append_bytes"
+                "metadata max_append_bytes does not fit max_command_bytes or a snapshot chunk"
             }
         }
     }
@@ -283,7 +284,7 @@ pub struct MetaConfig {
     pub op_timeout: Duration,
     /// Deadline of one snapshot chunk (its install included, for the last one) and of one
     /// attempt to forward an operation to the leader. openraft gives an append or a vote the
-    /// heartbeat interval, which an append of [`MetaConfig::max_append_bytes`] must fit in.
+    /// heartbeat interval; a peer that misses it gets smaller appends.
     pub rpc_timeout: Duration,
     /// Request ids remembered for duplicate detection (oldest forgotten first).
     pub dedup_capacity: usize,
