@@ -138,6 +138,10 @@ pub enum MetaError {
     AlreadyInitialized,
     /// The command is larger than [`MetaConfig::max_command_bytes`].
     TooLarge,
+    /// The configuration is inconsistent: a command of [`MetaConfig::max_command_bytes`] does
+    /// not fit in one message of [`MetaConfig::max_append_bytes`], or that bound leaves
+    /// snapshot chunks too small.
+    Misconfigured,
 }
 
 impl MetaError {
@@ -152,6 +156,9 @@ impl MetaError {
             MetaError::MembershipRejected => "metadata membership change rejected",
             MetaError::AlreadyInitialized => "metadata group already initialized",
             MetaError::TooLarge => "metadata command too large",
+            MetaError::Misconfigured => {
+                "metadata max_append_bytes does not fit max_command_bytes or a snapshot chunk"
+            }
         }
     }
 }
@@ -275,7 +282,9 @@ pub struct MetaConfig {
     pub snapshot_every: u64,
     /// How long `propose`, `read_barrier` and membership calls keep retrying.
     pub op_timeout: Duration,
-    /// Deadline of one Raft message (append, vote) on the transport.
+    /// Deadline of one snapshot chunk (its install included, for the last one) and of one
+    /// attempt to forward an operation to the leader. openraft gives an append or a vote the
+    /// heartbeat interval; a peer that misses it gets smaller appends.
     pub rpc_timeout: Duration,
     /// Request ids remembered for duplicate detection (oldest forgotten first).
     pub dedup_capacity: usize,
@@ -283,7 +292,12 @@ pub struct MetaConfig {
     pub subscriber_capacity: usize,
     /// Entries per append message.
     pub max_entries_per_append: u64,
-    /// The largest command `propose` accepts.
+    /// The most bytes one encoded append may take; openraft sends fewer entries above it.
+    /// Snapshot chunks are sized to fit it too. Keep it well below what the transport queues
+    /// per peer (the internode Control class: 1 MiB).
+    pub max_append_bytes: usize,
+    /// The largest command `propose` accepts. Commands travel hex-encoded, so one of this size
+    /// must encode within `max_append_bytes`; [`MetaNode::open`] checks it.
     pub max_command_bytes: usize,
 }
 
@@ -303,7 +317,8 @@ impl MetaConfig {
             dedup_capacity: 10_000,
             subscriber_capacity: 4_096,
             max_entries_per_append: 300,
-            max_command_bytes: 4 << 20,
+            max_append_bytes: 256 << 10,
+            max_command_bytes: 64 << 10,
         }
     }
 }

@@ -15,7 +15,8 @@ use tokio::sync::broadcast;
 
 use crate::log_store::{LogStore, MetaStore};
 use crate::network::{
-    forward, members_of, run_on_leader, LeaderError, LeaderOp, NetworkFactory, RpcHandler,
+    forward, largest_single_command_messages, members_of, run_on_leader, snapshot_chunk_bytes,
+    LeaderError, LeaderOp, NetworkFactory, RpcHandler,
 };
 use crate::state_machine::{SharedState, StateMachine};
 use crate::types::{Answer, Proposal, Raft};
@@ -61,6 +62,28 @@ fn random_client_id(node_id: u64) -> u64 {
     hasher.finish()
 }
 
+/// The smallest snapshot chunk worth sending; a smaller `max_append_bytes` is refused.
+const MIN_SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024;
+
+/// Checks that every message fits `max_append_bytes`: an append or forward of the largest
+/// command, and a snapshot chunk. A message that does not fit would be resent forever.
+fn check_message_bounds(config: &MetaConfig) -> Result<(), MetaError> {
+    let largest = largest_single_command_messages(config.max_command_bytes);
+    let chunk = snapshot_chunk_bytes(config.max_append_bytes);
+    if largest > config.max_append_bytes || chunk < MIN_SNAPSHOT_CHUNK_BYTES {
+        tracing::error!(
+            max_command_bytes = config.max_command_bytes,
+            largest_message_bytes = largest,
+            max_append_bytes = config.max_append_bytes,
+            snapshot_chunk_bytes = chunk,
+            "metadata messages do not fit max_append_bytes: lower max_command_bytes or raise \
+             max_append_bytes"
+        );
+        return Err(MetaError::Misconfigured);
+    }
+    Ok(())
+}
+
 fn wait_error(error: WaitError) -> MetaError {
     match error {
         WaitError::Timeout(..) => MetaError::Timeout,
@@ -76,6 +99,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
         app: A,
         transport: T,
     ) -> Result<MetaNode<A, T>, MetaError> {
+        check_message_bounds(&config)?;
         let dir = config.dir.clone();
         let store = tokio::task::spawn_blocking(move || MetaStore::open(&dir))
             .await
@@ -107,6 +131,8 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             // Keep some log after a snapshot so a briefly lagging follower catches up from it.
             max_in_snapshot_log_to_keep: (config.snapshot_every / 4).min(1_000),
             max_payload_entries: config.max_entries_per_append.max(1),
+            snapshot_max_chunk_size: snapshot_chunk_bytes(config.max_append_bytes) as u64,
+            install_snapshot_timeout: millis(config.rpc_timeout),
             ..Default::default()
         }
         .validate()
@@ -116,6 +142,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             transport: Arc::clone(&transport),
             source: config.node_id,
             backoff: config.heartbeat,
+            max_append_bytes: config.max_append_bytes,
         };
         let raft = Raft::new(
             config.node_id,

@@ -421,6 +421,31 @@ async fn malformed_messages_and_oversized_commands_are_rejected() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_bound_that_does_not_fit_one_append_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Cluster::config_for(1, dir.path(), 5_000);
+    // Hex doubles a command: half the append bound cannot fit with the message around it.
+    config.max_command_bytes = config.max_append_bytes / 2;
+    let network = sluice_meta::memory::MemoryNetwork::new(1);
+    let opened =
+        support::Node::open(config.clone(), Default::default(), network.transport(1)).await;
+    assert_eq!(opened.err(), Some(MetaError::Misconfigured));
+    // An append bound too small for a useful snapshot chunk is refused too.
+    config.max_command_bytes = 16;
+    config.max_append_bytes = 8 * 1024;
+    let opened =
+        support::Node::open(config.clone(), Default::default(), network.transport(1)).await;
+    assert_eq!(opened.err(), Some(MetaError::Misconfigured));
+    // A consistent pair opens.
+    config.max_append_bytes = 256 * 1024;
+    config.max_command_bytes = 100 * 1024;
+    let node = support::Node::open(config, Default::default(), network.transport(1))
+        .await
+        .unwrap();
+    node.shutdown().await.unwrap();
+}
+
 fn node_config_limit() -> usize {
     sluice_meta::MetaConfig::new(0, "", "/nonexistent").max_command_bytes
 }
