@@ -266,11 +266,9 @@ fn node_info(cfg: &ResolvedConfig, id: &identity::NodeIdentity) -> Result<sluice
     node.rack = id.rack.clone();
     node.tokens = id.tokens.iter().map(|t| t.0).collect();
     node.internode_address = cfg.cluster.internode_listen;
-    // Until nodes join one another, the ring is this node with its own tokens.
-    node.ring = Arc::new(
-        node.single_node_ring()
-            .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?,
-    );
+    // The engine starts from the ring of this node alone; checked here for a clear message.
+    node.single_node_ring()
+        .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?;
     // Cassandra's names and formats, so that a benchmark can check both sides' durability.
     let sync = match cfg.durability {
         DurabilityArg::Batch => "batch",
