@@ -2727,3 +2727,33 @@ async fn ring_changes_are_announced_once() {
         ]
     );
 }
+
+/// `follow_ring` applies the ring it starts with and every one published after, and ends
+/// when the publisher goes away.
+#[tokio::test]
+async fn follow_ring_applies_published_rings() {
+    let h = H::new();
+    let single = Arc::new(h.engine.node().single_node_ring().unwrap());
+    let (tx, rx) = tokio::sync::watch::channel(three_node_ring(h.engine.node()));
+    let task = tokio::spawn(crate::follow_ring(h.engine.clone(), rx));
+    let wait_for = |nodes: usize| {
+        let engine = h.engine.clone();
+        async move {
+            for _ in 0..200 {
+                if engine.ring().nodes().len() == nodes {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("the ring never had {nodes} nodes");
+        }
+    };
+    wait_for(4).await;
+    tx.send(single).unwrap();
+    wait_for(1).await;
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("follow_ring ends with its publisher")
+        .unwrap();
+}
