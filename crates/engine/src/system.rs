@@ -789,14 +789,8 @@ pub fn rows(
         SystemTable::Local => {
             // The ring's tokens for this node once the cluster has assigned them.
             let tokens = match ring.index_of(node.host_id) {
-                Some(i) => token_texts(&ring.node(i).tokens),
-                None => token_texts(
-                    &node
-                        .tokens
-                        .iter()
-                        .map(|&t| sluice_ring::Token(t))
-                        .collect::<Vec<_>>(),
-                ),
+                Some(i) => token_texts(ring.node(i).tokens.iter().map(|t| t.0)),
+                None => token_texts(node.tokens.iter().copied()),
             };
             vec![row_from(
                 t,
@@ -939,8 +933,8 @@ pub fn rows(
 }
 
 /// A node's tokens as `set<text>` elements, in the set's order (UTF-8 byte order).
-fn token_texts(tokens: &[sluice_ring::Token]) -> Vec<String> {
-    let mut texts: Vec<String> = tokens.iter().map(|t| t.0.to_string()).collect();
+fn token_texts(tokens: impl Iterator<Item = i64>) -> Vec<String> {
+    let mut texts: Vec<String> = tokens.map(|t| t.to_string()).collect();
     texts.sort_unstable();
     texts
 }
@@ -948,7 +942,7 @@ fn token_texts(tokens: &[sluice_ring::Token]) -> Vec<String> {
 /// A `system.peers` or `system.peers_v2` row for `peer`. `schema_version` is this node's:
 /// every node has the same schema until DDL goes through the metadata group.
 fn peer_row(t: &TableDef, kind: SystemTable, peer: &Node, schema_version: Uuid) -> SystemRow {
-    let tokens = token_texts(&peer.tokens);
+    let tokens = token_texts(peer.tokens.iter().map(|t| t.0));
     let internode = peer.internode_address;
     let native = peer.cql_address;
     let mut cells = vec![
