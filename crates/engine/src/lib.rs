@@ -26,6 +26,7 @@
 pub mod analyze;
 pub mod auth;
 pub mod catalog;
+mod cluster;
 pub mod codec;
 mod ddl;
 mod describe;
@@ -58,6 +59,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use catalog::{ColumnDef, ColumnKind, KeyspaceDef, RateLimits, TableDef, TableOptions};
+pub use cluster::{follow_ring, NodeEvent};
 pub use rate_limit_option::LimitedPartition;
 
 /// The CQL version reported in `system.local`.
@@ -94,8 +96,6 @@ pub struct NodeInfo {
     pub generation: i32,
     /// The address of node-to-node messaging (`listen_address` in `system.local`).
     pub internode_address: std::net::SocketAddr,
-    /// The token ring this node knows: on a single node, itself with its tokens.
-    pub ring: Arc<sluice_ring::TokenMetadata>,
     /// Settings shown in `system_views.settings` (name, value), by Cassandra's names where
     /// one exists (`commitlog_sync`...), so that tools can compare configurations.
     pub settings: Vec<(String, String)>,
@@ -104,7 +104,7 @@ pub struct NodeInfo {
 impl NodeInfo {
     /// A single-node identity with Cassandra's default names and one token.
     pub fn single(rpc_address: IpAddr, port: u16, host_id: Uuid) -> NodeInfo {
-        let mut node = NodeInfo {
+        NodeInfo {
             rpc_address,
             port,
             cluster_name: "Sluice Cluster".to_string(),
@@ -115,17 +115,19 @@ impl NodeInfo {
             generation: (now_micros() / 1_000_000) as i32,
             settings: Vec::new(),
             internode_address: std::net::SocketAddr::new(rpc_address, 7000),
-            ring: Arc::new(sluice_ring::TokenMetadata::new(Vec::new()).expect("empty ring")),
-        };
-        node.ring = Arc::new(node.single_node_ring().expect("token 0 makes a ring"));
-        node
+        }
+    }
+
+    /// The native (CQL) address and port clients connect to.
+    pub fn cql_address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.rpc_address, self.port)
     }
 
     /// This node as the ring describes it.
     pub fn ring_node(&self) -> sluice_ring::Node {
         sluice_ring::Node {
             host_id: self.host_id,
-            cql_address: std::net::SocketAddr::new(self.rpc_address, self.port),
+            cql_address: self.cql_address(),
             internode_address: self.internode_address,
             dc: self.data_center.clone(),
             rack: self.rack.clone(),
@@ -220,6 +222,8 @@ pub enum EngineOpenError {
     Storage(StorageError),
     /// The persisted schema did not decode.
     CorruptSchema(&'static str),
+    /// The node's own tokens do not make a ring.
+    InvalidTokens(sluice_ring::RingError),
 }
 
 impl std::fmt::Display for EngineOpenError {
@@ -227,6 +231,7 @@ impl std::fmt::Display for EngineOpenError {
         match self {
             EngineOpenError::Storage(e) => write!(f, "storage error: {e:?}"),
             EngineOpenError::CorruptSchema(m) => write!(f, "corrupt schema: {m}"),
+            EngineOpenError::InvalidTokens(e) => write!(f, "invalid node tokens: {e}"),
         }
     }
 }
@@ -289,6 +294,7 @@ const LWT_SERIALIZER_STRIPES: usize = 64;
 pub struct Engine {
     storage: Storage,
     node: NodeInfo,
+    cluster: cluster::ClusterView,
     schema: RwLock<Arc<Schema>>,
     ddl_lock: Mutex<()>,
     cache: RwLock<HashMap<[u8; 16], Arc<Prepared>, PreparedIdHash>>,
@@ -341,6 +347,10 @@ impl Engine {
         node: NodeInfo,
         auth_config: auth::AuthConfig,
     ) -> Result<Arc<Engine>, EngineOpenError> {
+        let ring = node
+            .single_node_ring()
+            .map_err(EngineOpenError::InvalidTokens)?;
+        let cluster = cluster::ClusterView::new(node.host_id, node.cql_address(), ring);
         let auth = auth::AuthState::open(&storage, auth_config)?;
         let stored = storage
             .meta_scan(SCHEMA_META_KEY)
@@ -361,6 +371,7 @@ impl Engine {
         Ok(Arc::new(Engine {
             storage,
             node,
+            cluster,
             schema: RwLock::new(Arc::new(schema)),
             ddl_lock: Mutex::new(()),
             cache: RwLock::new(HashMap::default()),
@@ -440,6 +451,35 @@ impl Engine {
     /// The node identity.
     pub fn node(&self) -> &NodeInfo {
         &self.node
+    }
+
+    /// The token ring as this node knows it now (a single-node ring of this node until the
+    /// cluster's topology replaces it through [`Engine::set_ring`]).
+    pub fn ring(&self) -> Arc<sluice_ring::TokenMetadata> {
+        self.cluster.ring()
+    }
+
+    /// Replaces the ring (every reader sees the new one from its next read) and pushes
+    /// TOPOLOGY_CHANGE for the nodes that started serving or left; returns how many events
+    /// were sent (none for an unchanged ring).
+    pub fn set_ring(&self, ring: Arc<sluice_ring::TokenMetadata>) -> usize {
+        self.cluster.set_ring(ring)
+    }
+
+    /// Records whether a node is up; pushes STATUS_CHANGE when that changed for a peer
+    /// drivers know. Returns whether it changed.
+    pub fn set_node_up(&self, host_id: Uuid, up: bool) -> bool {
+        self.cluster.set_node_up(host_id, up)
+    }
+
+    /// Whether a node is up as far as this node knows (nodes start up).
+    pub fn is_node_up(&self, host_id: Uuid) -> bool {
+        self.cluster.is_up(host_id)
+    }
+
+    /// Subscribes to TOPOLOGY_CHANGE / STATUS_CHANGE events.
+    pub fn node_events(&self) -> broadcast::Receiver<NodeEvent> {
+        self.cluster.subscribe()
     }
 
     /// The storage handle.

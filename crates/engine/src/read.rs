@@ -717,7 +717,13 @@ pub(crate) async fn execute_select(
         let rows = if t.system == Some(system::SystemTable::TokenReplicas) {
             token_replica_rows(engine, t, &filters, &schema)?
         } else {
-            system::rows(t, &schema, engine.node(), &engine.auth().data())
+            system::rows(
+                t,
+                &schema,
+                engine.node(),
+                &engine.ring(),
+                &engine.auth().data(),
+            )
         };
         let skip = match state.as_ref().map(|s| &s.pos) {
             Some(Position::Offset(n)) => *n as usize,
@@ -952,7 +958,13 @@ fn token_replica_rows(
             keys.push((ks, token));
         }
     }
-    Ok(system::token_replica_rows(t, schema, engine.node(), &keys))
+    Ok(system::token_replica_rows(
+        t,
+        schema,
+        engine.node(),
+        &engine.ring(),
+        &keys,
+    ))
 }
 
 /// Whether a partition with no rows yields its static row alone.

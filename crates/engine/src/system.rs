@@ -9,6 +9,7 @@ use crate::codec;
 use crate::NodeInfo;
 use bytes::Bytes;
 use md5::{Digest, Md5};
+use sluice_ring::{Node, TokenMetadata};
 use sluice_storage::Order;
 use sluice_types::CqlType;
 use std::collections::BTreeMap;
@@ -19,6 +20,10 @@ use uuid::Uuid;
 pub enum SystemTable {
     /// `system.local`.
     Local,
+    /// `system.peers`: the other nodes that serve their ranges.
+    Peers,
+    /// `system.peers_v2`: as `system.peers`, with ports.
+    PeersV2,
     /// `system_schema.keyspaces`.
     Keyspaces,
     /// `system_schema.tables`.
@@ -40,7 +45,7 @@ pub enum SystemTable {
     RoleMembers,
     /// `system_auth.role_permissions`.
     RolePermissions,
-    /// Any other system table: always empty on a single node (peers, types, functions...).
+    /// Any other system table: always empty (types, functions, size estimates...).
     Empty,
 }
 
@@ -221,7 +226,7 @@ pub fn tables() -> Vec<TableDef> {
             ],
             &["peer"],
             &[],
-            Empty,
+            Peers,
         ),
         def(
             "system",
@@ -242,7 +247,7 @@ pub fn tables() -> Vec<TableDef> {
             ],
             &["peer"],
             &["peer_port"],
-            Empty,
+            PeersV2,
         ),
         def(
             "system",
@@ -690,6 +695,7 @@ pub fn rows(
     t: &TableDef,
     schema: &Schema,
     node: &NodeInfo,
+    ring: &TokenMetadata,
     auth: &crate::auth::AuthData,
 ) -> Vec<SystemRow> {
     let Some(kind) = t.system else {
@@ -774,10 +780,18 @@ pub fn rows(
                 })
                 .collect()
         }
+        SystemTable::Peers | SystemTable::PeersV2 => ring
+            .nodes()
+            .iter()
+            .filter(|n| crate::cluster::is_served_peer(node.host_id, n))
+            .map(|n| peer_row(t, kind, n, schema.version))
+            .collect(),
         SystemTable::Local => {
-            // A set<text> is serialized in its elements' order: UTF-8 byte order.
-            let mut tokens: Vec<String> = node.tokens.iter().map(|t| t.to_string()).collect();
-            tokens.sort_unstable();
+            // The ring's tokens for this node once the cluster has assigned them.
+            let tokens = match ring.index_of(node.host_id) {
+                Some(i) => token_texts(ring.node(i).tokens.iter().map(|t| t.0)),
+                None => token_texts(node.tokens.iter().copied()),
+            };
             vec![row_from(
                 t,
                 vec![
@@ -918,6 +932,42 @@ pub fn rows(
     }
 }
 
+/// A node's tokens as `set<text>` elements, in the set's order (UTF-8 byte order).
+fn token_texts(tokens: impl Iterator<Item = i64>) -> Vec<String> {
+    let mut texts: Vec<String> = tokens.map(|t| t.to_string()).collect();
+    texts.sort_unstable();
+    texts
+}
+
+/// A `system.peers` or `system.peers_v2` row for `peer`. `schema_version` is this node's:
+/// every node has the same schema until DDL goes through the metadata group.
+fn peer_row(t: &TableDef, kind: SystemTable, peer: &Node, schema_version: Uuid) -> SystemRow {
+    let tokens = token_texts(peer.tokens.iter().map(|t| t.0));
+    let internode = peer.internode_address;
+    let native = peer.cql_address;
+    let mut cells = vec![
+        ("peer", Some(codec::inet(&internode.ip()))),
+        ("data_center", Some(codec::text(&peer.dc))),
+        ("host_id", Some(codec::uuid(&peer.host_id))),
+        ("preferred_ip", None),
+        ("rack", Some(codec::text(&peer.rack))),
+        ("release_version", Some(codec::text(crate::RELEASE_VERSION))),
+        ("schema_version", Some(codec::uuid(&schema_version))),
+        ("tokens", Some(codec::text_list(&tokens))),
+    ];
+    if kind == SystemTable::PeersV2 {
+        cells.extend([
+            ("peer_port", Some(codec::int(internode.port().into()))),
+            ("native_address", Some(codec::inet(&native.ip()))),
+            ("native_port", Some(codec::int(native.port().into()))),
+            ("preferred_port", None),
+        ]);
+    } else {
+        cells.push(("rpc_address", Some(codec::inet(&native.ip()))));
+    }
+    row_from(t, cells)
+}
+
 /// The rows of `system_views.token_replicas` for the requested (keyspace, token) pairs: the
 /// replicas of the token under the keyspace's replication, primary first, by CQL address.
 /// An unknown keyspace gives no row; a LocalStrategy keyspace is served by this node alone.
@@ -925,6 +975,7 @@ pub fn token_replica_rows(
     t: &TableDef,
     schema: &Schema,
     node: &NodeInfo,
+    ring: &TokenMetadata,
     keys: &[(&str, i64)],
 ) -> Vec<SystemRow> {
     let mut out = Vec::with_capacity(keys.len());
@@ -940,14 +991,14 @@ pub fn token_replica_rows(
             vec![node.rpc_address]
         } else {
             sluice_ring::natural_replicas(
-                &node.ring,
+                ring,
                 &replication,
                 sluice_ring::Token(token),
                 &mut replicas,
             );
             replicas
                 .iter()
-                .map(|&r| node.ring.node(r).cql_address.ip())
+                .map(|&r| ring.node(r).cql_address.ip())
                 .collect()
         };
         let cells: Vec<Bytes> = addresses.iter().map(codec::inet).collect();

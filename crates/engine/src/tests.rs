@@ -2502,3 +2502,258 @@ async fn transactional_mode_full_orders_plain_writes_by_their_commit() {
         assert_eq!(e.code(), ErrorCode::ConfigError, "{bad}");
     }
 }
+
+/// A ring of this node (127.0.0.1, tokens -100 and 0), two normal peers and a joining one.
+fn three_node_ring(me: &NodeInfo) -> Arc<sluice_ring::TokenMetadata> {
+    let peer = |n: u8, tokens: &[i64], state| sluice_ring::Node {
+        host_id: uuid::Uuid::from_u128(u128::from(n)),
+        cql_address: ([127, 0, 0, n], 9042).into(),
+        internode_address: ([127, 0, 0, n], 7000).into(),
+        dc: "datacenter1".to_string(),
+        rack: format!("rack{n}"),
+        tokens: tokens.iter().map(|&t| sluice_ring::Token(t)).collect(),
+        state,
+    };
+    let mut local = me.ring_node();
+    local.tokens = vec![sluice_ring::Token(-100), sluice_ring::Token(0)];
+    Arc::new(
+        sluice_ring::TokenMetadata::new(vec![
+            local,
+            peer(2, &[100, -50], sluice_ring::NodeState::Normal),
+            peer(3, &[200], sluice_ring::NodeState::Leaving),
+            peer(4, &[300], sluice_ring::NodeState::Joining),
+        ])
+        .unwrap(),
+    )
+}
+
+fn inet4(b: &Option<Bytes>) -> [u8; 4] {
+    b.as_ref()
+        .expect("non-null inet")
+        .as_ref()
+        .try_into()
+        .unwrap()
+}
+
+fn text_set(b: &Option<Bytes>) -> Vec<String> {
+    crate::codec::split_collection(b.as_ref().expect("non-null set"))
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.to_vec()).unwrap())
+        .collect()
+}
+
+/// `system.peers` and `system.peers_v2` list every other node that serves its ranges, with
+/// Cassandra's columns; `system.local` and `token_replicas` read the live ring.
+#[tokio::test]
+async fn peers_tables_describe_the_live_ring() {
+    let mut h = H::new();
+    assert!(h
+        .select("SELECT * FROM system.peers", vec![])
+        .await
+        .is_empty());
+    assert!(h
+        .select("SELECT * FROM system.peers_v2", vec![])
+        .await
+        .is_empty());
+    let ring = three_node_ring(h.engine.node());
+    h.engine.set_ring(ring);
+    let version = h.engine.schema_version();
+
+    let r = h.rows_of("SELECT * FROM system.peers", vec![]).await;
+    assert_eq!(
+        names(&r),
+        [
+            "peer",
+            "data_center",
+            "host_id",
+            "preferred_ip",
+            "rack",
+            "release_version",
+            "rpc_address",
+            "schema_version",
+            "tokens"
+        ]
+    );
+    let types: Vec<String> = r
+        .metadata
+        .columns
+        .iter()
+        .map(|c| c.ty.to_string())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "inet",
+            "text",
+            "uuid",
+            "inet",
+            "text",
+            "text",
+            "inet",
+            "uuid",
+            "set<text>"
+        ]
+    );
+    let mut rows = cells(&r);
+    rows.sort_by_key(|row| inet4(&row[0]));
+    assert_eq!(
+        rows.len(),
+        2,
+        "the joining node and this node are not peers"
+    );
+    for (row, n) in rows.iter().zip([2u8, 3]) {
+        assert_eq!(inet4(&row[0]), [127, 0, 0, n]);
+        assert_eq!(ctext(&row[1]), "datacenter1");
+        assert_eq!(
+            row[2],
+            Some(crate::codec::uuid(&uuid::Uuid::from_u128(n.into())))
+        );
+        assert_eq!(row[3], None, "preferred_ip");
+        assert_eq!(ctext(&row[4]), format!("rack{n}"));
+        assert_eq!(ctext(&row[5]), crate::RELEASE_VERSION);
+        assert_eq!(inet4(&row[6]), [127, 0, 0, n]);
+        assert_eq!(row[7], Some(crate::codec::uuid(&version)));
+    }
+    assert_eq!(
+        text_set(&rows[0][8]),
+        ["-50", "100"],
+        "set<text> in byte order"
+    );
+    assert_eq!(text_set(&rows[1][8]), ["200"]);
+
+    let r = h.rows_of("SELECT * FROM system.peers_v2", vec![]).await;
+    assert_eq!(
+        names(&r),
+        [
+            "peer",
+            "peer_port",
+            "data_center",
+            "host_id",
+            "native_address",
+            "native_port",
+            "preferred_ip",
+            "preferred_port",
+            "rack",
+            "release_version",
+            "schema_version",
+            "tokens"
+        ]
+    );
+    let mut rows = cells(&r);
+    rows.sort_by_key(|row| inet4(&row[0]));
+    assert_eq!(rows.len(), 2);
+    let row = &rows[0];
+    assert_eq!(inet4(&row[0]), [127, 0, 0, 2]);
+    assert_eq!(cint(&row[1]), 7000, "peer_port: internode");
+    assert_eq!(inet4(&row[4]), [127, 0, 0, 2], "native_address");
+    assert_eq!(cint(&row[5]), 9042, "native_port");
+    assert_eq!(
+        (row[6].clone(), row[7].clone()),
+        (None, None),
+        "preferred_*"
+    );
+    assert_eq!(text_set(&row[11]), ["-50", "100"]);
+
+    let one = h
+        .select(
+            "SELECT host_id FROM system.peers WHERE peer = '127.0.0.3'",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        one,
+        vec![vec![Some(crate::codec::uuid(&uuid::Uuid::from_u128(3)))]]
+    );
+
+    let local = h
+        .select(
+            "SELECT tokens FROM system.local WHERE key = 'local'",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        text_set(&local[0][0]),
+        ["-100", "0"],
+        "this node's tokens in the ring"
+    );
+
+    h.ok("CREATE KEYSPACE r3 WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}")
+        .await;
+    let replicas = h
+        .select(
+            "SELECT replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = 'r3' AND token_value = 1",
+            vec![],
+        )
+        .await;
+    let addresses: Vec<[u8; 4]> = crate::codec::split_collection(replicas[0][0].as_ref().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|b| b.as_ref().try_into().unwrap())
+        .collect();
+    assert_eq!(
+        addresses,
+        [[127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 1]],
+        "owner of 100, then 200, then -100 (the joining node owns nothing)"
+    );
+
+    // Back to a single node: the peers are gone again.
+    h.engine
+        .set_ring(Arc::new(h.engine.node().single_node_ring().unwrap()));
+    assert!(h
+        .select("SELECT * FROM system.peers", vec![])
+        .await
+        .is_empty());
+}
+
+/// Ring changes reach `node_events` subscribers once per change.
+#[tokio::test]
+async fn ring_changes_are_announced_once() {
+    let h = H::new();
+    let mut rx = h.engine.node_events();
+    assert_eq!(h.engine.set_ring(three_node_ring(h.engine.node())), 2);
+    assert_eq!(h.engine.set_ring(three_node_ring(h.engine.node())), 0);
+    let mut seen = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        seen.push(e);
+    }
+    use sluice_protocol::response::TopologyChange::NewNode;
+    assert_eq!(
+        seen,
+        [
+            crate::NodeEvent::Topology(NewNode(([127, 0, 0, 2], 9042).into())),
+            crate::NodeEvent::Topology(NewNode(([127, 0, 0, 3], 9042).into())),
+        ]
+    );
+}
+
+/// `follow_ring` applies the ring it starts with and every one published after, and ends
+/// when the publisher goes away.
+#[tokio::test]
+async fn follow_ring_applies_published_rings() {
+    let h = H::new();
+    let single = Arc::new(h.engine.node().single_node_ring().unwrap());
+    let (tx, rx) = tokio::sync::watch::channel(three_node_ring(h.engine.node()));
+    let task = tokio::spawn(crate::follow_ring(h.engine.clone(), rx));
+    let wait_for = |nodes: usize| {
+        let engine = h.engine.clone();
+        async move {
+            for _ in 0..200 {
+                if engine.ring().nodes().len() == nodes {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("the ring never had {nodes} nodes");
+        }
+    };
+    wait_for(4).await;
+    tx.send(single).unwrap();
+    wait_for(1).await;
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("follow_ring ends with its publisher")
+        .unwrap();
+}

@@ -157,8 +157,10 @@ pub struct ConnState {
     pub inflight: Rc<Budget>,
     /// Per-connection cap on request bytes in flight.
     pub inflight_bytes: Rc<Budget>,
-    /// Task pushing schema events, once REGISTERed.
+    /// Task pushing events, once REGISTERed.
     pub events: RefCell<Option<tokio::task::JoinHandle<()>>>,
+    /// The event types REGISTERed for.
+    pub registered: Cell<crate::events::Registered>,
     /// The client's address (source of its logins).
     pub peer: Option<std::net::SocketAddr>,
     /// Where the connection is in the login exchange.
@@ -205,6 +207,7 @@ impl ConnState {
             inflight: Budget::new(shard.config.max_inflight_per_connection),
             inflight_bytes: Budget::new(shard.config.max_inflight_bytes_per_connection),
             events: RefCell::new(None),
+            registered: Cell::new(crate::events::Registered::default()),
             peer: None,
             login: Cell::new(LoginPhase::NotRequired),
             permissions: RefCell::new(Default::default()),
@@ -795,6 +798,7 @@ mod tests {
 
     struct TestNode {
         server: Option<Server>,
+        engine: std::sync::Arc<sluice_engine::Engine>,
         storage: sluice_storage::Storage,
         _dir: tempfile::TempDir,
     }
@@ -816,9 +820,10 @@ mod tests {
             let engine = sluice_engine::Engine::open(storage.clone(), info).unwrap();
             let config =
                 ServerConfig::new("127.0.0.1:0".parse().unwrap(), shards, host.to_string());
-            let server = Server::start(config, engine, storage.ack_barrier()).unwrap();
+            let server = Server::start(config, engine.clone(), storage.ack_barrier()).unwrap();
             TestNode {
                 server: Some(server),
+                engine,
                 storage,
                 _dir: dir,
             }
@@ -955,6 +960,104 @@ mod tests {
         assert_eq!((stream, opcode), (-1, 0x0C), "EVENT on stream -1");
         let text = String::from_utf8_lossy(&body);
         assert!(text.contains("SCHEMA_CHANGE") && text.contains("CREATED") && text.contains("ev"));
+    }
+
+    fn register(s: &mut TcpStream, types: &[&str]) {
+        let mut body = (types.len() as u16).to_be_bytes().to_vec();
+        for t in types {
+            body.extend(string(t));
+        }
+        s.write_all(&frame(1, 0x0B, &body)).unwrap();
+        assert_eq!(read_frame(s).1, 0x02, "REGISTER -> READY");
+    }
+
+    /// The next EVENT on `s`: its type, change and (for node events) the address it names.
+    fn next_event(s: &mut TcpStream) -> (String, String, Option<std::net::SocketAddr>) {
+        let (stream, opcode, body) = read_frame(s);
+        assert_eq!((stream, opcode), (-1, 0x0C), "EVENT on stream -1");
+        let mut pos = 0;
+        let mut string = || {
+            let len = u16::from_be_bytes([body[pos], body[pos + 1]]) as usize;
+            let text = String::from_utf8(body[pos + 2..pos + 2 + len].to_vec()).unwrap();
+            pos += 2 + len;
+            text
+        };
+        let (kind, change) = (string(), string());
+        if kind == "SCHEMA_CHANGE" {
+            return (kind, change, None);
+        }
+        assert_eq!(body[pos], 4, "an IPv4 [inet]");
+        let ip: [u8; 4] = body[pos + 1..pos + 5].try_into().unwrap();
+        let port = i32::from_be_bytes(body[pos + 5..pos + 9].try_into().unwrap());
+        assert_eq!(pos + 9, body.len(), "nothing after the address");
+        (kind, change, Some((ip, port as u16).into()))
+    }
+
+    /// A ring of the test node and the given peers (127.0.0.n, each Normal, token n * 100).
+    fn ring_with(node: &TestNode, peers: &[u8]) -> std::sync::Arc<sluice_ring::TokenMetadata> {
+        let mut nodes = vec![node.engine.node().ring_node()];
+        for &n in peers {
+            nodes.push(sluice_ring::Node {
+                host_id: uuid::Uuid::from_u128(u128::from(n)),
+                cql_address: ([127, 0, 0, n], 9042).into(),
+                internode_address: ([127, 0, 0, n], 7000).into(),
+                dc: "datacenter1".to_string(),
+                rack: "rack1".to_string(),
+                tokens: vec![sluice_ring::Token(i64::from(n) * 100)],
+                state: sluice_ring::NodeState::Normal,
+            });
+        }
+        std::sync::Arc::new(sluice_ring::TokenMetadata::new(nodes).unwrap())
+    }
+
+    /// A new node in the ring is one NEW_NODE with its native address; the same ring again
+    /// sends nothing (the next event is the status change that follows); a connection that
+    /// registered for schema changes only sees none of it.
+    #[test]
+    fn registered_connections_receive_topology_and_status_events_once() {
+        let node = TestNode::start(2);
+        let mut listener = node.connect();
+        startup(&mut listener);
+        register(&mut listener, &["TOPOLOGY_CHANGE"]);
+        register(&mut listener, &["STATUS_CHANGE"]);
+        let mut schema_only = node.connect();
+        startup(&mut schema_only);
+        register(&mut schema_only, &["SCHEMA_CHANGE"]);
+
+        let peer: std::net::SocketAddr = ([127, 0, 0, 2], 9042).into();
+        assert_eq!(node.engine.set_ring(ring_with(&node, &[2])), 1);
+        assert_eq!(
+            next_event(&mut listener),
+            ("TOPOLOGY_CHANGE".into(), "NEW_NODE".into(), Some(peer))
+        );
+        assert_eq!(node.engine.set_ring(ring_with(&node, &[2])), 0);
+        assert!(node.engine.set_node_up(uuid::Uuid::from_u128(2), false));
+        assert_eq!(
+            next_event(&mut listener),
+            ("STATUS_CHANGE".into(), "DOWN".into(), Some(peer)),
+            "no second NEW_NODE before it"
+        );
+        assert_eq!(node.engine.set_ring(ring_with(&node, &[])), 1);
+        assert_eq!(
+            next_event(&mut listener),
+            ("TOPOLOGY_CHANGE".into(), "REMOVED_NODE".into(), Some(peer))
+        );
+
+        let mut other = node.connect();
+        startup(&mut other);
+        other
+            .write_all(&query(
+                5,
+                "CREATE KEYSPACE topo WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+            ))
+            .unwrap();
+        assert_eq!(read_frame(&mut other).1, 0x08);
+        let (kind, change, _) = next_event(&mut schema_only);
+        assert_eq!(
+            (kind.as_str(), change.as_str()),
+            ("SCHEMA_CHANGE", "CREATED"),
+            "no node event went to a schema-only connection"
+        );
     }
 
     /// In periodic mode a write is answered only once its journal bytes are in the OS (they

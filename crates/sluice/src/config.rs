@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -280,6 +280,18 @@ pub struct ServeArgs {
     )]
     pub test_only_service_delay: Option<String>,
 
+    /// TEST ONLY: IP addresses of peers this node pretends to have (normal, same data center
+    /// and rack, same CQL port, nothing listening), so that drivers' handling of a
+    /// multi-node ring can be tested against one process. Never set in production.
+    #[arg(
+        long,
+        env = "SLUICE_TEST_ONLY_FAKE_PEERS",
+        value_name = "IP,...",
+        value_delimiter = ',',
+        hide = true
+    )]
+    pub test_only_fake_peers: Vec<IpAddr>,
+
     /// BENCHMARK ONLY: `on` makes every LWT hold a per-token lock stripe until its write is
     /// durable, as before conditions were checked inside the storage commit, to measure the
     /// convoy that caused [default: off].
@@ -432,6 +444,8 @@ pub struct ResolvedConfig {
     pub transparent_huge_pages: bool,
     /// TEST ONLY: service time added to every execution.
     pub test_only_service_delay: Option<Duration>,
+    /// TEST ONLY: addresses of pretended peers.
+    pub test_only_fake_peers: Vec<IpAddr>,
     /// BENCHMARK ONLY: LWTs hold a lock stripe until durable (the old convoy).
     pub lwt_serialize_through_durability: bool,
     /// Log filter, if given (else RUST_LOG, else info).
@@ -795,6 +809,7 @@ impl ServeArgs {
                 false,
             )?,
             test_only_service_delay,
+            test_only_fake_peers: self.test_only_fake_peers.clone(),
             lwt_serialize_through_durability: on_off(
                 "lwt-serialize-through-durability",
                 &self.lwt_serialize_through_durability,
@@ -1311,6 +1326,7 @@ mod tests {
         assert_eq!(c.max_inflight_bytes_per_connection, 8 << 20);
         assert_eq!(c.max_inflight_bytes_per_shard, 128 << 20);
         assert_eq!(c.test_only_service_delay, None);
+        assert!(c.test_only_fake_peers.is_empty());
         assert!(!c.lwt_serialize_through_durability);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
         assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);

@@ -153,6 +153,13 @@ fn serve(args: ServeArgs) -> Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
+    if !cfg.test_only_fake_peers.is_empty() {
+        warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
+        engine.set_ring(Arc::new(fake_peer_ring(
+            engine.node(),
+            &cfg.test_only_fake_peers,
+        )?));
+    }
 
     let mut config = server_config(&cfg, host_id);
     config.tls = tls.clone();
@@ -253,6 +260,38 @@ fn server_config(cfg: &ResolvedConfig, host_id: uuid::Uuid) -> sluice_server::Se
     s
 }
 
+/// TEST ONLY: this node plus a normal node at each of `peers` (this node's data center,
+/// rack, CQL port and token count; tokens allocated as for a joining node; host id from
+/// the address), so that drivers see a multi-node ring.
+fn fake_peer_ring(
+    node: &sluice_engine::NodeInfo,
+    peers: &[IpAddr],
+) -> Result<sluice_ring::TokenMetadata> {
+    let mut nodes = vec![node.ring_node()];
+    for (i, &ip) in peers.iter().enumerate() {
+        if nodes.iter().any(|n| n.cql_address.ip() == ip) {
+            anyhow::bail!("fake peer {ip} repeats an address of the ring");
+        }
+        let ring = sluice_ring::TokenMetadata::new(nodes.clone())?;
+        let tokens = sluice_ring::allocate_tokens(&ring, node.tokens.len(), i as u64 + 1)
+            .map_err(|e| anyhow::anyhow!("cannot allocate fake peer tokens: {e}"))?;
+        let host_bits = match ip {
+            IpAddr::V4(v4) => u128::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6),
+        };
+        nodes.push(sluice_ring::Node {
+            host_id: uuid::Uuid::from_u128(host_bits),
+            cql_address: std::net::SocketAddr::new(ip, node.port),
+            internode_address: std::net::SocketAddr::new(ip, node.internode_address.port()),
+            dc: node.data_center.clone(),
+            rack: node.rack.clone(),
+            tokens,
+            state: sluice_ring::NodeState::Normal,
+        });
+    }
+    Ok(sluice_ring::TokenMetadata::new(nodes)?)
+}
+
 fn node_info(cfg: &ResolvedConfig, id: &identity::NodeIdentity) -> Result<sluice_engine::NodeInfo> {
     let rpc_address: IpAddr = if cfg.listen.ip().is_unspecified() {
         warn!("listening on an unspecified address; advertising 127.0.0.1 to drivers");
@@ -266,11 +305,9 @@ fn node_info(cfg: &ResolvedConfig, id: &identity::NodeIdentity) -> Result<sluice
     node.rack = id.rack.clone();
     node.tokens = id.tokens.iter().map(|t| t.0).collect();
     node.internode_address = cfg.cluster.internode_listen;
-    // Until nodes join one another, the ring is this node with its own tokens.
-    node.ring = Arc::new(
-        node.single_node_ring()
-            .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?,
-    );
+    // The engine starts from the ring of this node alone; checked here for a clear message.
+    node.single_node_ring()
+        .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?;
     // Cassandra's names and formats, so that a benchmark can check both sides' durability.
     let sync = match cfg.durability {
         DurabilityArg::Batch => "batch",

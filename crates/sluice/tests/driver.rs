@@ -357,3 +357,98 @@ async fn token_map_equals_the_servers_replicas() {
     }
     assert_eq!(compared, 2 * probes.len());
 }
+
+/// On a node given a three-node ring (two pretended peers, nothing listening): the driver
+/// discovers three nodes from `system.peers`, connects only to the real one, keeps working
+/// through it, and its token map for RF = 3 equals the server's replica lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pretended_peers_are_discovered_and_do_not_break_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        &dir.path().join("data"),
+        1,
+        &[
+            "--num-tokens",
+            "4",
+            "--test-only-fake-peers",
+            "127.0.0.202,127.0.0.203",
+        ],
+    );
+    let session = connect(&node).await;
+    for ddl in [
+        "CREATE KEYSPACE fp WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}",
+        "CREATE TABLE fp.t (pk int PRIMARY KEY, v int)",
+    ] {
+        session.query_unpaged(ddl, &[]).await.unwrap();
+    }
+    session.refresh_metadata().await.unwrap();
+    let state = session.get_cluster_state();
+    let mut addresses: Vec<IpAddr> = state
+        .get_nodes_info()
+        .iter()
+        .map(|n| n.address.ip())
+        .collect();
+    addresses.sort();
+    let real = IpAddr::from([127, 0, 0, 1]);
+    assert_eq!(
+        addresses,
+        [
+            real,
+            IpAddr::from([127, 0, 0, 202]),
+            IpAddr::from([127, 0, 0, 203])
+        ]
+    );
+    for n in state.get_nodes_info() {
+        assert_eq!(n.is_connected(), n.address.ip() == real, "{}", n.address);
+        assert_eq!(
+            n.address.port(),
+            node.addr.port(),
+            "peers on the contact port"
+        );
+    }
+
+    let ins = session
+        .prepare("INSERT INTO fp.t (pk, v) VALUES (?, ?)")
+        .await
+        .unwrap();
+    for pk in 0..50i32 {
+        session.execute_unpaged(&ins, (pk, pk * 2)).await.unwrap();
+    }
+    let count: (i64,) = session
+        .query_unpaged("SELECT count(*) FROM fp.t", &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row()
+        .unwrap();
+    assert_eq!(count.0, 50);
+
+    let lookup = session
+        .prepare(
+            "SELECT replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = 'fp' AND token_value = ?",
+        )
+        .await
+        .unwrap();
+    let probes: Vec<i64> = (0..100i64)
+        .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15u64 as i64))
+        .collect();
+    for token in probes {
+        let (server,): (Vec<IpAddr>,) = session
+            .execute_unpaged(&lookup, (token,))
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+            .single_row()
+            .unwrap();
+        let driver: Vec<IpAddr> = state
+            .get_token_endpoints("fp", "t", scylla::routing::Token::new(token))
+            .iter()
+            .map(|(n, _)| n.address.ip())
+            .collect();
+        assert_eq!(server.len(), 3);
+        assert_eq!(server, driver, "{token}");
+    }
+}

@@ -5,7 +5,7 @@
 
 use sluice_protocol::compression::Compression;
 use sluice_protocol::frame::{Frame, Opcode};
-use sluice_protocol::{DbError, ErrorResponse, EventType, ResultMessage};
+use sluice_protocol::{DbError, ErrorResponse, ResultMessage};
 
 use super::classify::{classify, Classified, Control};
 use super::{reply, Request};
@@ -98,8 +98,10 @@ pub fn handle(request: Request, control: Control) {
             }
         }
         Control::Register(types) => {
-            if types.contains(&EventType::SchemaChange) && conn.events.borrow().is_none() {
-                let task = crate::events::spawn_schema_events(&shard, &conn);
+            let registered = conn.registered.get().with(&types);
+            conn.registered.set(registered);
+            if registered.any() && conn.events.borrow().is_none() {
+                let task = crate::events::spawn_events(&shard, &conn);
                 *conn.events.borrow_mut() = Some(task);
             }
             reply::control(request, sluice_protocol::response::encode_ready);
