@@ -421,6 +421,26 @@ pub(crate) fn single_partition_token(
     Some(key.map(|key| sluice_types::murmur3_token(&key)))
 }
 
+/// The token of a single-column partition key restricted by `=` to a constant or a bound
+/// value, read from `values` as they are: None for anything else (composite keys, `IN`,
+/// functions, null, oversized keys), which [`single_partition_token`] handles. The caller
+/// makes sure `values` need no canonical reordering (no set or map markers).
+#[inline]
+pub(crate) fn single_column_key_token(values: &[Value], w: &Where) -> Option<i64> {
+    let [Some(Restr::Eq(v))] = &w.pk[..] else {
+        return None;
+    };
+    let key: &[u8] = match v {
+        Val::Const(Some(b)) => b,
+        Val::Bind(i) => match values.get(*i) {
+            Some(Value::Set(b)) => b,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    (key.len() <= u16::MAX as usize).then(|| sluice_types::murmur3_token(key))
+}
+
 /// The partitions a fully restricted partition key denotes (deduplicated, in order).
 pub(crate) fn partition_keys(
     b: &Binder,

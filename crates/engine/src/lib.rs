@@ -36,6 +36,7 @@ mod paging;
 pub mod rate_limit_option;
 mod read;
 mod result;
+mod shard_statements;
 pub mod system;
 mod write;
 
@@ -61,6 +62,7 @@ use uuid::Uuid;
 pub use catalog::{ColumnDef, ColumnKind, KeyspaceDef, RateLimits, TableDef, TableOptions};
 pub use cluster::{follow_ring, NodeEvent};
 pub use rate_limit_option::LimitedPartition;
+pub use shard_statements::ShardStatements;
 
 /// The CQL version reported in `system.local`.
 pub const CQL_VERSION: &str = "3.4.7";
@@ -299,6 +301,9 @@ pub struct Engine {
     ddl_lock: Mutex<()>,
     cache: RwLock<HashMap<[u8; 16], Arc<Prepared>, PreparedIdHash>>,
     cache_clock: AtomicU64,
+    /// Bumped whenever a statement leaves `cache`, so that shards' own caches
+    /// ([`ShardStatements`]) forget what the engine dropped.
+    cache_generation: AtomicU64,
     events: broadcast::Sender<SchemaChange>,
     list_clock: AtomicU64,
     last_write_ts: std::sync::atomic::AtomicI64,
@@ -376,6 +381,7 @@ impl Engine {
             ddl_lock: Mutex::new(()),
             cache: RwLock::new(HashMap::default()),
             cache_clock: AtomicU64::new(1),
+            cache_generation: AtomicU64::new(1),
             events,
             list_clock: AtomicU64::new(0),
             last_write_ts: std::sync::atomic::AtomicI64::new(i64::MIN),
@@ -529,11 +535,17 @@ impl Engine {
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         let p = cache.get(id)?.clone();
         drop(cache);
+        self.touch(&p);
+        Some(p)
+    }
+
+    /// Marks `p` as used in the current epoch of the statement cache.
+    #[inline]
+    fn touch(&self, p: &Prepared) {
         let epoch = self.cache_clock.load(Ordering::Relaxed);
         if p.last_used.load(Ordering::Relaxed) != epoch {
             p.last_used.store(epoch, Ordering::Relaxed);
         }
-        Some(p)
     }
 
     fn insert_cached(&self, p: Arc<Prepared>) {
@@ -557,6 +569,8 @@ impl Engine {
             stamps.sort_unstable();
             let cut = stamps[stamps.len() / 4];
             cache.retain(|_, v| v.last_used.load(Ordering::Relaxed) > cut);
+            // After the removal, under the lock: see `ShardStatements::prepared`.
+            self.cache_generation.fetch_add(1, Ordering::AcqRel);
         }
         cache.insert(p.id, p);
     }
@@ -575,6 +589,7 @@ impl Engine {
             };
             !(by_table || by_ks || batch_hit)
         });
+        self.cache_generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// How many statements the cache holds (bounded by its capacity).
@@ -623,7 +638,20 @@ impl Engine {
     /// The statement's `USING TIMEOUT`, if any: decided once at analysis when constant,
     /// bound from `values` when a marker. Cheap, so that the deadline check can run
     /// before any routing work. Values are positional.
+    #[inline]
     pub fn timeout(
+        &self,
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+    ) -> Result<Option<Duration>, DetailedError> {
+        match &p.const_timeout {
+            Some(Ok(decided)) => Ok(*decided),
+            _ => self.bound_timeout(p, values),
+        }
+    }
+
+    /// [`Engine::timeout`] of a statement whose timeout is not decided by its text alone.
+    fn bound_timeout(
         &self,
         p: &Prepared,
         values: &[sluice_protocol::Value],
@@ -652,6 +680,7 @@ impl Engine {
 
     /// [`Engine::route`] for a caller that already has the statement's [`Engine::timeout`]
     /// (the server decides the deadline before routing), so it is not bound twice.
+    #[inline]
     pub fn route_with_timeout(
         &self,
         p: &Prepared,
@@ -664,6 +693,37 @@ impl Engine {
             Plan::Batch(bp) => (bp.writes.first().map(|w| &w.table), None),
             Plan::Dynamic(_) => (None, None),
         };
+        let route = Route {
+            token: None,
+            table: table.map(|t| *t.id.as_bytes()),
+            kind: p.kind,
+            timeout,
+            rate_limits: table.and_then(|t| t.options.per_partition_rate_limit),
+        };
+        // The common statement: one partition key column bound or constant, hashed where it
+        // lies, with neither the clock nor a binder.
+        if let (Some(t), Some(w)) = (table, where_) {
+            if !p.set_or_map_markers && !t.is_virtual() {
+                if let Some(token) = exec::single_column_key_token(values, w) {
+                    return Route {
+                        token: Some(token),
+                        ..route
+                    };
+                }
+            }
+        }
+        Self::route_bound(p, values, route, table, where_)
+    }
+
+    /// [`Engine::route_with_timeout`] of any other statement: its partition key bound with
+    /// canonical values and "now".
+    fn route_bound(
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+        mut route: Route,
+        table: Option<&Arc<TableDef>>,
+        where_: Option<&analyze::Where>,
+    ) -> Route {
         // The clock is read only when a partition key calls now(), uuid()...
         let now = match (&p.plan, where_) {
             (Plan::Batch(_), _) => now_micros(),
@@ -672,13 +732,6 @@ impl Engine {
         };
         let values = exec::canonical_positional(p, values);
         let b = exec::Binder::new(&values, now);
-        let mut route = Route {
-            token: None,
-            table: table.map(|t| *t.id.as_bytes()),
-            kind: p.kind,
-            timeout,
-            rate_limits: table.and_then(|t| t.options.per_partition_rate_limit),
-        };
         if let (Some(t), Some(w)) = (table, where_) {
             if !t.is_virtual() && w.pk_complete() {
                 if let Some(Ok(token)) = exec::single_partition_token(&b, t, w) {

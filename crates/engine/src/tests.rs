@@ -1864,6 +1864,58 @@ async fn conditional_batches_apply_all_or_nothing() {
 }
 
 #[tokio::test]
+async fn shard_statement_cache_follows_schema_changes_and_evictions() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let p = h
+        .engine
+        .prepare(None, "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?)")
+        .unwrap();
+    let mut shard = crate::ShardStatements::default();
+    assert!(shard.prepared(&h.engine, &[0u8; 3]).is_none(), "short id");
+    assert!(
+        shard.prepared(&h.engine, &[7u8; 16]).is_none(),
+        "unknown id"
+    );
+    let first = shard
+        .prepared(&h.engine, &p.id)
+        .expect("held by the engine");
+    assert!(Arc::ptr_eq(&first, &p));
+    assert_eq!(shard.len(), 1);
+    let again = shard
+        .prepared(&h.engine, &p.id)
+        .expect("served by the shard");
+    assert!(Arc::ptr_eq(&again, &p));
+    // A schema change drops the statement from the engine: the shard must not serve it.
+    h.ok("ALTER TABLE ks.t ADD w int").await;
+    assert!(h.engine.prepared(&p.id).is_none(), "the engine dropped it");
+    assert!(
+        shard.prepared(&h.engine, &p.id).is_none(),
+        "the shard forgot it"
+    );
+    assert!(shard.is_empty());
+    // A statement the engine evicts is not served by the shard either.
+    let cold = h
+        .engine
+        .prepare(None, "SELECT v FROM ks.t WHERE pk = ?")
+        .unwrap();
+    assert!(shard.prepared(&h.engine, &cold.id).is_some());
+    for i in 0..=crate::STATEMENT_CACHE_CAPACITY {
+        h.engine
+            .prepare(None, &format!("SELECT v FROM ks.t WHERE pk = {i}"))
+            .unwrap();
+    }
+    assert!(
+        shard.prepared(&h.engine, &cold.id).is_none(),
+        "evicted there"
+    );
+    assert!(
+        h.engine.prepared(&cold.id).is_none(),
+        "the engine evicted it"
+    );
+}
+
+#[tokio::test]
 async fn statement_cache_is_bounded_and_keeps_recent_statements() {
     let mut h = H::new();
     h.setup_kv().await;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use bytes::BytesMut;
-use sluice_engine::{Engine, Prepared, RequestContext, Session};
+use sluice_engine::{Engine, Prepared, RequestContext, Session, ShardStatements};
 use sluice_protocol::preencoded::PreencodedErrors;
 use sluice_protocol::QueryParameters;
 use sluice_storage::AckBarrier;
@@ -83,6 +83,8 @@ pub struct ShardCtx {
     pub admission: RefCell<ShardAdmission>,
     /// Per-shard rate limiter state.
     pub limiter: RefCell<ShardLimiter>,
+    /// This shard's statement cache, in front of the engine's shared one (no lock per EXECUTE).
+    pub statements: RefCell<ShardStatements>,
     /// The rejections' error frames, encoded once (`pipeline::reply` patches the stream id).
     pub frames: PreencodedErrors,
     /// Becomes true when the node shuts down.
@@ -98,6 +100,13 @@ pub struct ShardCtx {
 }
 
 impl ShardCtx {
+    /// The statement prepared under `id`, for EXECUTE: from this shard's cache, else the
+    /// engine's.
+    #[inline]
+    pub fn prepared(&self, id: &[u8]) -> Option<Arc<Prepared>> {
+        self.statements.borrow_mut().prepared(&self.engine, id)
+    }
+
     /// Shard `id` of `nr_shards`: its admission, limiter and in-flight budgets, fresh.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -129,6 +138,7 @@ impl ShardCtx {
                 id,
                 clock.clone(),
             )),
+            statements: RefCell::new(ShardStatements::default()),
             frames: PreencodedErrors::new(),
             config,
             metrics,

@@ -184,40 +184,47 @@ fn check_single(
             return Err(Rejection::ShuttingDown);
         }
     }
-    let mut checked = Checked {
+    // The rate limiter counts a partition on the shard that owns it. Tables without a limit
+    // skip all of it. `Checked` is built only on the way out, so a rejection drops nothing.
+    let limit =
+        if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
+            ask_owners_of(shard.engine.limited_partitions(prepared, values))
+        } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
+            route.token,
+            route.table,
+            route.rate_limits,
+            op_type(route.kind),
+        ) {
+            match rl.for_kind(route.kind) {
+                Some(limit) => {
+                    let mut limiter = shard.limiter.borrow_mut();
+                    let check = LimitCheck {
+                        table,
+                        token,
+                        op,
+                        limit,
+                        random: limiter.draw(),
+                    };
+                    if remote.is_some() {
+                        LimitPlan::OnOwner(check)
+                    } else if let LimitDecision::Reject(op) =
+                        limiter.check(&check, &shard.engine, &shard.metrics)
+                    {
+                        return Err(Rejection::RateLimited(op));
+                    } else {
+                        LimitPlan::Done
+                    }
+                }
+                None => LimitPlan::Done,
+            }
+        } else {
+            LimitPlan::Done
+        };
+    Ok(Checked {
         deadline,
         owner,
-        limit: LimitPlan::Done,
-    };
-    // The rate limiter counts a partition on the shard that owns it. Tables without a limit
-    // skip all of it.
-    if prepared.is_text_batch() || (route.token.is_none() && route.rate_limits.is_some()) {
-        checked.limit = ask_owners_of(shard.engine.limited_partitions(prepared, values));
-    } else if let (Some(token), Some(table), Some(rl), Some(op)) = (
-        route.token,
-        route.table,
-        route.rate_limits,
-        op_type(route.kind),
-    ) {
-        if let Some(limit) = rl.for_kind(route.kind) {
-            let mut limiter = shard.limiter.borrow_mut();
-            let check = LimitCheck {
-                table,
-                token,
-                op,
-                limit,
-                random: limiter.draw(),
-            };
-            if remote.is_some() {
-                checked.limit = LimitPlan::OnOwner(check);
-            } else if let LimitDecision::Reject(op) =
-                limiter.check(&check, &shard.engine, &shard.metrics)
-            {
-                return Err(Rejection::RateLimited(op));
-            }
-        }
-    }
-    Ok(checked)
+        limit,
+    })
 }
 
 /// The plan for the partitions of a multi-partition operation.

@@ -196,7 +196,7 @@ pub fn classify(
                 params,
                 using_timeout: None,
             },
-            None => match shard.engine.prepared(&id) {
+            None => match shard.prepared(&id) {
                 Some(prepared) => single(shard, prepared, params)?,
                 None => Statement::Unknown(UnknownId::new(&id)),
             },

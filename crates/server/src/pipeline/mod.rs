@@ -179,7 +179,7 @@ pub fn start(request: Request, frame: Frame) -> Option<Pending> {
     // The head is read once, here; the full decode happens only if the request goes on.
     let mut head = ExecuteHead::default();
     let known = match head.read(&frame.header, &frame.body) {
-        Ok(id) if head.complete() => request.shard.engine.prepared(id),
+        Ok(id) if head.complete() => request.shard.prepared(id),
         _ => None,
     };
     let Some(prepared) = known else {
