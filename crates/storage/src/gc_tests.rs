@@ -221,6 +221,10 @@ fn a_partition_deletion_is_kept_while_its_rows_go() {
     let mut deletion = partition(vec![]);
     deletion.partition_deletion = Some(micros_ago(30));
     s.apply(&[(&l, deletion)]).unwrap();
+    assert!(
+        s.wait_purges(Duration::from_secs(30)),
+        "the purger removes row 1"
+    );
     assert_eq!(
         s.compact_table(T),
         1,
