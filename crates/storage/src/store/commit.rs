@@ -190,7 +190,7 @@ impl Store {
         let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
         for (table, seconds) in &gc_grace {
             if let Some(keyspace) = registry.keyspace(table) {
-                self.gc_graces.note(keyspace.name(), *seconds);
+                self.gc_graces.note(keyspace.name(), *table, *seconds);
             }
         }
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
@@ -291,6 +291,7 @@ impl Store {
                                 table,
                                 prefix,
                                 ranges: purge_ranges,
+                                drop_past_gc: false,
                             });
                         }
                         if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {

@@ -175,6 +175,8 @@ impl Store {
     ) -> Result<Store, StorageError> {
         let gc_graces = Arc::new(gc::GcGraces::default());
         let assigner_graces = gc_graces.clone();
+        let purge_inbox = Arc::new(purge::PurgeInbox::new());
+        let assigner_inbox = purge_inbox.clone();
         let db = Database::builder(path)
             .cache_size(cache_bytes)
             // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
@@ -185,8 +187,11 @@ impl Store {
             .max_journaling_size(MAX_JOURNAL_BYTES)
             .with_compaction_filter_factories(Arc::new(move |name: &str| {
                 tables::is_table_keyspace(name).then(|| {
-                    Arc::new(gc::GcFilterFactory::new(assigner_graces.clone(), name))
-                        as Arc<dyn fjall::compaction::filter::Factory>
+                    Arc::new(gc::GcFilterFactory::new(
+                        assigner_graces.clone(),
+                        assigner_inbox.clone(),
+                        name,
+                    )) as Arc<dyn fjall::compaction::filter::Factory>
                 })
             }))
             .open()
@@ -253,8 +258,14 @@ impl Store {
         let stripes: Arc<[Mutex<Stripe>]> = (0..STRIPES)
             .map(|_| Mutex::new(Stripe { newest: ceiling }))
             .collect();
-        let purger =
-            purge::Purger::start(db.clone(), meta.clone(), tables.clone(), stripes.clone())?;
+        let purger = purge::Purger::start(
+            db.clone(),
+            meta.clone(),
+            tables.clone(),
+            stripes.clone(),
+            gc_graces.clone(),
+            purge_inbox,
+        )?;
         Ok(Store {
             db,
             tables,

@@ -8,12 +8,13 @@
 //! record: the purger loads the records again once its queue drains (and at every open), so
 //! no deleted partition's rows stay on disk for good.
 
+use super::gc::{self, GcGraces};
 use super::read::full_range;
 use super::tables::Tables;
 use super::{io, Store, Stripe};
 use crate::keycodec::{self, ByteRange, KIND_ROW};
 use crate::model::TableId;
-use crate::row::{PartitionHeader, StoredRow};
+use crate::row::{GcHorizon, PartitionHeader, StoredRow};
 use crate::StorageError;
 use fjall::{Database, Keyspace};
 use std::collections::VecDeque;
@@ -46,6 +47,9 @@ pub(super) struct PurgeJob {
     pub(super) prefix: Vec<u8>,
     /// Where its new deletions apply, in encoded clustering bounds.
     pub(super) ranges: Vec<ByteRange>,
+    /// Asked by a compaction that found the header's deletions past gc_grace: drop them
+    /// once nothing they shadow is left.
+    pub(super) drop_past_gc: bool,
 }
 
 /// The meta key of the purge record of `table`'s partition `prefix`.
@@ -72,22 +76,66 @@ struct PurgeState {
     stop: bool,
 }
 
-struct PurgeShared {
-    db: Database,
-    meta: Keyspace,
-    tables: Arc<Tables>,
-    stripes: Arc<[Mutex<Stripe>]>,
+/// The purger's queue, shared with the compaction filter (which asks for the header
+/// deletions it finds past gc_grace to be dropped) from before the database opens.
+pub(super) struct PurgeInbox {
     state: Mutex<PurgeState>,
     /// Wakes the thread (a job, a stop, a release of the test hold).
     wake: Condvar,
     /// Wakes whoever waits for an idle purger.
     idle: Condvar,
+    /// Jobs dropped because the queue was full.
+    dropped: AtomicU64,
+}
+
+impl PurgeInbox {
+    /// An empty inbox; the purger loads the purge records when it starts.
+    pub(super) fn new() -> PurgeInbox {
+        PurgeInbox {
+            state: Mutex::new(PurgeState {
+                queue: VecDeque::new(),
+                reload: true,
+                running: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            idle: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, PurgeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `job`, or drops it (counted) when the queue is full. A job with a purge
+    /// record (`recorded`) is then found again by a reload of the records; a gc request
+    /// is made again by the next compaction that sees the header.
+    pub(super) fn enqueue(&self, job: PurgeJob, recorded: bool) {
+        let mut state = self.lock_state();
+        if state.queue.len() >= PURGE_QUEUE_JOBS {
+            state.reload |= recorded;
+            drop(state);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        state.queue.push_back(job);
+        drop(state);
+        self.wake.notify_all();
+    }
+}
+
+struct PurgeShared {
+    db: Database,
+    meta: Keyspace,
+    tables: Arc<Tables>,
+    stripes: Arc<[Mutex<Stripe>]>,
+    graces: Arc<GcGraces>,
+    inbox: Arc<PurgeInbox>,
     /// Generation of the next purge record: a job removes its record only if no later
     /// deletion rewrote it meanwhile. Seeded from the clock at open, so that it does not
     /// repeat a generation written before a restart.
     generation: AtomicU64,
-    /// Jobs dropped because the queue was full.
-    dropped: AtomicU64,
     /// Rows the purger examined.
     examined: AtomicU64,
     /// Test hook: jobs wait while this is set.
@@ -102,6 +150,8 @@ impl Purger {
         meta: Keyspace,
         tables: Arc<Tables>,
         stripes: Arc<[Mutex<Stripe>]>,
+        graces: Arc<GcGraces>,
+        inbox: Arc<PurgeInbox>,
     ) -> Result<Purger, StorageError> {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -111,16 +161,9 @@ impl Purger {
             meta,
             tables,
             stripes,
-            state: Mutex::new(PurgeState {
-                queue: VecDeque::new(),
-                reload: true,
-                running: false,
-                stop: false,
-            }),
-            wake: Condvar::new(),
-            idle: Condvar::new(),
+            graces,
+            inbox,
             generation: AtomicU64::new(seed),
-            dropped: AtomicU64::new(0),
             examined: AtomicU64::new(0),
             #[cfg(test)]
             held: AtomicBool::new(false),
@@ -141,24 +184,16 @@ impl Purger {
         self.shared.generation.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Queues `job`, or drops it (counted) when the queue is full: the rows stay hidden by
-    /// the deletion, and the job's record has it purged after the queue drains.
+    /// Queues the job of a committed deletion, or drops it (counted) when the queue is
+    /// full: the rows stay hidden by the deletion, and the job's record has them purged
+    /// after the queue drains.
     pub(super) fn enqueue(&self, job: PurgeJob) {
-        let mut state = self.shared.lock_state();
-        if state.queue.len() >= PURGE_QUEUE_JOBS {
-            state.reload = true;
-            drop(state);
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        state.queue.push_back(job);
-        drop(state);
-        self.shared.wake.notify_all();
+        self.shared.inbox.enqueue(job, true);
     }
 
     /// Jobs dropped because the queue was full (tests, metrics).
     pub(super) fn dropped_jobs(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
+        self.shared.inbox.dropped.load(Ordering::Relaxed)
     }
 
     /// Rows examined by the purger (tests, metrics).
@@ -168,9 +203,9 @@ impl Purger {
 
     /// Stops the thread after its current chunk; unfinished jobs keep their records.
     pub(super) fn stop(&self) {
-        self.shared.lock_state().stop = true;
-        self.shared.wake.notify_all();
-        self.shared.idle.notify_all();
+        self.shared.inbox.lock_state().stop = true;
+        self.shared.inbox.wake.notify_all();
+        self.shared.inbox.idle.notify_all();
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = thread {
             if t.join().is_err() {
@@ -184,7 +219,7 @@ impl Purger {
     #[cfg(test)]
     pub(super) fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
-        let mut state = self.shared.lock_state();
+        let mut state = self.shared.inbox.lock_state();
         loop {
             if state.queue.is_empty() && !state.running && !state.reload {
                 return true;
@@ -195,6 +230,7 @@ impl Purger {
             }
             state = self
                 .shared
+                .inbox
                 .idle
                 .wait_timeout(state, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
@@ -224,7 +260,7 @@ pub(crate) struct PurgeHold<'a>(&'a Purger);
 impl Drop for PurgeHold<'_> {
     fn drop(&mut self) {
         self.0.shared.held.store(false, Ordering::Release);
-        self.0.shared.wake.notify_all();
+        self.0.shared.inbox.wake.notify_all();
     }
 }
 
@@ -236,7 +272,7 @@ enum JobEnd {
 
 impl PurgeShared {
     fn lock_state(&self) -> MutexGuard<'_, PurgeState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inbox.lock_state()
     }
 
     fn held(&self) -> bool {
@@ -270,8 +306,12 @@ impl PurgeShared {
                             break None;
                         }
                     }
-                    self.idle.notify_all();
-                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                    self.inbox.idle.notify_all();
+                    state = self
+                        .inbox
+                        .wake
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
                 }
             };
             let outcome = match job {
@@ -307,6 +347,7 @@ impl PurgeShared {
                 table,
                 prefix: prefix.to_vec(),
                 ranges: vec![ByteRange { lo: None, hi: None }],
+                drop_past_gc: false,
             });
             if jobs.len() == PURGE_QUEUE_JOBS {
                 break;
@@ -389,10 +430,13 @@ impl PurgeShared {
         }
         // Under the stripe lock: a deletion of the partition commits either before (and
         // rewrote the record, which then stays for its own job) or after (a new record).
-        let _registry = self.tables.read();
+        let registry = self.tables.read();
         let _guard = self.stripes[stripe]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(keyspace)) = (job.drop_past_gc, registry.keyspace(&job.table)) {
+            self.drop_deletions_past_gc(keyspace, &header_key, &row_prefix)?;
+        }
         let now = self.meta.get(&record).map_err(io)?;
         if first_seen.is_none_or(|seen| seen == now) && now.is_some() {
             let mut batch = self.db.batch().durability(None);
@@ -400,5 +444,71 @@ impl PurgeShared {
             batch.commit().map_err(io)?;
         }
         Ok(JobEnd::Done)
+    }
+
+    /// Drops the header's partition deletion and range tombstones older than the table's
+    /// gc_grace once nothing they shadow is left, so that a deleted partition does not keep
+    /// its header for ever. Runs under the partition's stripe lock (the caller's) over at
+    /// most `PURGE_CHUNK` rows: each is either wholly shadowed (removed here, an engine
+    /// tombstone that hides its older versions) or wholly newer than its covering deletion,
+    /// so no read changes. A larger partition, or a row only partly shadowed, keeps them. A
+    /// write arriving later under a dropped deletion is visible, as in Cassandra once the
+    /// tombstone is purged.
+    fn drop_deletions_past_gc(
+        &self,
+        keyspace: &Keyspace,
+        header_key: &[u8],
+        row_prefix: &[u8],
+    ) -> Result<(), StorageError> {
+        let Some(grace) = self.graces.get(keyspace.name()) else {
+            return Ok(());
+        };
+        let horizon = GcHorizon::new(gc::now_secs(), grace);
+        let Some(value) = keyspace.get(header_key).map_err(io)? else {
+            return Ok(());
+        };
+        let header = PartitionHeader::decode_value(&value)?;
+        let mut kept = header.clone();
+        kept.deletion = kept.deletion.filter(|&d| !horizon.tombstone_purgeable(d));
+        kept.range_tombstones
+            .retain(|t| !horizon.tombstone_purgeable(t.timestamp));
+        if kept.deletion == header.deletion
+            && kept.range_tombstones.len() == header.range_tombstones.len()
+        {
+            return Ok(());
+        }
+        if let (Some(s), Some(d)) = (&header.static_row, header.deletion) {
+            if s.min_timestamp() <= d {
+                return Ok(());
+            }
+        }
+        let mut batch = self.db.batch();
+        let mut rows = 0usize;
+        for guard in keyspace.prefix(row_prefix) {
+            rows += 1;
+            if rows > PURGE_CHUNK {
+                return Ok(());
+            }
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
+            let Some(covering) = header.deletion_for(clustering) else {
+                continue;
+            };
+            let row = StoredRow::decode_value(&value)?;
+            if row.max_timestamp() <= covering {
+                batch.remove(keyspace, key.clone());
+            } else if row.min_timestamp() <= covering {
+                return Ok(());
+            }
+        }
+        self.examined.fetch_add(rows as u64, Ordering::Relaxed);
+        if kept.is_empty() {
+            batch.remove(keyspace, header_key);
+        } else {
+            let mut encoded = Vec::new();
+            kept.encode(&mut encoded)?;
+            batch.insert(keyspace, header_key, encoded);
+        }
+        batch.commit().map_err(io)
     }
 }
