@@ -8,8 +8,20 @@ use sluice_types::{CqlType, NativeType};
 use std::time::{Duration, Instant};
 
 const T: TableId = [9; 16];
-const ROWS: i32 = 2_000;
-const ROW_BYTES: usize = 100 << 10;
+/// Rows and row size, overridable through `SLUICE_DELETE_ROWS` and `SLUICE_DELETE_ROW_BYTES`.
+fn shape() -> (i32, usize) {
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let rows = var("SLUICE_DELETE_ROWS", 2_000);
+    (
+        i32::try_from(rows).unwrap(),
+        var("SLUICE_DELETE_ROW_BYTES", 100 << 10),
+    )
+}
 
 fn mutation() -> Mutation {
     Mutation {
@@ -42,8 +54,9 @@ fn a_partition_delete_of_big_rows_is_timed() {
         regular: None,
         gc_grace_seconds: 864_000,
     };
-    let value = Bytes::from(vec![b'x'; ROW_BYTES]);
-    for c in 0..ROWS {
+    let (rows, row_bytes) = shape();
+    let value = Bytes::from(vec![b'x'; row_bytes]);
+    for c in 0..rows {
         let mut m = mutation();
         m.rows.push(RowMutation {
             clustering: vec![Bytes::copy_from_slice(&c.to_be_bytes())],
@@ -72,6 +85,19 @@ fn a_partition_delete_of_big_rows_is_timed() {
         .read_partition(&l, 11, b"big", &ClusteringSlice::all(), None, usize::MAX, 0)
         .unwrap();
     assert!(read.rows.is_empty(), "the partition reads empty at once");
-    println!("partition delete of {ROWS} x {ROW_BYTES} B rows: apply took {took:?}");
+    println!("partition delete of {rows} x {row_bytes} B rows: apply took {took:?}");
+    // The background purge: every row examined (and removed) within a bounded wait.
+    let deadline = started + Duration::from_secs(120);
+    while s.purge_rows_examined() < rows as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "the background purge did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "background purge done {:?} after the delete",
+        started.elapsed()
+    );
     s.close().unwrap();
 }
