@@ -629,6 +629,16 @@ impl Storage {
         self.inner.stores.iter().all(|s| s.wait_purges(limit))
     }
 
+    /// Test hook: the purge records left in every store.
+    #[cfg(test)]
+    pub(crate) fn purge_record_count(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::purge_record_count)
+            .sum()
+    }
+
     /// Test hook: holds every store's purger while the guards live.
     #[cfg(test)]
     pub(crate) fn hold_purgers(&self) -> Vec<crate::store::PurgeHold<'_>> {

@@ -434,6 +434,12 @@ impl Store {
         self.purger.wait_idle(limit)
     }
 
+    /// Test hook: the purge records in the store's meta keyspace.
+    #[cfg(test)]
+    pub(crate) fn purge_record_count(&self) -> usize {
+        self.meta.prefix(purge::PURGE_RECORD_PREFIX).count()
+    }
+
     /// Test hook: holds the purger before its next job while the guard lives.
     #[cfg(test)]
     pub(crate) fn hold_purger(&self) -> PurgeHold<'_> {

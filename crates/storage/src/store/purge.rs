@@ -35,7 +35,7 @@ pub(crate) const PURGE_QUEUE_JOBS: usize = 1024;
 
 /// Meta key prefix of purge records: `PURGE_RECORD_PREFIX ‖ table id ‖ partition prefix` →
 /// the record's generation (u64, big-endian).
-const PURGE_RECORD_PREFIX: &[u8] = b"storage/purge/";
+pub(super) const PURGE_RECORD_PREFIX: &[u8] = b"storage/purge/";
 
 /// Pause after a job failed, so that a failing disk does not turn the purger into a busy loop.
 const PURGE_RETRY_PAUSE: Duration = Duration::from_millis(200);
