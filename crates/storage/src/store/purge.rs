@@ -120,6 +120,10 @@ impl PurgeInbox {
             return;
         }
         state.queue.push_back(job);
+        debug_assert!(
+            state.queue.len() <= PURGE_QUEUE_JOBS,
+            "the purge queue is bounded"
+        );
         drop(state);
         self.wake.notify_all();
     }
@@ -319,7 +323,8 @@ impl PurgeShared {
                 None => self.reload_records().map(|()| JobEnd::Done),
             };
             if let Err(e) = outcome {
-                // The record stays; a later reload retries it.
+                // The record stays: the next reload (at open, or after a dropped job) retries
+                // it; retrying at once would spin on a failing disk.
                 tracing::warn!(error = ?e, "cannot purge the rows a deletion shadows");
                 std::thread::sleep(PURGE_RETRY_PAUSE);
             }
