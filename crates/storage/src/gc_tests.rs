@@ -213,18 +213,127 @@ fn a_table_without_a_known_gc_grace_is_not_purged() {
     assert_eq!(live_rows(&s, &l), vec![2]);
 }
 
+/// Longest a test waits for the background purger.
+const PURGE_WAIT: Duration = Duration::from_secs(30);
+
 #[test]
-fn a_partition_deletion_is_kept_while_its_rows_go() {
-    let (dir, l) = (tempfile::tempdir().unwrap(), layout(0));
+fn a_partition_deletion_within_gc_grace_is_kept_while_its_rows_go() {
+    let (dir, l) = (tempfile::tempdir().unwrap(), layout(3600));
     let s = open(dir.path());
     write(&s, &l, vec![row(1, 10, micros_ago(60), None)]);
     let mut deletion = partition(vec![]);
     deletion.partition_deletion = Some(micros_ago(30));
     s.apply(&[(&l, deletion)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT), "the purger removes row 1");
+    assert_eq!(s.compact_table(T), 1, "the header stays within gc grace");
+    // The kept deletion still shadows a late write older than it.
+    write(&s, &l, vec![row(2, 20, micros_ago(45), None)]);
+    assert_eq!(live_rows(&s, &l), Vec::<i32>::new());
+}
+
+#[test]
+fn a_partition_deletion_past_gc_grace_goes_once_nothing_it_shadows_is_left() {
+    let (dir, l) = (tempfile::tempdir().unwrap(), layout(0));
+    let s = open(dir.path());
+    write(&s, &l, vec![row(1, 10, micros_ago(60), None)]);
+    write(&s, &l, vec![row(2, 20, micros_ago(10), None)]);
+    let mut deletion = partition(vec![]);
+    deletion.partition_deletion = Some(micros_ago(30));
+    s.apply(&[(&l, deletion)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(s.raw_entry_count(T), 2, "row 1 is gone, the header stays");
+    // The compaction finds the header past gc grace and has the purger drop it.
+    s.compact_table(T);
+    assert!(s.wait_purges(PURGE_WAIT));
     assert_eq!(
-        s.compact_table(T),
+        s.raw_entry_count(T),
         1,
-        "the header stays: it may shadow rows in disk tables a compaction does not see"
+        "the header is gone, row 2 (newer) stays"
+    );
+    assert_eq!(live_rows(&s, &l), vec![2]);
+    assert_eq!(s.compact_table(T), 1);
+    assert_eq!(live_rows(&s, &l), vec![2]);
+}
+
+#[test]
+fn a_range_tombstone_past_gc_grace_goes_and_one_over_a_partly_shadowed_row_stays() {
+    let (dir, l) = (tempfile::tempdir().unwrap(), layout(0));
+    let s = open(dir.path());
+    write(&s, &l, vec![row(1, 10, micros_ago(60), None)]);
+    // Row 5: column 1 older than the coming deletion, column 2 newer.
+    let mut partly = row(5, 50, micros_ago(60), None);
+    partly.cells.push(CellWrite {
+        column: 2,
+        path: None,
+        value: CellValue::Live(int(51)),
+        timestamp: micros_ago(10),
+        expiry: None,
+    });
+    write(&s, &l, vec![partly]);
+    let mut deletion = partition(vec![]);
+    deletion.range_deletions.push(RangeDeletion {
+        start: std::ops::Bound::Included(vec![int(0)]),
+        end: std::ops::Bound::Included(vec![int(2)]),
+        timestamp: micros_ago(30),
+    });
+    s.apply(&[(&l, deletion)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT));
+    s.compact_table(T);
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(s.raw_entry_count(T), 1, "row 1 and the header are gone");
+    assert_eq!(live_rows(&s, &l), vec![5]);
+    let mut deletion = partition(vec![]);
+    deletion.partition_deletion = Some(micros_ago(30));
+    s.apply(&[(&l, deletion)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT));
+    s.compact_table(T);
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(
+        s.raw_entry_count(T),
+        2,
+        "the header stays: without it row 5's column 1 would come back"
+    );
+    let read = s
+        .read_partition(
+            &l,
+            TOKEN,
+            PK.as_bytes(),
+            &ClusteringSlice::all(),
+            None,
+            usize::MAX,
+            now_secs(),
+        )
+        .unwrap();
+    let cells: Vec<ColumnId> = read.rows[0].cells.iter().map(|c| c.column).collect();
+    assert_eq!(cells, vec![2]);
+}
+
+#[test]
+fn a_compaction_has_a_header_past_gc_grace_dropped() {
+    let (dir, l) = (tempfile::tempdir().unwrap(), layout(0));
+    {
+        let s = open(dir.path());
+        write(&s, &l, vec![row(1, 10, micros_ago(60), None)]);
+        let _held = s.hold_purgers();
+        let mut deletion = partition(vec![]);
+        deletion.partition_deletion = Some(micros_ago(30));
+        s.apply(&[(&l, deletion)]).unwrap();
+        s.close().unwrap();
+    }
+    // After a restart the purger finishes the purge, but knows no gc grace yet.
+    let s = open(dir.path());
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(s.raw_entry_count(T), 1, "the header is left");
+    let mut other = partition(vec![row(7, 70, micros_ago(10), None)]);
+    other.partition_key = Bytes::from_static(b"other");
+    s.apply(&[(&l, other)]).unwrap();
+    // The write told the store the grace; the compaction finds the header past it.
+    s.compact_table(T);
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(
+        s.raw_entry_count(T),
+        1,
+        "only the other partition's row is left"
     );
     assert_eq!(live_rows(&s, &l), Vec::<i32>::new());
 }

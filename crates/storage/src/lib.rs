@@ -9,6 +9,8 @@ mod background;
 #[cfg(test)]
 mod conditional_tests;
 #[cfg(test)]
+mod delete_timing_tests;
+#[cfg(test)]
 mod gc_tests;
 mod journal_sync;
 pub mod keycodec;

@@ -43,7 +43,8 @@ impl GcHorizon {
         }
     }
 
-    fn tombstone_purgeable(&self, timestamp: i64) -> bool {
+    /// True when a deletion at `timestamp` is older than the horizon.
+    pub fn tombstone_purgeable(&self, timestamp: i64) -> bool {
         timestamp < self.tombstones_before
     }
 
@@ -705,7 +706,8 @@ impl PartitionHeader {
 
     /// Purges its static row behind `horizon`. The partition deletion and range tombstones
     /// stay: they shadow rows stored under other keys, possibly in disk tables this
-    /// compaction does not see, so dropping them could bring those rows back.
+    /// compaction does not see, so dropping them could bring those rows back; the store's
+    /// purger drops them under the partition's lock once no row they shadow is left.
     pub fn purge_gc(&mut self, horizon: &GcHorizon) -> Purge {
         let outcome = match &mut self.static_row {
             Some(s) => s.purge_gc(horizon),

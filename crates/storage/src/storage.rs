@@ -604,6 +604,47 @@ impl Storage {
             .collect()
     }
 
+    /// Purge jobs dropped because a store's purge queue was full; their rows stay hidden by
+    /// the deletion and are purged once the queue drains (tests, metrics).
+    pub fn dropped_purge_jobs(&self) -> u64 {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::dropped_purge_jobs)
+            .sum()
+    }
+
+    /// Rows the background purgers examined for shadowed rows (tests, metrics).
+    pub fn purge_rows_examined(&self) -> u64 {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::purge_rows_examined)
+            .sum()
+    }
+
+    /// Test hook: waits at most `limit` for every store's purger to finish; true if they did.
+    #[cfg(test)]
+    pub(crate) fn wait_purges(&self, limit: std::time::Duration) -> bool {
+        self.inner.stores.iter().all(|s| s.wait_purges(limit))
+    }
+
+    /// Test hook: the purge records left in every store.
+    #[cfg(test)]
+    pub(crate) fn purge_record_count(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::purge_record_count)
+            .sum()
+    }
+
+    /// Test hook: holds every store's purger while the guards live.
+    #[cfg(test)]
+    pub(crate) fn hold_purgers(&self) -> Vec<crate::store::PurgeHold<'_>> {
+        self.inner.stores.iter().map(Store::hold_purger).collect()
+    }
+
     /// Test hook: holds every store's table deleter while the guards live.
     #[cfg(test)]
     pub(crate) fn hold_deleters(&self) -> Vec<crate::store::DeletionHold<'_>> {

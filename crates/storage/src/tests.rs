@@ -463,6 +463,111 @@ fn tombstones_cell_row_range_partition() {
     assert!(r.rows.is_empty() && r.static_row.is_none());
 }
 
+/// Longest a test waits for the background purge of shadowed rows.
+const PURGE_WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn a_partition_delete_examines_no_row_on_the_committing_thread() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    fill_big_partition(&s, &l, 2_000, 10_000);
+    assert_eq!(s.raw_entry_count(T1), 2_000);
+    let examined_before = s.purge_rows_examined();
+    let held = s.hold_purgers();
+    let mut m = mutation(T1, 7, "big");
+    m.partition_deletion = Some(2);
+    s.apply(&[(&l, m)]).unwrap();
+    assert_eq!(
+        s.purge_rows_examined(),
+        examined_before,
+        "the delete itself examined no row"
+    );
+    assert_eq!(s.raw_entry_count(T1), 2_001, "the rows are still on disk");
+    assert!(
+        read_all(&s, &l, 7, "big", 0).rows.is_empty(),
+        "and already hidden"
+    );
+    drop(held);
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(s.purge_rows_examined() - examined_before, 2_000);
+    assert_eq!(s.raw_entry_count(T1), 1, "only the header is left");
+    assert_eq!(s.dropped_purge_jobs(), 0);
+    // A late write under the deletion stays hidden.
+    let mut m = mutation(T1, 7, "big");
+    m.rows
+        .push(insert_row(ck(5, "r"), vec![cell(1, "late", 1)], 1));
+    s.apply(&[(&l, m)]).unwrap();
+    assert!(read_all(&s, &l, 7, "big", 0).rows.is_empty());
+}
+
+#[test]
+fn a_restart_before_the_purge_keeps_the_rows_hidden_and_purges_them_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout();
+    {
+        let s = open_at(dir.path(), periodic());
+        fill_big_partition(&s, &l, 600, 100);
+        fill(&s, &l, 2, &["a"]);
+        let _held = s.hold_purgers();
+        let mut m = mutation(T1, 7, "big");
+        m.partition_deletion = Some(2);
+        s.apply(&[(&l, m)]).unwrap();
+        let mut m = mutation(T1, 7, "p");
+        m.range_deletions.push(RangeDeletion {
+            start: Bound::Included(vec![int(1)]),
+            end: Bound::Unbounded,
+            timestamp: 5,
+        });
+        s.apply(&[(&l, m)]).unwrap();
+        assert_eq!(s.raw_entry_count(T1), 600 + 1 + 2 + 1);
+        assert_eq!(
+            s.purge_record_count(),
+            2,
+            "one record per partition deleted"
+        );
+        s.close().unwrap();
+    }
+    let s = open_at(dir.path(), periodic());
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert!(read_all(&s, &l, 7, "big", 0).rows.is_empty());
+    assert_eq!(keys(&read_all(&s, &l, 7, "p", 0)), vec![ck(0, "a")]);
+    assert_eq!(
+        s.raw_entry_count(T1),
+        1 + 2,
+        "both headers and the live row are left"
+    );
+    assert_eq!(s.purge_record_count(), 0, "no purge record is left");
+}
+
+#[test]
+fn a_full_purge_queue_drops_jobs_and_their_records_purge_them_later() {
+    let (_d, s) = open_one_store(periodic());
+    let l = layout();
+    let partitions = crate::store::PURGE_QUEUE_JOBS as i64 + 20;
+    for p in 0..partitions {
+        let mut m = mutation(T1, p, "q");
+        m.rows
+            .push(insert_row(ck(0, "a"), vec![cell(1, "v", 1)], 1));
+        s.apply(&[(&l, m)]).unwrap();
+    }
+    {
+        let _held = s.hold_purgers();
+        for p in 0..partitions {
+            let mut m = mutation(T1, p, "q");
+            m.partition_deletion = Some(2);
+            s.apply(&[(&l, m)]).unwrap();
+        }
+        assert_eq!(s.dropped_purge_jobs(), 20);
+    }
+    assert!(s.wait_purges(PURGE_WAIT));
+    assert_eq!(
+        s.raw_entry_count(T1),
+        partitions as usize,
+        "every row is purged, the dropped jobs' too; the headers stay"
+    );
+    assert_eq!(s.purge_record_count(), 0);
+}
+
 #[test]
 fn deletions_purge_the_rows_they_shadow() {
     let (_d, s) = open(periodic());
@@ -482,11 +587,13 @@ fn deletions_purge_the_rows_they_shadow() {
         timestamp: 5,
     });
     s.apply(&[(&l, m)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT));
     assert_eq!(s.raw_entry_count(T1), 13 - 6 + 1);
     // Partition deletion at ts 5: everything old goes; the header and the newer row stay.
     let mut m = mutation(T1, 7, "p");
     m.partition_deletion = Some(5);
     s.apply(&[(&l, m)]).unwrap();
+    assert!(s.wait_purges(PURGE_WAIT));
     assert_eq!(s.raw_entry_count(T1), 2);
     assert_eq!(keys(&read_all(&s, &l, 7, "p", 0)), vec![ck(2, "new")]);
     // A late write under the deletion stays hidden although its old row was purged.

@@ -1,5 +1,6 @@
 //! Writes: `prepare` (no lock) and `commit` (under the partitions' stripe locks).
 
+use super::purge::{purge_record_key, PurgeJob};
 use super::tables::TablesRead;
 use super::{io, Store, Stripe};
 use crate::keycodec::{self, ByteRange, KIND_ROW, MAX_KEY_LEN};
@@ -184,12 +185,12 @@ impl Store {
         if entries.is_empty() && batchlog.is_none() && check.is_none() {
             return Ok(Some(self.commit.applied.load(Ordering::Acquire)));
         }
-        // Held to the end, purges included: no TRUNCATE or DROP retires a keyspace while this
+        // Held to the end of the batch: no TRUNCATE or DROP retires a keyspace while this
         // write uses it. Taken before the stripes, as every holder does.
         let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
         for (table, seconds) in &gc_grace {
             if let Some(keyspace) = registry.keyspace(table) {
-                self.gc_graces.note(keyspace.name(), *seconds);
+                self.gc_graces.note(keyspace.name(), *table, *seconds);
             }
         }
         // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
@@ -199,8 +200,8 @@ impl Store {
         // One buffer for every entry, sized for a typical row so that encoding does not
         // grow it step by step (each step is a reallocation and a copy).
         let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
-        // Partitions that got a new deletion, to purge the rows it shadows afterwards.
-        let mut purges: Vec<(TableId, Vec<u8>, PartitionHeader, Vec<ByteRange>)> = Vec::new();
+        // Partitions that got a new deletion: the purger removes the rows it shadows later.
+        let mut purges: Vec<PurgeJob> = Vec::new();
         let mut replaced = 0u64;
         let mut journal_bytes = 0u64;
         let mut newest_written = entries
@@ -277,7 +278,21 @@ impl Store {
                         header.merge(incoming);
                         if !purge_ranges.is_empty() {
                             let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
-                            purges.push((table, prefix, header.clone(), purge_ranges));
+                            // In the batch of the deletion: a restart or a full queue
+                            // cannot lose the purge.
+                            let record = purge_record_key(&table, &prefix);
+                            journal_bytes += (record.len() + 8) as u64;
+                            batch.insert(
+                                &self.meta,
+                                record,
+                                self.purger.next_generation().to_be_bytes(),
+                            );
+                            purges.push(PurgeJob {
+                                table,
+                                prefix,
+                                ranges: purge_ranges,
+                                drop_past_gc: false,
+                            });
                         }
                         if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
                             return Err(StorageError::TooLarge(
@@ -322,13 +337,9 @@ impl Store {
             self.commit.lock_request().pending = true;
             self.commit.wake.notify_one();
         }
-        for (table, prefix, header, ranges) in purges {
-            let Some(keyspace) = registry.keyspace(&table) else {
-                continue;
-            };
-            for range in &ranges {
-                self.purge_shadowed_rows(&table, keyspace, &prefix, &header, range)?;
-            }
+        drop(registry);
+        for job in purges {
+            self.purger.enqueue(job);
         }
         Ok(Some(ticket))
     }

@@ -5,9 +5,14 @@
 //! that row: a row left empty becomes an engine tombstone (`Verdict::Remove`), which keeps
 //! shadowing any older version of the key in disk tables this compaction does not see, and
 //! the engine drops it itself at the last level. A partition header's deletion and range
-//! tombstones shadow other keys and are kept (see `PartitionHeader::purge_gc`).
+//! tombstones shadow other keys, which this filter cannot see (the header comes first, and
+//! its rows may sit in other disk tables or a memtable): it keeps them and asks the purger
+//! (`purge.rs`) to drop them, which it does under the partition's lock once no row they
+//! shadow is left.
 
-use crate::keycodec::{self, KIND_HEADER, KIND_ROW};
+use super::purge::{PurgeInbox, PurgeJob};
+use crate::keycodec::{self, ByteRange, KIND_HEADER, KIND_ROW};
+use crate::model::TableId;
 use crate::row::{GcHorizon, PartitionHeader, Purge, StoredRow};
 use fjall::compaction::filter::{
     CompactionFilter, CompactionFilterResult, Context, Factory, ItemAccessor, Verdict,
@@ -15,26 +20,27 @@ use fjall::compaction::filter::{
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-/// The gc_grace_seconds of the table each keyspace of a store holds, by keyspace name.
-/// Writes note their table's value; a keyspace with none noted yet (after a restart,
-/// before its first write) is not purged.
+/// The gc_grace_seconds and table id of the table each keyspace of a store holds, by
+/// keyspace name. Writes note their table's; a keyspace with none noted yet (after a
+/// restart, before its first write) is not purged.
 #[derive(Default)]
-pub(super) struct GcGraces(RwLock<HashMap<String, u32>>);
+pub(super) struct GcGraces(RwLock<HashMap<String, (u32, TableId)>>);
 
 impl GcGraces {
-    /// Records `seconds` for `keyspace` (a read-lock check first: it rarely changes).
-    pub(super) fn note(&self, keyspace: &str, seconds: u32) {
+    /// Records `seconds` for `keyspace`, which holds `table` (a read-lock check first: it
+    /// rarely changes).
+    pub(super) fn note(&self, keyspace: &str, table: TableId, seconds: u32) {
         let known = self
             .0
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(keyspace)
             .copied();
-        if known != Some(seconds) {
+        if known != Some((seconds, table)) {
             self.0
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(keyspace.to_owned(), seconds);
+                .insert(keyspace.to_owned(), (seconds, table));
         }
     }
 
@@ -46,7 +52,12 @@ impl GcGraces {
             .remove(keyspace);
     }
 
-    fn get(&self, keyspace: &str) -> Option<u32> {
+    /// The gc grace noted for `keyspace`.
+    pub(super) fn get(&self, keyspace: &str) -> Option<u32> {
+        self.entry(keyspace).map(|(seconds, _)| seconds)
+    }
+
+    fn entry(&self, keyspace: &str) -> Option<(u32, TableId)> {
         self.0
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -58,14 +69,21 @@ impl GcGraces {
 /// Makes one [`GcFilter`] per compaction of one table keyspace.
 pub(super) struct GcFilterFactory {
     graces: Arc<GcGraces>,
+    inbox: Arc<PurgeInbox>,
     keyspace: String,
 }
 
 impl GcFilterFactory {
-    /// The factory of `keyspace`, reading its grace from `graces`.
-    pub(super) fn new(graces: Arc<GcGraces>, keyspace: &str) -> GcFilterFactory {
+    /// The factory of `keyspace`, reading its grace from `graces` and asking the purger
+    /// through `inbox` to drop header deletions past it.
+    pub(super) fn new(
+        graces: Arc<GcGraces>,
+        inbox: Arc<PurgeInbox>,
+        keyspace: &str,
+    ) -> GcFilterFactory {
         GcFilterFactory {
             graces,
+            inbox,
             keyspace: keyspace.to_owned(),
         }
     }
@@ -77,16 +95,16 @@ impl Factory for GcFilterFactory {
     }
 
     fn make_filter(&self, _ctx: &Context) -> Box<dyn CompactionFilter> {
-        let horizon = self
-            .graces
-            .get(&self.keyspace)
-            .map(|grace| GcHorizon::new(now_secs(), grace));
-        Box::new(GcFilter { horizon })
+        let noted = self.graces.entry(&self.keyspace);
+        Box::new(GcFilter {
+            horizon: noted.map(|(grace, _)| GcHorizon::new(now_secs(), grace)),
+            requests: noted.map(|(_, table)| (table, self.inbox.clone())),
+        })
     }
 }
 
 /// Seconds since the epoch (0 if the clock is before it: nothing is then purgeable).
-fn now_secs() -> u32 {
+pub(super) fn now_secs() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
@@ -96,6 +114,9 @@ fn now_secs() -> u32 {
 /// rewrites.
 struct GcFilter {
     horizon: Option<GcHorizon>,
+    /// Where to ask for a header's deletions past the horizon to be dropped, and for
+    /// which table.
+    requests: Option<(TableId, Arc<PurgeInbox>)>,
 }
 
 impl GcFilter {
@@ -118,6 +139,25 @@ impl GcFilter {
             },
             Some(KIND_HEADER) => match PartitionHeader::decode_value(value) {
                 Ok(mut header) => {
+                    let past_gc = header
+                        .deletion
+                        .is_some_and(|d| horizon.tombstone_purgeable(d))
+                        || header
+                            .range_tombstones
+                            .iter()
+                            .any(|t| horizon.tombstone_purgeable(t.timestamp));
+                    if let (true, Some((table, inbox))) = (past_gc, &self.requests) {
+                        let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
+                        inbox.enqueue(
+                            PurgeJob {
+                                table: *table,
+                                prefix,
+                                ranges: vec![ByteRange { lo: None, hi: None }],
+                                drop_past_gc: true,
+                            },
+                            false,
+                        );
+                    }
                     let outcome = header.purge_gc(horizon);
                     if outcome == Purge::Changed && header.encode(&mut out).is_err() {
                         return Verdict::Keep;
@@ -176,6 +216,7 @@ mod tests {
         deleted.encode(&mut value).unwrap();
         let purging = GcFilter {
             horizon: Some(GcHorizon::new(100, 0)),
+            requests: None,
         };
         assert!(matches!(
             purging.verdict(&row_key(), &value),
@@ -183,12 +224,16 @@ mod tests {
         ));
         let within_grace = GcFilter {
             horizon: Some(GcHorizon::new(100, 1000)),
+            requests: None,
         };
         assert!(matches!(
             within_grace.verdict(&row_key(), &value),
             Verdict::Keep
         ));
-        let unknown = GcFilter { horizon: None };
+        let unknown = GcFilter {
+            horizon: None,
+            requests: None,
+        };
         assert!(matches!(unknown.verdict(&row_key(), &value), Verdict::Keep));
     }
 }

@@ -32,7 +32,7 @@
 //! Files, by concern: this one holds the `Store` type, its open and close; `commit.rs` the
 //! write path (`prepare`, `commit`); `ceiling.rs` the persisted timestamp ceiling;
 //! `batchlog.rs` the codec of batches that span stores; `sync.rs` the sync thread and the
-//! durability waits; `purge.rs` the removal of shadowed rows; `gc.rs` the compaction filter that purges
+//! durability waits; `purge.rs` the background removal of shadowed rows; `gc.rs` the compaction filter that purges
 //! tombstones and expired cells past gc_grace_seconds; `read.rs` partition reads;
 //! `scan.rs` token-range scans; `merge.rs` the merge of several stores' ranges; `tables.rs`
 //! the table keyspaces, TRUNCATE, DROP and the background deletion of old keyspaces.
@@ -53,6 +53,8 @@ pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
 pub(crate) use commit::Prepared;
 pub use conditional::ConditionRead;
+#[cfg(test)]
+pub(crate) use purge::{PurgeHold, PURGE_QUEUE_JOBS};
 pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
@@ -105,7 +107,9 @@ pub(crate) struct Store {
     /// Each table's keyspace (see `tables.rs`).
     tables: Arc<Tables>,
     meta: Keyspace,
-    stripes: Box<[Mutex<Stripe>]>,
+    stripes: Arc<[Mutex<Stripe>]>,
+    /// Removes the rows that partition deletions and range tombstones shadow (`purge.rs`).
+    purger: purge::Purger,
     /// Persisted bound on every stored timestamp (see `TimestampCeiling`).
     ceiling: TimestampCeiling,
     /// Rows written without reading the row they replace, for tests and metrics.
@@ -122,6 +126,7 @@ pub(crate) struct Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        self.purger.stop();
         self.stop_sync_thread();
         self.tables.stop_keeper();
     }
@@ -170,6 +175,8 @@ impl Store {
     ) -> Result<Store, StorageError> {
         let gc_graces = Arc::new(gc::GcGraces::default());
         let assigner_graces = gc_graces.clone();
+        let purge_inbox = Arc::new(purge::PurgeInbox::new());
+        let assigner_inbox = purge_inbox.clone();
         let db = Database::builder(path)
             .cache_size(cache_bytes)
             // fjall flushes each batch to the OS itself (survives kill -9); fsync is ours.
@@ -180,8 +187,11 @@ impl Store {
             .max_journaling_size(MAX_JOURNAL_BYTES)
             .with_compaction_filter_factories(Arc::new(move |name: &str| {
                 tables::is_table_keyspace(name).then(|| {
-                    Arc::new(gc::GcFilterFactory::new(assigner_graces.clone(), name))
-                        as Arc<dyn fjall::compaction::filter::Factory>
+                    Arc::new(gc::GcFilterFactory::new(
+                        assigner_graces.clone(),
+                        assigner_inbox.clone(),
+                        name,
+                    )) as Arc<dyn fjall::compaction::filter::Factory>
                 })
             }))
             .open()
@@ -245,14 +255,23 @@ impl Store {
         })
         .map_err(|_| StorageError::Io("cannot start the memtable reaper thread"))?;
         let ceiling = load_timestamp_ceiling(&tables, &meta)?;
-        let stripes = (0..STRIPES)
+        let stripes: Arc<[Mutex<Stripe>]> = (0..STRIPES)
             .map(|_| Mutex::new(Stripe { newest: ceiling }))
             .collect();
+        let purger = purge::Purger::start(
+            db.clone(),
+            meta.clone(),
+            tables.clone(),
+            stripes.clone(),
+            gc_graces.clone(),
+            purge_inbox,
+        )?;
         Ok(Store {
             db,
             tables,
             meta,
             stripes,
+            purger,
             ceiling: TimestampCeiling {
                 value: std::sync::atomic::AtomicI64::new(ceiling),
                 moving: Mutex::new(()),
@@ -399,6 +418,34 @@ impl Store {
             .map(|k| k.name().to_string())
     }
 
+    /// Purge jobs dropped because the purge queue was full (tests, metrics).
+    pub(crate) fn dropped_purge_jobs(&self) -> u64 {
+        self.purger.dropped_jobs()
+    }
+
+    /// Rows the purger examined (tests, metrics).
+    pub(crate) fn purge_rows_examined(&self) -> u64 {
+        self.purger.rows_examined()
+    }
+
+    /// Test hook: waits at most `limit` for the purger to finish its jobs; true if it did.
+    #[cfg(test)]
+    pub(crate) fn wait_purges(&self, limit: Duration) -> bool {
+        self.purger.wait_idle(limit)
+    }
+
+    /// Test hook: the purge records in the store's meta keyspace.
+    #[cfg(test)]
+    pub(crate) fn purge_record_count(&self) -> usize {
+        self.meta.prefix(purge::PURGE_RECORD_PREFIX).count()
+    }
+
+    /// Test hook: holds the purger before its next job while the guard lives.
+    #[cfg(test)]
+    pub(crate) fn hold_purger(&self) -> PurgeHold<'_> {
+        self.purger.hold()
+    }
+
     /// Test hook: holds the table deleter before its next deletion while the guard lives.
     #[cfg(test)]
     pub(crate) fn hold_deleter(&self) -> DeletionHold<'_> {
@@ -491,7 +538,9 @@ impl Store {
             return Ok(());
         }
         // The sync thread makes everything applied so far durable before it exits. A
-        // deletion the deleter has not finished is found again at the next open.
+        // deletion the deleter has not finished is found again at the next open, and so is a
+        // purge the purger has not finished (its record stays).
+        self.purger.stop();
         self.stop_sync_thread();
         self.tables.stop_keeper();
         let upto = self.commit.applied.load(Ordering::Acquire);
