@@ -97,56 +97,88 @@ pub fn run(args: ClusterArgs, exe: &Path) -> Result<()> {
     outcome
 }
 
+/// Starts the nodes whose data directories exist all at once (a restarted group needs a
+/// quorum of them before any can serve), then the new ones one after another (each joins
+/// through node 1 once the one before it serves).
 fn start_all(args: &ClusterArgs, exe: &Path, dir: &Path, nodes: &mut Vec<LocalNode>) -> Result<()> {
-    let seed = SocketAddr::new(node_ip(1), args.internode_port);
-    for index in 1..=args.nodes {
-        let ip = node_ip(index);
-        let data_dir = dir.join(format!("node{index}"));
-        let log_path = dir.join(format!("node{index}.log"));
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut command = Command::new(exe);
-        command
-            .arg("serve")
-            .arg("--listen")
-            .arg(SocketAddr::new(ip, args.cql_port).to_string())
-            .arg("--shard-aware-port")
-            .arg(args.shard_aware_port.to_string())
-            .arg("--internode-listen")
-            .arg(SocketAddr::new(ip, args.internode_port).to_string())
-            .arg("--metrics-listen")
-            .arg(match args.metrics_port.as_str() {
-                "off" => "off".to_owned(),
-                port => format!("{ip}:{port}"),
-            })
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--shards")
-            .arg(args.shards.to_string())
-            .arg("--num-tokens")
-            .arg(args.num_tokens.to_string());
-        if index > 1 {
-            command.arg("--seeds").arg(seed.to_string());
-        }
-        command
-            .args(&args.serve_args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("log file")?)
-            .stderr(log);
-        die_with_parent(&mut command);
-        let child = command
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        nodes.push(LocalNode { ip, child });
-        eprintln!(
-            "node {index}: starting on {ip} (log {})",
-            log_path.display()
-        );
+    let (existing, new): (Vec<u8>, Vec<u8>) =
+        (1..=args.nodes).partition(|index| dir.join(format!("node{index}")).exists());
+    for index in &existing {
+        nodes.push(spawn_node(args, exe, dir, *index)?);
+    }
+    for (node, index) in nodes.iter_mut().zip(&existing) {
+        wait_until_serving(node, args.cql_port).with_context(|| {
+            format!(
+                "node {index} did not restart; see {}",
+                log_path(dir, *index).display()
+            )
+        })?;
+    }
+    for index in new {
+        nodes.push(spawn_node(args, exe, dir, index)?);
         let node = nodes.last_mut().context("just pushed")?;
-        wait_until_serving(node, args.cql_port)
-            .with_context(|| format!("node {index} did not start; see {}", log_path.display()))?;
+        wait_until_serving(node, args.cql_port).with_context(|| {
+            format!(
+                "node {index} did not start; see {}",
+                log_path(dir, index).display()
+            )
+        })?;
     }
     Ok(())
+}
+
+fn log_path(dir: &Path, index: u8) -> PathBuf {
+    dir.join(format!("node{index}.log"))
+}
+
+/// Spawns node `index` (1-based): on 127.0.0.index, joining through node 1 unless it is node 1.
+fn spawn_node(args: &ClusterArgs, exe: &Path, dir: &Path, index: u8) -> Result<LocalNode> {
+    let seed = SocketAddr::new(node_ip(1), args.internode_port);
+    let ip = node_ip(index);
+    let data_dir = dir.join(format!("node{index}"));
+    let log_path = log_path(dir, index);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let mut command = Command::new(exe);
+    command
+        .arg("serve")
+        .arg("--listen")
+        .arg(SocketAddr::new(ip, args.cql_port).to_string())
+        .arg("--shard-aware-port")
+        .arg(args.shard_aware_port.to_string())
+        .arg("--internode-listen")
+        .arg(SocketAddr::new(ip, args.internode_port).to_string())
+        .arg("--metrics-listen")
+        .arg(match args.metrics_port.as_str() {
+            "off" => "off".to_owned(),
+            port => format!("{ip}:{port}"),
+        })
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--shards")
+        .arg(args.shards.to_string())
+        .arg("--num-tokens")
+        .arg(args.num_tokens.to_string());
+    if index > 1 {
+        command.arg("--seeds").arg(seed.to_string());
+    }
+    command
+        .args(&args.serve_args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("log file")?)
+        .stderr(log);
+    die_with_parent(&mut command);
+    let child = command
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    eprintln!(
+        "node {index}: starting on {ip} (log {})",
+        log_path.display()
+    );
+    Ok(LocalNode { ip, child })
 }
 
 /// Children get SIGTERM when this process dies, however it dies.

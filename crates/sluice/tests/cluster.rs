@@ -1,6 +1,7 @@
 //! `sluice cluster --nodes 3` on 127.0.0.1-3: the nodes get distinct tokens from the
 //! topology group (their `system.local`), each places the tokens of the nodes it knows on
-//! those nodes (`system_views.token_replicas`), and SIGTERM to the parent stops every node.
+//! those nodes (`system_views.token_replicas`), SIGTERM to the parent stops every node, and
+//! a restart on the same directories (all nodes at once) keeps every node's tokens.
 
 mod common;
 
@@ -41,7 +42,80 @@ struct LocalCluster {
     out: std::path::PathBuf,
 }
 
+/// The ports every node uses on its own IP.
+#[derive(Clone, Copy)]
+struct Ports {
+    cql: u16,
+    shard_aware: u16,
+    internode: u16,
+}
+
 impl LocalCluster {
+    /// Runs `sluice cluster` on `dir` and waits until it says how to connect.
+    async fn start(dir: &std::path::Path, ports: Ports, out_name: &str) -> LocalCluster {
+        let out = dir.join(out_name);
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["cluster", "--nodes", &NODES.to_string(), "--dir"])
+            .arg(dir)
+            .args(["--cql-port", &ports.cql.to_string()])
+            .args(["--shard-aware-port", &ports.shard_aware.to_string()])
+            .args(["--internode-port", &ports.internode.to_string()])
+            .args([
+                "--metrics-port",
+                "off",
+                "--num-tokens",
+                &NUM_TOKENS.to_string(),
+            ])
+            .arg("--serve-arg=--durability=periodic")
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice cluster");
+        let mut cluster = LocalCluster { child, out };
+
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !std::fs::read_to_string(&cluster.out)
+            .unwrap_or_default()
+            .contains("connect with")
+        {
+            if let Ok(Some(status)) = cluster.child.try_wait() {
+                panic!("sluice cluster exited ({status}): {}", cluster.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not start within {START_TIMEOUT:?}: {}",
+                cluster.output()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cluster
+    }
+
+    /// SIGTERM to `sluice cluster`: it exits 0 and no node accepts any more.
+    async fn stop(&mut self, addrs: &[SocketAddr]) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let stop_deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < stop_deadline,
+                "sluice cluster did not stop within 60 s of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(status.success(), "{status}: {}", self.output());
+        for addr in addrs {
+            assert!(
+                TcpStream::connect_timeout(addr, Duration::from_millis(500)).is_err(),
+                "{addr} still accepts after the cluster stopped"
+            );
+        }
+    }
+
+    /// What `sluice cluster` printed, then every node's log.
     fn output(&self) -> String {
         let mut text = std::fs::read_to_string(&self.out).unwrap_or_default();
         if let Ok(dir) = std::fs::read_dir(self.out.parent().unwrap()) {
@@ -114,41 +188,12 @@ async fn three_local_nodes_share_one_ring() {
     let cql_port = port_free_on_all_ips();
     let shard_aware_port = port_free_on_all_ips();
     let internode_port = port_free_on_all_ips();
-    let out = dir.path().join("cluster.out");
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["cluster", "--nodes", &NODES.to_string(), "--dir"])
-        .arg(dir.path())
-        .args(["--cql-port", &cql_port.to_string()])
-        .args(["--shard-aware-port", &shard_aware_port.to_string()])
-        .args(["--internode-port", &internode_port.to_string()])
-        .args([
-            "--metrics-port",
-            "off",
-            "--num-tokens",
-            &NUM_TOKENS.to_string(),
-        ])
-        .arg("--serve-arg=--durability=periodic")
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start sluice cluster");
-    let mut cluster = LocalCluster { child, out };
-
-    let deadline = Instant::now() + START_TIMEOUT;
-    while !std::fs::read_to_string(&cluster.out)
-        .unwrap_or_default()
-        .contains("connect with")
-    {
-        if let Ok(Some(status)) = cluster.child.try_wait() {
-            panic!("sluice cluster exited ({status}): {}", cluster.output());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the cluster did not start within {START_TIMEOUT:?}: {}",
-            cluster.output()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ports = Ports {
+        cql: cql_port,
+        shard_aware: shard_aware_port,
+        internode: internode_port,
+    };
+    let mut cluster = LocalCluster::start(dir.path(), ports, "cluster.out").await;
 
     let addrs: Vec<SocketAddr> = (1..=NODES)
         .map(|k| SocketAddr::new(ip(k), cql_port))
@@ -210,25 +255,13 @@ async fn three_local_nodes_share_one_ring() {
         drop(session);
     }
 
-    // SIGTERM to the parent stops every node.
-    let pid = cluster.child.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let stop_deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = cluster.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < stop_deadline,
-            "sluice cluster did not stop within 60 s of SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(status.success(), "{status}: {}", cluster.output());
-    for addr in &addrs {
-        assert!(
-            TcpStream::connect_timeout(addr, Duration::from_millis(500)).is_err(),
-            "{addr} still accepts after the cluster stopped"
-        );
+    cluster.stop(&addrs).await;
+
+    // A restart on the same directories: the group is replayed and every node keeps its tokens.
+    let mut cluster = LocalCluster::start(dir.path(), ports, "restart.out").await;
+    for (addr, before) in addrs.iter().zip(&tokens_of) {
+        let session = connect_to_one(*addr).await;
+        assert_eq!(&local_tokens(&session).await, before, "{addr}");
     }
+    cluster.stop(&addrs).await;
 }
