@@ -50,6 +50,8 @@ class Node:
         self.extra = list(extra)
         self.data_dir = tempfile.mkdtemp(prefix="sluice-pytest-")
         self.log = open(os.path.join(self.data_dir, "server.log"), "wb")
+        # Kept across restarts: the cluster knows the node at this internode address.
+        self.internode_port = free_port()
         # A port taken between the check and the bind makes the server exit: try new ones.
         for _ in range(5):
             if self._start():
@@ -71,6 +73,7 @@ class Node:
                 "--shards", str(self.shards),
                 "--shard-aware-port", str(self.shard_aware_port),
                 "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+                "--internode-listen", f"127.0.0.1:{self.internode_port}",
                 "--durability", "periodic",
                 "--log", "warn",
                 *self.extra,
@@ -83,6 +86,8 @@ class Node:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 if "in use" in self.server_log():
+                    if "internode listener" in self.server_log():
+                        self.internode_port = free_port()
                     return False
                 raise RuntimeError(f"sluice exited early:\n{self.server_log()}")
             try:

@@ -864,13 +864,25 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
+    // A free port rather than 7000, so that the demo runs beside a cluster on this machine.
+    let internode_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let internode = format!("127.0.0.1:{internode_port}");
     eprintln!(
         "starting {} on {addr} (data in {})",
         serve_exe.display(),
         dir.path().display()
     );
     let child = std::process::Command::new(serve_exe)
-        .args(["serve", "--listen", &addr, "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--internode-listen",
+            &internode,
+            "--data-dir",
+        ])
         .arg(dir.path())
         .stdout(std::process::Stdio::null())
         .spawn()

@@ -59,17 +59,24 @@ struct Node {
 impl Node {
     /// Starts a node; picks new ports and tries again (up to 5 times) if one was taken.
     fn start(dir: &Path, shard_aware: bool) -> Node {
+        // Kept across tries unless it was the one taken: the cluster knows the node there.
+        let mut internode_port = free_port();
         for _ in 0..5 {
-            match Node::try_start(dir, shard_aware) {
+            match Node::try_start(dir, shard_aware, internode_port) {
                 Ok(node) => return node,
-                Err(log) if log.contains("in use") => continue,
+                Err(log) if log.contains("in use") => {
+                    if log.contains("internode listener") {
+                        internode_port = free_port();
+                    }
+                    continue;
+                }
                 Err(log) => panic!("sluice exited: {log}"),
             }
         }
         panic!("sluice could not bind free ports in 5 tries")
     }
 
-    fn try_start(dir: &Path, shard_aware: bool) -> Result<Node, String> {
+    fn try_start(dir: &Path, shard_aware: bool, internode_port: u16) -> Result<Node, String> {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let log = dir.join("sluice.log");
@@ -83,6 +90,8 @@ impl Node {
             .arg(SHARDS.to_string())
             .arg("--metrics-listen")
             .arg(metrics.to_string())
+            .arg("--internode-listen")
+            .arg(format!("127.0.0.1:{internode_port}"))
             // Correctness, not overload: a debug build sheds a closed loop of 128 otherwise.
             .arg("--admission")
             .arg("off")

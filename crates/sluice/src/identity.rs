@@ -1,14 +1,13 @@
 //! The node's cluster identity, kept in its data directory: the host id (`host_id`) and
-//! the cluster name, data center, rack and tokens (`identity`). Both are written once when
-//! the directory is new, so they survive restarts; a restart with another cluster name,
-//! data center or rack is refused, as Cassandra refuses it.
+//! the cluster name, data center and rack (`identity`). Both are written once when the
+//! directory is new, so they survive restarts; a restart with another cluster name, data
+//! center or rack is refused, as Cassandra refuses it. Tokens are not kept here: the topology
+//! group allocates them and is their only record (a `tokens` line of an older file is ignored).
 
 use crate::config::ClusterSettings;
 use anyhow::{bail, Context, Result};
-use sluice_ring::{allocate_tokens, Token, TokenMetadata};
 use std::io::Write;
 use std::path::Path;
-use tracing::warn;
 
 /// Who this node is in its cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,15 +20,12 @@ pub struct NodeIdentity {
     pub dc: String,
     /// Rack.
     pub rack: String,
-    /// The node's tokens, sorted.
-    pub tokens: Vec<Token>,
 }
 
 const IDENTITY_FILE: &str = "identity";
 const HOST_ID_FILE: &str = "host_id";
 
-/// Reads the node's identity from `dir`, or creates it from `settings` (allocating
-/// `num_tokens` tokens for a single-node ring, seeded by the host id).
+/// Reads the node's identity from `dir`, or creates it from `settings`.
 pub fn load_or_create(dir: &Path, settings: &ClusterSettings) -> Result<NodeIdentity> {
     let host_id = load_or_create_host_id(dir)?;
     let path = dir.join(IDENTITY_FILE);
@@ -41,16 +37,11 @@ pub fn load_or_create(dir: &Path, settings: &ClusterSettings) -> Result<NodeIden
             Ok(id)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let empty = TokenMetadata::new(Vec::new()).context("empty ring")?;
-            let seed = host_id.as_u64_pair();
-            let tokens = allocate_tokens(&empty, settings.num_tokens, seed.0 ^ seed.1)
-                .map_err(|e| anyhow::anyhow!("cannot allocate tokens: {e}"))?;
             let id = NodeIdentity {
                 host_id,
                 cluster_name: settings.cluster_name.clone(),
                 dc: settings.dc.clone(),
                 rack: settings.rack.clone(),
-                tokens,
             };
             write_atomically(dir, IDENTITY_FILE, &render(&id))?;
             Ok(id)
@@ -79,48 +70,26 @@ fn check_unchanged(id: &NodeIdentity, settings: &ClusterSettings) -> Result<()> 
             id.rack
         );
     }
-    if id.tokens.len() != settings.num_tokens {
-        warn!(
-            saved = id.tokens.len(),
-            configured = settings.num_tokens,
-            "num-tokens applies only to a new node; keeping the saved tokens"
-        );
-    }
     Ok(())
 }
 
 fn render(id: &NodeIdentity) -> String {
-    let tokens: Vec<String> = id.tokens.iter().map(Token::to_string).collect();
     format!(
-        "cluster_name={}\ndc={}\nrack={}\ntokens={}\n",
-        id.cluster_name,
-        id.dc,
-        id.rack,
-        tokens.join(",")
+        "cluster_name={}\ndc={}\nrack={}\n",
+        id.cluster_name, id.dc, id.rack
     )
 }
 
 fn parse(text: &str, host_id: uuid::Uuid) -> Result<NodeIdentity> {
-    let (mut cluster_name, mut dc, mut rack, mut tokens) = (None, None, None, None);
+    let (mut cluster_name, mut dc, mut rack) = (None, None, None);
     for line in text.lines().filter(|l| !l.is_empty()) {
         let (k, v) = line.split_once('=').context("a line without '='")?;
         match k {
             "cluster_name" => cluster_name = Some(v.to_string()),
             "dc" => dc = Some(v.to_string()),
             "rack" => rack = Some(v.to_string()),
-            "tokens" => {
-                let mut ts = v
-                    .split(',')
-                    .map(|t| t.parse::<Token>())
-                    .collect::<Result<Vec<Token>, _>>()
-                    .context("bad token")?;
-                ts.sort_unstable();
-                if ts.is_empty() || ts.contains(&Token::MIN) || ts.windows(2).any(|w| w[0] == w[1])
-                {
-                    bail!("tokens must be distinct and never -2^63");
-                }
-                tokens = Some(ts);
-            }
+            // Written by versions that allocated tokens here; the topology group has them now.
+            "tokens" => {}
             _ => bail!("unknown key {k:?}"),
         }
     }
@@ -129,7 +98,6 @@ fn parse(text: &str, host_id: uuid::Uuid) -> Result<NodeIdentity> {
         cluster_name: cluster_name.context("no cluster_name")?,
         dc: dc.context("no dc")?,
         rack: rack.context("no rack")?,
-        tokens: tokens.context("no tokens")?,
     })
 }
 
@@ -181,12 +149,10 @@ mod tests {
     fn identity_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let first = load_or_create(dir.path(), &settings()).unwrap();
-        assert_eq!(first.tokens.len(), 16);
-        assert!(first.tokens.windows(2).all(|w| w[0] < w[1]));
         let mut other_count = settings();
         other_count.num_tokens = 4;
         let again = load_or_create(dir.path(), &other_count).unwrap();
-        assert_eq!(first, again, "tokens and host id are kept");
+        assert_eq!(first, again, "host id and names are kept");
     }
 
     #[test]
@@ -205,25 +171,31 @@ mod tests {
     }
 
     #[test]
-    fn distinct_nodes_get_distinct_tokens() {
+    fn distinct_directories_get_distinct_host_ids() {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
-        let ta = load_or_create(a.path(), &settings()).unwrap().tokens;
-        let tb = load_or_create(b.path(), &settings()).unwrap().tokens;
-        assert_ne!(ta, tb, "seeded by the host id");
+        let ida = load_or_create(a.path(), &settings()).unwrap().host_id;
+        let idb = load_or_create(b.path(), &settings()).unwrap().host_id;
+        assert_ne!(ida, idb);
+    }
+
+    #[test]
+    fn an_older_file_with_tokens_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = load_or_create(dir.path(), &settings()).unwrap();
+        std::fs::write(
+            dir.path().join(IDENTITY_FILE),
+            "cluster_name=Test Cluster\ndc=dc1\nrack=r1\ntokens=5,-7\n",
+        )
+        .unwrap();
+        assert_eq!(load_or_create(dir.path(), &settings()).unwrap(), first);
     }
 
     #[test]
     fn corrupt_files_are_reported() {
         let dir = tempfile::tempdir().unwrap();
         load_or_create(dir.path(), &settings()).unwrap();
-        for bad in [
-            "",
-            "cluster_name=x\n",
-            "tokens=1,1\ncluster_name=a\ndc=b\nrack=c\n",
-            "tokens=-9223372036854775808\ncluster_name=a\ndc=b\nrack=c\n",
-            "x=y\n",
-        ] {
+        for bad in ["", "cluster_name=x\n", "cluster_name=a\ndc=b\n", "x=y\n"] {
             std::fs::write(dir.path().join(IDENTITY_FILE), bad).unwrap();
             assert!(load_or_create(dir.path(), &settings()).is_err(), "{bad:?}");
         }

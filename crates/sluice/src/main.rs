@@ -1,11 +1,13 @@
-//! The `sluice` binary: `sluice serve` starts a node. Other subcommands (`bench`, `demo`)
-//! are mounted from their crates as one `Command` variant each.
+//! The `sluice` binary: `sluice serve` starts a node, `sluice cluster` a local cluster of
+//! them. Other subcommands (`bench`, `demo`) are mounted from their crates as one `Command`
+//! variant each.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod config;
 mod identity;
+mod local_cluster;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -36,6 +38,8 @@ struct Cli {
 enum Command {
     /// Start a node: the CQL listener, its shards and the storage engine.
     Serve(Box<ServeArgs>),
+    /// Start a local cluster of N nodes on 127.0.0.1 .. 127.0.0.N; Ctrl-C stops them all.
+    Cluster(Box<local_cluster::ClusterArgs>),
     /// Open-loop goodput benchmark against any CQL endpoint (Sluice, Cassandra, ...).
     Bench(Box<sluice_bench::BenchArgs>),
     /// A newcomer's first minute: start a node in a temporary directory, run a short ramp,
@@ -52,6 +56,11 @@ fn main() {
     }
     let code = match cli.command {
         Command::Serve(args) => report(serve(*args)),
+        Command::Cluster(args) => report(
+            std::env::current_exe()
+                .context("locating the sluice executable")
+                .and_then(|exe| local_cluster::run(*args, &exe)),
+        ),
         Command::Bench(args) => report(
             args.runtime()
                 .context("starting the generator's runtime")
@@ -90,7 +99,9 @@ fn init_logging(filter: Option<&str>) {
     use tracing_subscriber::EnvFilter;
     let filter = match filter {
         Some(f) => EnvFilter::new(f),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        // openraft narrates every election at info.
+        None => EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -112,12 +123,6 @@ fn serve(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
     let identity = identity::load_or_create(&cfg.data_dir, &cfg.cluster)?;
     let host_id = identity.host_id;
-    if !cfg.cluster.seeds.is_empty() {
-        warn!(
-            seeds = ?cfg.cluster.seeds,
-            "seeds are not used yet: this node starts as a single-node cluster"
-        );
-    }
 
     let durability = match cfg.durability {
         DurabilityArg::Batch => sluice_storage::Durability::Batch,
@@ -146,9 +151,28 @@ fn serve(args: ServeArgs) -> Result<()> {
         )),
         None => None,
     };
+    // The node is in the ring (a new cluster, a join through seeds, or a replayed restart)
+    // before any client can reach it.
+    let cluster_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sluice-cluster")
+        .enable_all()
+        .build()
+        .context("starting the cluster runtime")?;
+    let cluster = cluster_runtime
+        .block_on(sluice_cluster::ClusterNode::start(cluster_config(
+            &cfg, &identity,
+        )))
+        .map_err(|e| anyhow::anyhow!("cannot start the cluster node: {e}"))?;
+    info!(
+        internode = %cluster.internode_addr(),
+        seeds = ?cfg.cluster.seeds,
+        nodes = cluster.ring().borrow().nodes().len(),
+        "in the ring"
+    );
     let engine = sluice_engine::Engine::open_with_auth(
         storage.clone(),
-        node_info(&cfg, &identity)?,
+        node_info(&cfg, &identity, &cluster)?,
         cfg.auth,
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
@@ -159,6 +183,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             engine.node(),
             &cfg.test_only_fake_peers,
         )?));
+    } else {
+        // Peers, tokens and events follow the topology group's ring from now on.
+        cluster_runtime.spawn(sluice_engine::follow_ring(engine.clone(), cluster.ring()));
     }
 
     let mut config = server_config(&cfg, host_id);
@@ -178,6 +205,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     wait_for_signal(tls.as_deref())?;
     info!("shutting down: no new connections, answering in-flight requests");
     server.shutdown();
+    if let Err(e) = cluster_runtime.block_on(cluster.stop()) {
+        warn!("the metadata group did not stop cleanly: {e}");
+    }
     drop(engine);
     match storage.close() {
         Ok(()) => info!("storage flushed and closed"),
@@ -292,22 +322,54 @@ fn fake_peer_ring(
     Ok(sluice_ring::TokenMetadata::new(nodes)?)
 }
 
-fn node_info(cfg: &ResolvedConfig, id: &identity::NodeIdentity) -> Result<sluice_engine::NodeInfo> {
-    let rpc_address: IpAddr = if cfg.listen.ip().is_unspecified() {
-        warn!("listening on an unspecified address; advertising 127.0.0.1 to drivers");
+/// The address drivers are told to reach this node at (never 0.0.0.0).
+fn rpc_address(cfg: &ResolvedConfig) -> IpAddr {
+    if cfg.listen.ip().is_unspecified() {
         IpAddr::from([127, 0, 0, 1])
     } else {
         cfg.listen.ip()
-    };
-    let mut node = sluice_engine::NodeInfo::single(rpc_address, cfg.listen.port(), id.host_id);
+    }
+}
+
+fn cluster_config(
+    cfg: &ResolvedConfig,
+    id: &identity::NodeIdentity,
+) -> sluice_cluster::ClusterConfig {
+    let cql_addr = std::net::SocketAddr::new(rpc_address(cfg), cfg.listen.port());
+    let mut config = sluice_cluster::ClusterConfig::new(
+        &id.cluster_name,
+        id.host_id,
+        cql_addr,
+        cfg.cluster.internode_listen,
+        &cfg.data_dir,
+    );
+    config.seeds = cfg.cluster.seeds.clone();
+    config.dc = id.dc.clone();
+    config.rack = id.rack.clone();
+    // The configuration accepts at most 1024 tokens.
+    config.num_tokens = u16::try_from(cfg.cluster.num_tokens).unwrap_or(u16::MAX);
+    config
+}
+
+fn node_info(
+    cfg: &ResolvedConfig,
+    id: &identity::NodeIdentity,
+    cluster: &sluice_cluster::ClusterNode,
+) -> Result<sluice_engine::NodeInfo> {
+    if cfg.listen.ip().is_unspecified() {
+        warn!("listening on an unspecified address; advertising 127.0.0.1 to drivers");
+    }
+    let mut node = sluice_engine::NodeInfo::single(rpc_address(cfg), cfg.listen.port(), id.host_id);
     node.cluster_name = id.cluster_name.clone();
     node.data_center = id.dc.clone();
     node.rack = id.rack.clone();
-    node.tokens = id.tokens.iter().map(|t| t.0).collect();
-    node.internode_address = cfg.cluster.internode_listen;
-    // The engine starts from the ring of this node alone; checked here for a clear message.
+    // The topology group allocated the tokens; it is the truth for them.
+    node.tokens = cluster.tokens().iter().map(|t| t.0).collect();
+    node.internode_address = cluster.internode_addr();
+    // The engine starts from the ring of this node alone, then follows the group's ring;
+    // checked here for a clear message.
     node.single_node_ring()
-        .map_err(|e| anyhow::anyhow!("invalid tokens in the identity file: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("invalid tokens from the topology group: {e}"))?;
     // Cassandra's names and formats, so that a benchmark can check both sides' durability.
     let sync = match cfg.durability {
         DurabilityArg::Batch => "batch",

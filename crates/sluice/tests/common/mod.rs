@@ -44,7 +44,12 @@ impl Node {
             let mut node = Node::spawn(data_dir, shards, extra);
             match node.wait_ready() {
                 Ok(()) => return node,
-                Err(log) if log.contains("in use") => continue,
+                Err(log) if log.contains("in use") => {
+                    if log.contains("internode listener") {
+                        let _ = std::fs::remove_file(internode_port_file(data_dir));
+                    }
+                    continue;
+                }
                 Err(log) => panic!("sluice exited early: {log}"),
             }
         }
@@ -52,6 +57,11 @@ impl Node {
     }
 
     fn spawn(data_dir: &Path, shards: usize, extra: &[&str]) -> Node {
+        let mut cluster_args = Vec::new();
+        if !extra.contains(&"--internode-listen") {
+            cluster_args.push("--internode-listen".to_owned());
+            cluster_args.push(format!("127.0.0.1:{}", internode_port(data_dir)));
+        }
         let port = free_port();
         let sa_port = free_port();
         let m_port = free_port();
@@ -72,6 +82,7 @@ impl Node {
             .arg(metrics.to_string())
             .arg("--log")
             .arg("warn")
+            .args(&cluster_args)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
@@ -170,6 +181,26 @@ impl Node {
             })
             .collect()
     }
+}
+
+/// Where a data directory's internode port is kept: a node restarted on its data directory
+/// must come back on the internode address its cluster knows.
+fn internode_port_file(data_dir: &Path) -> PathBuf {
+    data_dir.with_extension("internode-port")
+}
+
+/// The internode port of the node on `data_dir`: the one it used before, or a new free one.
+fn internode_port(data_dir: &Path) -> u16 {
+    let file = internode_port_file(data_dir);
+    if let Some(port) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+    {
+        return port;
+    }
+    let port = free_port();
+    std::fs::write(&file, port.to_string()).expect("internode port file");
+    port
 }
 
 /// Sums the samples of `name` that carry every label given.
