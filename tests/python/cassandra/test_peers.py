@@ -42,7 +42,8 @@ def test_peers_tables_list_the_other_nodes(node_with_peers):
         for addr, r in v2.items():
             assert str(r.native_address) == addr
             assert r.native_port == node_with_peers.port
-            assert r.peer_port == 7000
+            # A pretended peer listens on this node's internode port, at its own address.
+            assert r.peer_port == node_with_peers.internode_port
             assert r.tokens == peers[addr].tokens
 
         hosts = {h.address: h for h in cluster.metadata.all_hosts()}
