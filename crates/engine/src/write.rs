@@ -716,28 +716,9 @@ async fn apply(
     muts: Vec<Mutation>,
     ack_barrier: Option<sluice_storage::AckBarrierHeld>,
 ) -> Result<(), DetailedError> {
-    let layouts: Vec<&TableLayout> = muts
-        .iter()
-        .map(|m| {
-            entries
-                .iter()
-                .find(|(w, _)| *w.table.id.as_bytes() == m.table)
-                .map(|(w, _)| &w.table.layout)
-        })
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| invalid("Mutation for an unknown table"))?;
-    let batch: Vec<(&TableLayout, Mutation)> = layouts.into_iter().zip(muts).collect();
+    let batch = with_layouts(entries, muts)?;
     let ticket = engine.storage.apply(&batch).map_err(storage_error)?;
-    if let Some(held) = ack_barrier {
-        if engine.storage.durable_at_ack_barrier(&ticket, held) {
-            return Ok(());
-        }
-    }
-    engine
-        .storage
-        .wait_durable(ticket)
-        .await
-        .map_err(storage_error)
+    wait_until_durable(engine, ticket, ack_barrier).await
 }
 
 /// Pairs each mutation with its table's layout.
