@@ -236,7 +236,7 @@ fn batch_timeout(
     let mut smallest: Option<Duration> = None;
     for entry in &batch.entries {
         let prepared = match &entry.statement {
-            BatchQuery::Prepared(id) => engine.prepared(id),
+            BatchQuery::Prepared(id) => request.shard.prepared(id),
             BatchQuery::Text(text) => std::str::from_utf8(text)
                 .ok()
                 .and_then(|q| request.conn.with_keyspace(|ks| engine.prepare(ks, q)).ok()),
