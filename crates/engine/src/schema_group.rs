@@ -405,7 +405,7 @@ impl Engine {
         }
         let total: usize = chunks.iter().map(Vec::len).sum();
         // While the chunks go in one by one, the schema installed from the group lacks the
-        // later ones: their tables' data must not be dropped meanwhile.
+        // later ones: their tables' data and grants must not be dropped meanwhile.
         self.seeding.store(true, Ordering::Release);
         let result = async {
             for (base, chunk) in chunks.into_iter().enumerate() {
@@ -459,22 +459,22 @@ impl Engine {
         if fx.touched_keyspaces.is_empty() && !fx.touched_tables.is_empty() {
             self.invalidate(&fx.touched_tables, None);
         }
-        for ks in &fx.dropped_keyspaces {
-            self.auth
-                .drop_resource(&self.storage, &auth::AuthResource::keyspace(ks).name);
-        }
-        let keep_data = self.seeding.load(Ordering::Acquire);
-        for t in &fx.dropped_tables {
-            self.auth.drop_resource(
-                &self.storage,
-                &auth::AuthResource::table(&t.keyspace, &t.name).name,
-            );
-            if keep_data {
-                continue;
+        // While the local schema is proposed in parts, what is missing is still to come.
+        let seeding = self.seeding.load(Ordering::Acquire);
+        if !seeding {
+            for ks in &fx.dropped_keyspaces {
+                self.auth
+                    .drop_resource(&self.storage, &auth::AuthResource::keyspace(ks).name);
             }
-            tracing::info!(keyspace = %t.keyspace, table = %t.name, "dropping the data of a table the schema no longer has");
-            if let Err(e) = self.storage.drop_table(*t.id.as_bytes()) {
-                tracing::error!(error = ?e, table = %t.name, "cannot drop a dropped table's data");
+            for t in &fx.dropped_tables {
+                self.auth.drop_resource(
+                    &self.storage,
+                    &auth::AuthResource::table(&t.keyspace, &t.name).name,
+                );
+                tracing::info!(keyspace = %t.keyspace, table = %t.name, "dropping the data of a table the schema no longer has");
+                if let Err(e) = self.storage.drop_table(*t.id.as_bytes()) {
+                    tracing::error!(error = ?e, table = %t.name, "cannot drop a dropped table's data");
+                }
             }
         }
         for change in fx.events {
