@@ -83,6 +83,8 @@ impl ServeNode {
                 "8",
             ])
             .args(["--durability", "periodic"])
+            // DDL's deadline, so that a DDL without a quorum fails within the test's bounds.
+            .args(["--other-timeout", "3s"])
             .arg("--data-dir")
             .arg(dir.join(format!("node{index}")));
         if index > 1 {
@@ -366,12 +368,33 @@ async fn ddl_goes_through_the_group_and_every_node_agrees() {
     for session in &sessions {
         assert_eq!(table_id(session, "late").await, None);
     }
-    one_version(&sessions).await;
+    let version = one_version(&sessions).await;
 
+    // Nodes 2 and 3 stop: the group has no quorum, and a DDL through node 1 answers a
+    // Server_error naming the metadata group at its deadline (3 s), changing nothing.
+    let s1 = sessions.remove(0);
     drop(sessions);
+    let node1 = nodes.remove(0);
     for node in nodes {
         node.stop();
     }
+    let started = Instant::now();
+    let error = s1
+        .query_unpaged("CREATE TABLE ks.lonely (pk int PRIMARY KEY)", &[])
+        .await
+        .expect_err("a DDL without a quorum");
+    let took = started.elapsed();
+    println!("DDL without a quorum answered in {took:?}: {error}");
+    let text = error.to_string();
+    assert!(text.contains("metadata group"), "{text}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "answered after {took:?}"
+    );
+    assert_eq!(table_id(&s1, "lonely").await, None);
+    assert_eq!(schema_version(&s1).await, version);
+    drop(s1);
+    node1.stop();
 }
 
 /// A data directory whose schema is in its local store but not in its metadata group (as
