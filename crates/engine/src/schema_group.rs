@@ -505,7 +505,12 @@ pub(crate) async fn execute(
     deadline: Instant,
 ) -> Result<sluice_protocol::ResultMessage, DetailedError> {
     // One statement at a time per node: the others would only be refused as stale.
-    let _queue = engine.ddl_queue.lock().await;
+    let Ok(_queue) = tokio::time::timeout_at(deadline.into(), engine.ddl_queue.lock()).await else {
+        return Err(SchemaLogError::Unavailable(
+            "the request's deadline passed while other schema changes of this node ran",
+        )
+        .to_cql());
+    };
     loop {
         if Instant::now() >= deadline {
             return Err(SchemaLogError::Unavailable("the request's deadline passed").to_cql());

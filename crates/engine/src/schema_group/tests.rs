@@ -268,6 +268,36 @@ async fn a_group_without_a_leader_answers_a_server_error_naming_it() {
 }
 
 #[tokio::test]
+async fn a_ddl_queued_behind_another_answers_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_engine(dir.path(), 1);
+    let group = FakeGroup::default();
+    group.attach(&a);
+    // Another statement of this node holds the queue (as one waiting on the group would).
+    let held = a.ddl_queue.lock().await;
+    let p = a.prepare(None, CREATE_KS).unwrap();
+    let mut ctx = RequestContext::now();
+    ctx.deadline = Some(Instant::now() + Duration::from_millis(100));
+    let started = Instant::now();
+    let error = a
+        .execute(
+            &mut Session::default(),
+            &p,
+            &QueryParameters::default(),
+            &ctx,
+        )
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(error.error, DbError::ServerError);
+    assert!(error.message.contains("deadline"), "{error:?}");
+    drop(held);
+    assert_eq!(group.state().epoch, 0);
+    ok(&a, CREATE_KS).await;
+    assert_eq!(group.state().epoch, 1);
+}
+
+#[tokio::test]
 async fn a_local_schema_is_proposed_as_the_first_one_and_reaches_a_new_node() {
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = open_engine(a_dir.path(), 1);
