@@ -4,6 +4,7 @@ wait after it ends well under a second, and every node's own system.local report
 schema_version shortly after."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,6 +65,7 @@ def local_cluster():
             proc.kill()
             proc.wait()
         out.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def connect(port, address="127.0.0.1"):
