@@ -218,6 +218,19 @@ async fn one_version(sessions: &[Session]) -> Uuid {
     versions[0]
 }
 
+/// Creates `ks.burst0` .. `ks.burst4` if they do not exist, one after another.
+async fn create_burst(session: &Session) {
+    for i in 0..5 {
+        session
+            .query_unpaged(
+                format!("CREATE TABLE IF NOT EXISTS ks.burst{i} (pk int PRIMARY KEY, v int)"),
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ddl_goes_through_the_group_and_every_node_agrees() {
     let dir = tempfile::tempdir().unwrap();
@@ -331,6 +344,28 @@ async fn ddl_goes_through_the_group_and_every_node_agrees() {
         assert!(id.is_some(), "ks.{table} is missing");
         for session in &sessions[1..] {
             assert_eq!(table_id(session, table).await, id, "ks.{table}");
+        }
+    }
+
+    // A burst: all three nodes create the same five tables at once, in the same order; each
+    // name ends up with one id on every node.
+    let started = Instant::now();
+    tokio::join!(
+        create_burst(&sessions[0]),
+        create_burst(&sessions[1]),
+        create_burst(&sessions[2])
+    );
+    println!(
+        "15 concurrent CREATE TABLE IF NOT EXISTS of 5 tables: {:?}",
+        started.elapsed()
+    );
+    one_version(&sessions).await;
+    for i in 0..5 {
+        let table = format!("burst{i}");
+        let id = table_id(&sessions[0], &table).await;
+        assert!(id.is_some(), "ks.{table} is missing");
+        for session in &sessions[1..] {
+            assert_eq!(table_id(session, &table).await, id, "ks.{table}");
         }
     }
 
