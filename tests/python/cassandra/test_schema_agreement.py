@@ -68,10 +68,10 @@ def local_cluster():
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def connect(port, address="127.0.0.1"):
+def connect(port, address="127.0.0.1", **options):
     cluster = Cluster(
         [address], port=port, protocol_version=4, connect_timeout=20,
-        load_balancing_policy=WhiteListRoundRobinPolicy([address]),
+        load_balancing_policy=WhiteListRoundRobinPolicy([address]), **options,
     )
     return cluster, cluster.connect()
 
@@ -121,3 +121,24 @@ def test_ddl_agreement_is_fast_and_every_node_reports_one_version(local_cluster)
         for c, _ in others:
             c.shutdown()
         cluster.shutdown()
+
+
+def test_a_driver_on_another_node_learns_of_ddl_from_its_schema_event(local_cluster):
+    """The driver on node 2 issues no DDL and does not poll: only node 2's SCHEMA_CHANGE event
+    (pushed when node 2 applies the change from the group) makes it re-read the schema."""
+    port = local_cluster
+    writer, s = connect(port)
+    watcher, _ = connect(port, "127.0.0.2", schema_event_refresh_window=0.05)
+    try:
+        assert watcher.control_connection._connection.endpoint.address == "127.0.0.2"
+        s.execute("CREATE KEYSPACE IF NOT EXISTS seen WITH replication = "
+                  "{'class': 'SimpleStrategy', 'replication_factor': 3}")
+        s.execute("CREATE TABLE seen.by_node_2 (pk int PRIMARY KEY)")
+        created = time.monotonic()
+        while "by_node_2" not in getattr(watcher.metadata.keyspaces.get("seen"), "tables", {}):
+            assert time.monotonic() - created < 5, "no schema refresh from node 2's event"
+            time.sleep(0.01)
+        print(f"driver on node 2 saw the table after {(time.monotonic() - created) * 1000:.1f} ms")
+    finally:
+        watcher.shutdown()
+        writer.shutdown()
