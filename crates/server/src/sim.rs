@@ -20,7 +20,9 @@
 //!   queue, as the shard's probe task does. Requests that wait (queued admissions) are
 //!   tokio tasks of the same `LocalSet`, run between two turns.
 //!
-//! Each answer's latency counts from its request's intended send time, in simulated time.
+//! Each answer's latency counts from its request's intended send time, in simulated time, and
+//! each run prints where the slowest 1% of its served requests waited: unread in the socket,
+//! in the read buffer, and once admitted (docs/decisions/2026-11-26-admitted-latency-under-overload.md).
 
 use std::collections::VecDeque;
 use std::rc::Rc;
