@@ -337,6 +337,10 @@ impl ConcurrencyLimit {
     }
 }
 
+/// While overloaded, a request is served after a wait of up to this many dispatches at the
+/// shard's measured rate, if that is longer than `AdmissionConfig::overloaded_wait`.
+const OVERLOADED_WAIT_DISPATCHES: f64 = 5.0;
+
 /// Dispatches a rate window holds before it may close early (see `count_dispatch`).
 const RATE_WINDOW_SAMPLES: u64 = 64;
 /// The shortest rate window, in nanoseconds (5 ms).
@@ -363,10 +367,12 @@ pub struct AdmissionConfig {
     /// that already, away at enqueue, from the header (true).
     pub shed_at_enqueue: bool,
     /// The longest wait before admission that a request is served after while the shard is
-    /// overloaded (750 us, and never more than half the CoDel target). Turned away, a
-    /// request costs the shard little; served after this wait, it is answered later than the
-    /// light-load latency a client expects. Why 750 us:
-    /// docs/decisions/2026-11-26-admitted-latency-under-overload.md.
+    /// overloaded: this (750 us) or the time the shard takes to dispatch five requests at
+    /// its measured rate (`OVERLOADED_WAIT_DISPATCHES`), whichever is longer, and
+    /// never more than half the CoDel target. Turned away, a request costs the shard little;
+    /// served after a longer wait, it is answered later than the light-load latency a client
+    /// expects. With heavy requests, fresh ones are scarcer, and a shorter wait would leave
+    /// the shard idle. Why: docs/decisions/2026-11-26-admitted-latency-under-overload.md.
     pub overloaded_wait: Duration,
     /// While overloaded, a connection or shard at its in-flight cap keeps reading and answers
     /// the excess `Overloaded` from the header instead of pausing its socket, so the excess
@@ -510,6 +516,9 @@ pub struct AdmissionController<T> {
     interval: u64,
     shed_at_enqueue: bool,
     /// `AdmissionConfig::overloaded_wait`, at most half the target (nanoseconds).
+    overloaded_wait_floor: u64,
+    /// The overloaded wait at the last measured rate (nanoseconds): the floor, or
+    /// `OVERLOADED_WAIT_DISPATCHES` dispatches if longer, at most half the target.
     overloaded_wait: u64,
     reject_over_cap: bool,
     /// When the latest arrival reached the queue, and its age then (nanoseconds).
@@ -529,6 +538,8 @@ impl<T> AdmissionController<T> {
     /// A controller with an empty queue, allocated once to its capacity.
     pub fn new(cfg: AdmissionConfig) -> AdmissionController<T> {
         let capacity = cfg.queue_capacity.max(1);
+        let wait_floor =
+            duration_nanos(cfg.overloaded_wait).min(duration_nanos(cfg.codel.target) / 2);
         AdmissionController {
             queue: VecDeque::with_capacity(capacity),
             capacity,
@@ -541,8 +552,8 @@ impl<T> AdmissionController<T> {
             target: duration_nanos(cfg.codel.target),
             interval: duration_nanos(cfg.codel.interval).max(1),
             shed_at_enqueue: cfg.shed_at_enqueue,
-            overloaded_wait: duration_nanos(cfg.overloaded_wait)
-                .min(duration_nanos(cfg.codel.target) / 2),
+            overloaded_wait_floor: wait_floor,
+            overloaded_wait: wait_floor,
             reject_over_cap: cfg.reject_over_cap,
             last_arrival: (Nanos::ZERO, 0),
             bound: usize::MAX,
@@ -896,6 +907,9 @@ impl<T> AdmissionController<T> {
             self.dispatch_rate = self.rate_count as f64 * 1e9 / elapsed as f64;
             let floor = self.dispatch_rate * self.floor_window as f64 / 1e9;
             self.floor = (floor as u32).min(self.limit.max());
+            let dispatches = (OVERLOADED_WAIT_DISPATCHES * 1e9 / self.dispatch_rate) as u64;
+            // The floor is at most half the target (see `new`), so the range is not empty.
+            self.overloaded_wait = dispatches.clamp(self.overloaded_wait_floor, self.target / 2);
             self.rate_count = 0;
             self.rate_since = now;
         }
@@ -1242,6 +1256,28 @@ mod tests {
         // Not overloaded, age turns nothing away.
         let mut c = controller(false);
         assert!(c.enqueue_read(1, aged(4_000), now, Deadline::NEVER).is_ok());
+    }
+
+    #[test]
+    fn the_overloaded_wait_follows_a_slow_dispatch_rate() {
+        // Requests of 400 us, one dispatched at a time: five of them take 2 ms, longer than
+        // the 750 us floor, so that fresh requests are not too scarce to keep the shard busy.
+        let mut a = controller(false);
+        let mut t = Nanos::ZERO;
+        while t < at_ms(300) {
+            a.dispatch_at_once(Arrival::Received(t), t, Deadline::NEVER)
+                .expect("room and nothing queued");
+            t = Nanos(t.0 + 400_000);
+            a.on_complete(Duration::from_micros(400), t);
+        }
+        probe(&mut a, 300, 600, ms(8));
+        let now = at_ms(600);
+        assert!(a.is_overloaded(now));
+        let aged = |us: u64| Arrival::Received(Nanos(now.0 - us * 1_000));
+        assert!(a.enqueue_read(1, aged(1_900), now, Deadline::NEVER).is_ok());
+        assert!(a
+            .enqueue_read(2, aged(2_100), now, Deadline::NEVER)
+            .is_err());
     }
 
     /// Probe samples of `lag` every millisecond from `from` to `to`.
