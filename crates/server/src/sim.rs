@@ -21,8 +21,9 @@
 //!   tokio tasks of the same `LocalSet`, run between two turns.
 //!
 //! Each answer's latency counts from its request's intended send time, in simulated time, and
-//! each run prints where the slowest 1% of its served requests waited: unread in the socket,
-//! in the read buffer, and once admitted (docs/decisions/2026-11-26-admitted-latency-under-overload.md).
+//! each run prints where the slowest 1% of its served requests waited: unread in the socket
+//! (for their reader's turn on the event loop), in the read buffer, in the admission queue,
+//! and executing (docs/decisions/2026-11-26-admitted-latency-under-overload.md).
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -116,9 +117,9 @@ struct Conn {
     sent_at: Vec<Nanos>,
     /// When the request on each stream was read from the socket.
     read_at: Vec<Nanos>,
-    /// When the request on each stream was handed to `handle_frame`, and the age its
-    /// arrival stamp gave it then (nanoseconds).
-    handled_at: Vec<(Nanos, u64)>,
+    /// When the request on each stream was handed to `handle_frame`, the age its arrival
+    /// stamp gave it then, and the execution cost drawn for it (nanoseconds).
+    handled_at: Vec<(Nanos, u64, u64)>,
     /// The stream id of the next request.
     next_stream: i16,
     /// Answers taken from the outbox and not yet parsed.
@@ -158,8 +159,12 @@ struct Parts {
     socket: u64,
     /// From its read until `handle_frame` took it: behind the frames read before it.
     buffer: u64,
-    /// From `handle_frame` until its answer: the admission queue and its execution.
-    admitted: u64,
+    /// From `handle_frame` until its answer, less its execution: in the admission queue (a
+    /// request that ran as a task may have been charged another frame's draw, so this is
+    /// exact only for the requests that ran in their reader, where it is zero).
+    queue: u64,
+    /// Its execution: the service time drawn for it.
+    execution: u64,
     /// Its age as admission saw it (from its arrival stamp) when `handle_frame` took it.
     seen_age: u64,
 }
@@ -188,7 +193,8 @@ impl Outcomes {
         let mean = Parts {
             socket: tail.iter().map(|p| p.socket).sum::<u64>() / n,
             buffer: tail.iter().map(|p| p.buffer).sum::<u64>() / n,
-            admitted: tail.iter().map(|p| p.admitted).sum::<u64>() / n,
+            queue: tail.iter().map(|p| p.queue).sum::<u64>() / n,
+            execution: tail.iter().map(|p| p.execution).sum::<u64>() / n,
             seen_age: tail.iter().map(|p| p.seen_age).sum::<u64>() / n,
         };
         let quantile = |f: fn(&Parts) -> u64| {
@@ -200,7 +206,8 @@ impl Outcomes {
         let p99s = Parts {
             socket: quantile(|p| p.socket),
             buffer: quantile(|p| p.buffer),
-            admitted: quantile(|p| p.admitted),
+            queue: quantile(|p| p.queue),
+            execution: quantile(|p| p.execution),
             seen_age: quantile(|p| p.seen_age),
         };
         (mean, p99s)
@@ -330,7 +337,7 @@ impl Conn {
             next_backlog_sample: now,
             sent_at: vec![Nanos::ZERO; 1 << 15],
             read_at: vec![Nanos::ZERO; 1 << 15],
-            handled_at: vec![(Nanos::ZERO, 0); 1 << 15],
+            handled_at: vec![(Nanos::ZERO, 0, 0); 1 << 15],
             next_stream: 0,
             answers: BytesMut::new(),
         }
@@ -569,13 +576,13 @@ fn run(load: f64, seed: u64, pace_windows: bool) -> Outcomes {
                     .arrivals
                     .next_arrival(HEADER_LEN + header.length as usize);
                 since_yield += 1;
+                let cost = service.exp(SERVICE.as_nanos() as f64).max(1);
                 conn.handled_at[header.stream as usize & 0x7fff] = (
                     clock.now(),
                     duration_nanos(clock.instant().saturating_duration_since(arrival.at())),
+                    cost,
                 );
-                clock.set_execution_cost(Duration::from_nanos(
-                    service.exp(SERVICE.as_nanos() as f64).max(1),
-                ));
+                clock.set_execution_cost(Duration::from_nanos(cost));
                 let handled =
                     handle_frame(shard, &conn.state, &mut conn.buf, header, arrival).await;
                 if let Some(at) = handled.resumed_at {
@@ -668,11 +675,13 @@ fn collect(
                 out.served += 1;
                 out.latencies.push(latency);
                 let read = c.read_at[stream as usize & 0x7fff];
-                let (handled, seen_age) = c.handled_at[stream as usize & 0x7fff];
+                let (handled, seen_age, cost) = c.handled_at[stream as usize & 0x7fff];
+                let admitted = now.0.saturating_sub(handled.0);
                 out.parts.push(Parts {
                     socket: read.0.saturating_sub(sent.0),
                     buffer: handled.0.saturating_sub(read.0),
-                    admitted: now.0.saturating_sub(handled.0),
+                    queue: admitted.saturating_sub(cost),
+                    execution: cost,
                     seen_age,
                 });
             }
@@ -743,16 +752,20 @@ fn run_and_print(load: f64, setup: Setup) -> Outcomes {
     let (tail, p99s) = o.tail_parts();
     let us = |n: u64| n as f64 / 1e3;
     println!(
-        "      where the slowest 1% waited (mean, us): socket {:.0}, buffer {:.0}, \
-         admitted {:.0}, age admission saw {:.0}; p99 of each part: {:.0} / {:.0} / {:.0} / {:.0}; idle {:.1}%",
+        "      slowest 1% (mean, us): unread {:.0}, in the read buffer {:.0}, queued {:.0}, \
+         executing {:.0}; age admission saw {:.0}. p99 of each: {:.0} / {:.0} / {:.0} / {:.0} / \
+         {:.0}. Served after a wait in the queue: {}. Idle {:.1}%",
         us(tail.socket),
         us(tail.buffer),
-        us(tail.admitted),
+        us(tail.queue),
+        us(tail.execution),
         us(tail.seen_age),
         us(p99s.socket),
         us(p99s.buffer),
-        us(p99s.admitted),
+        us(p99s.queue),
+        us(p99s.execution),
         us(p99s.seen_age),
+        o.parts.iter().filter(|p| p.queue > 0).count(),
         o.idle as f64 / duration_nanos(MEASURED) as f64 * 100.0,
     );
     assert_eq!(o.answered(), o.sent, "every request is answered once");
