@@ -14,13 +14,13 @@
 //! stayed above `target` for a whole `interval`. While overloaded, requests are dropped from
 //! the old end once they waited more than `slough = 2 × target` (they would likely miss
 //! their deadline anyway; they are answered `Overloaded` without being decoded), and the
-//! queue keeps at most what the shard dispatches within the overloaded wait (750 us, at
-//! most half the target) at its measured rate: further arrivals are turned away at enqueue,
-//! from the header, the cheapest rejection there is, and so is an arrival known (from its
-//! kernel stamp, or its read) to have waited longer than that before it reached the queue.
-//! Then even FIFO waits less than a millisecond, what is served while overloaded is
-//! answered about as fast as under a light load, and nothing is left to age in the queue
-//! only to be shed later, at a higher cost than a rejection at enqueue;
+//! queue keeps at most what the shard dispatches within the overloaded wait (750 us, or five
+//! dispatches if longer; at most half the target) at its measured rate: further arrivals
+//! are turned away at enqueue, from the header, the cheapest rejection there is, and so is
+//! an arrival known (from its kernel stamp, or its read) to have waited longer than that
+//! before it reached the queue. Then even FIFO waits little, what is served while
+//! overloaded is answered about as fast as under a light load, and nothing is left to age
+//! in the queue only to be shed later, at a higher cost than a rejection at enqueue;
 //! optionally the queue serves the newest first while overloaded (adaptive LIFO, as Facebook
 //! does). Not overloaded, the queue is FIFO and nothing waits longer than `max_queue_delay`
 //! (Facebook's "N ms when the queue was recently empty").
@@ -398,8 +398,8 @@ pub struct AdmissionConfig {
 
 impl Default for AdmissionConfig {
     /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024] and at least 500 us of dispatches,
-    /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait and
-    /// rejection over the in-flight caps while overloaded.
+    /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait (or
+    /// five dispatches) and rejection over the in-flight caps while overloaded.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
             codel: CodelConfig::default(),
