@@ -1,6 +1,10 @@
 //! Command-line entry points: `sluice bench ...` and `sluice demo`.
 
-use crate::driver::{format_durability, Connection, CqlTarget, DriverOptions, RetryMode, KEYSPACE};
+use crate::driver::{
+    format_durability, Balancing, Connection, ConsistencyLevel, CqlTarget, DriverOptions,
+    RetryMode, KEYSPACE,
+};
+use crate::faults::{self, FaultKind, FaultNode, FaultPlan};
 use crate::raw::RawTarget;
 use crate::report::{
     file_stem, hgrm, html_compare, html_report, standalone_svg, text_table, RunReport, Settings,
@@ -53,6 +57,10 @@ pub enum Scenario {
     Ceiling,
     /// --nodes against --against in one run: capacity and latency at a common rate, per workload.
     Versus,
+    /// Open-loop writes and reads (QUORUM, RF 3 by default) while one node (--fault-pid) is
+    /// killed, stopped and restarted in turn; goodput, p99, errors, retries and recovery per
+    /// phase, stale reads and lost acknowledged writes.
+    Faults,
 }
 
 impl Scenario {
@@ -64,6 +72,7 @@ impl Scenario {
             Scenario::HotPartition => "hot-partition",
             Scenario::Ceiling => "ceiling",
             Scenario::Versus => "versus",
+            Scenario::Faults => "faults",
         }
     }
 }
@@ -171,7 +180,7 @@ pub struct BenchArgs {
     /// `USING TIMEOUT` on the ramp's writes ("0ms" to leave it out).
     #[arg(long, value_parser = parse_duration, default_value = "10ms")]
     pub using_timeout: Duration,
-    /// Uniform read rate of hot-partition [default: 0.5xC].
+    /// Uniform read rate of hot-partition [default: 0.5xC]; offered rate of faults [default: 1000].
     #[arg(long)]
     pub rate: Option<f64>,
     /// Attacker rate as a multiple of the uniform rate (hot-partition).
@@ -183,6 +192,39 @@ pub struct BenchArgs {
     /// max_reads_per_second applied in the last hot-partition phase.
     #[arg(long, default_value_t = 100)]
     pub hot_limit: u32,
+    /// Consistency level of every request (driver client) [default: QUORUM for faults, ONE
+    /// otherwise].
+    #[arg(long, value_enum, ignore_case = true)]
+    pub consistency: Option<ConsistencyLevel>,
+    /// replication_factor of the keyspace the bench creates (SimpleStrategy); an existing
+    /// keyspace is altered to it [default: 3 for faults, 1 otherwise].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub replication_factor: Option<u32>,
+    /// How the driver picks each request's coordinator.
+    #[arg(long, value_enum, default_value = "token-aware")]
+    pub load_balancing: Balancing,
+    /// faults: what is done to the node, in order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["kill", "stop", "restart"])]
+    pub faults: Vec<FaultKind>,
+    /// faults: the process id of the node the faults are applied to (`sluice serve`); its
+    /// command line, environment and directory, read from /proc, start it again.
+    #[arg(long)]
+    pub fault_pid: Option<u32>,
+    /// faults: the node's CQL address, waited for after a start [default: its --listen].
+    #[arg(long)]
+    pub fault_node: Option<String>,
+    /// faults: a shell command that starts the node again, instead of its own command line.
+    #[arg(long)]
+    pub restart_cmd: Option<String>,
+    /// faults: how long a killed node stays down and a stopped one stopped.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub fault_hold: Duration,
+    /// faults: time at the start that counts in no phase compared (connections, caches).
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub fault_warm_up: Duration,
+    /// faults: length of the phase before the first fault and after each one.
+    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    pub phase: Duration,
     /// Client retry policy: none (measure the server) or stock (retry on next host).
     #[arg(long, value_enum, default_value = "none")]
     pub retry_policy: RetryMode,
@@ -275,6 +317,34 @@ impl BenchArgs {
         }
     }
 
+    /// Consistency level of the run.
+    fn consistency(&self, s: Scenario) -> ConsistencyLevel {
+        self.consistency.unwrap_or(if s == Scenario::Faults {
+            ConsistencyLevel::Quorum
+        } else {
+            ConsistencyLevel::One
+        })
+    }
+
+    /// The driver's settings for `nodes`.
+    fn driver_options(&self, s: Scenario, nodes: &[String], plan: &Plan) -> DriverOptions {
+        DriverOptions {
+            nodes: nodes.to_vec(),
+            connections: self.connections(),
+            client_timeout: plan.run.client_timeout,
+            retry: self.retry_policy,
+            retries: self.retries,
+            credentials: None,
+            consistency: self.consistency(s),
+            balancing: self.load_balancing,
+            replication_factor: self.replication_factor.unwrap_or(if s == Scenario::Faults {
+                3
+            } else {
+                1
+            }),
+        }
+    }
+
     /// Connections per host (driver) or per shard (raw).
     fn connections(&self) -> usize {
         self.connections.unwrap_or(match self.client {
@@ -299,7 +369,13 @@ impl BenchArgs {
             run: RunConfig {
                 arrival: self.arrival,
                 deadline,
-                client_timeout: self.client_timeout.unwrap_or(deadline),
+                // A fault run waits longer than its deadline, so that the server's own
+                // timeouts and Unavailable answers are seen rather than the client's.
+                client_timeout: self.client_timeout.unwrap_or(if s == Scenario::Faults {
+                    Duration::from_secs(1)
+                } else {
+                    deadline
+                }),
                 lag_tolerance: self.lag_tolerance,
                 max_in_flight: self.max_in_flight,
                 seed: self.seed,
@@ -422,13 +498,24 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     }
     let Some(s) = args.scenario else {
         bail!(
-            "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus) or use --compare"
+            "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus, faults) or use --compare"
         );
     };
     if args.client == ClientKind::Raw && args.retry_policy == RetryMode::Stock {
         bail!("--client raw never retries; use --retry-policy none or --client driver");
     }
+    if args.client == ClientKind::Raw
+        && args.consistency.is_some_and(|c| c != ConsistencyLevel::One)
+    {
+        bail!("--client raw sends every request at consistency ONE; use --client driver");
+    }
+    if args.client == ClientKind::Raw && args.load_balancing != Balancing::TokenAware {
+        bail!("--client raw drives one node; --load-balancing needs --client driver");
+    }
     let plan = args.plan(s);
+    if s == Scenario::Faults {
+        return run_faults(&args, &plan).await;
+    }
     if s == Scenario::Versus {
         return run_versus(&args, &plan).await;
     }
@@ -450,14 +537,7 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::Result<RunReport> {
-    let opts = DriverOptions {
-        nodes: args.nodes.clone(),
-        connections: args.connections(),
-        client_timeout: plan.run.client_timeout,
-        retry: args.retry_policy,
-        retries: args.retries,
-        credentials: None,
-    };
+    let opts = args.driver_options(s, &args.nodes, plan);
     let conn = Connection::open(&opts).await?;
     let classes: &[&str] = if s == Scenario::HotPartition {
         &["uniform", "attacker"]
@@ -479,8 +559,9 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
             }
             let (target, notes) = CqlTarget::prepare(&conn, table, using_timeout).await?;
             r.notes.push(format!(
-                "client: scylla driver, {} connection(s)/host",
-                args.connections()
+                "client: scylla driver, {} connection(s)/host, {}",
+                args.connections(),
+                opts.describe()
             ));
             r.notes.extend(notes);
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
@@ -589,10 +670,82 @@ async fn run_scenario<T: Target>(
                 .await
             })
             .await;
+            if let Some(line) = scenario::hot_partition_summary(&r, limit) {
+                r.notes.push(line);
+            }
         }
-        Scenario::Capacity | Scenario::Ceiling | Scenario::Versus => {}
+        Scenario::Capacity | Scenario::Ceiling | Scenario::Versus | Scenario::Faults => {}
     }
     Ok(r)
+}
+
+/// `sluice bench faults`: the load, the faults on `--fault-pid` and the final reads.
+async fn run_faults(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
+    if args.client != ClientKind::Driver {
+        bail!("faults needs --client driver (the raw client drives one node and never retries)");
+    }
+    let Some(pid) = args.fault_pid else {
+        bail!("faults needs --fault-pid PID, the process of one of the --nodes");
+    };
+    if args.faults.is_empty() {
+        bail!("faults needs at least one fault (--faults kill,stop,restart)");
+    }
+    let mut node = FaultNode::from_pid(
+        pid,
+        args.fault_node.as_deref(),
+        args.restart_cmd.as_deref(),
+        &args.faults,
+    )?;
+    let opts = args.driver_options(Scenario::Faults, &args.nodes, plan);
+    let conn = Connection::open(&opts).await?;
+    let rate = args.rate.unwrap_or(1000.0);
+    let fp = FaultPlan {
+        rate,
+        keys: plan.partitions,
+        faults: args.faults.clone(),
+        warm_up: args.fault_warm_up,
+        phase: args.phase,
+        hold: args.fault_hold,
+        deadline: plan.run.deadline,
+        client_timeout: plan.run.client_timeout,
+        max_in_flight: plan.run.max_in_flight,
+        seed: args.seed,
+        progress: !args.quiet,
+    };
+    let settings = format!(
+        "{rate:.0} requests/s open loop (constant), half writes half reads over {} keys of \
+         {KEYSPACE}.{} (pk bigint PRIMARY KEY, v bigint); scylla driver, {} connection(s)/host, \
+         {}, retry policy {}; deadline {} ms, client timeout {} ms; faults {} on pid {pid}, \
+         warm-up {} s, hold {} s, phases {} s",
+        fp.keys,
+        faults::FAULT_TABLE,
+        opts.connections,
+        opts.describe(),
+        match args.retry_policy {
+            RetryMode::None => "none".to_string(),
+            RetryMode::Stock => format!("stock ({} retries)", args.retries),
+        },
+        fp.deadline.as_secs_f64() * 1e3,
+        fp.client_timeout.as_secs_f64() * 1e3,
+        args.faults
+            .iter()
+            .map(|f| f.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        fp.warm_up.as_secs_f64(),
+        fp.hold.as_secs_f64(),
+        fp.phase.as_secs_f64(),
+    );
+    eprintln!("{settings}");
+    let report = faults::run(&conn, &fp, &mut node, settings).await?;
+    println!();
+    print!("{}", report.text());
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
 }
 
 /// Table of the `versus` scenario: created afresh on both endpoints so that both start empty.
@@ -706,14 +859,7 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
     let mut conns = Vec::with_capacity(2);
     let mut durability: [String; 2] = Default::default();
     for side in 0..2 {
-        let opts = DriverOptions {
-            nodes: nodes[side].clone(),
-            connections: args.connections(),
-            client_timeout: plan.run.client_timeout,
-            retry: args.retry_policy,
-            retries: args.retries,
-            credentials: None,
-        };
+        let opts = args.driver_options(Scenario::Versus, &nodes[side], plan);
         let conn = Connection::open(&opts)
             .await
             .with_context(|| format!("{} endpoint", labels[side]))?;
@@ -945,6 +1091,16 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         attack_multiplier: 8.0,
         attack_rows: 10,
         hot_limit: 100,
+        consistency: None,
+        replication_factor: None,
+        load_balancing: Balancing::TokenAware,
+        faults: vec![FaultKind::Kill, FaultKind::Stop, FaultKind::Restart],
+        fault_pid: None,
+        fault_node: None,
+        restart_cmd: None,
+        fault_hold: Duration::from_secs(10),
+        fault_warm_up: Duration::from_secs(5),
+        phase: Duration::from_secs(15),
         retry_policy: RetryMode::None,
         retries: 3,
         max_in_flight: 100_000,
@@ -1051,6 +1207,84 @@ mod tests {
         .expect("parse");
         let e = run_bench(t.a).await.expect_err("raw with retries");
         assert!(e.to_string().contains("never retries"), "{e}");
+    }
+
+    #[test]
+    fn cluster_options_parse_with_per_scenario_defaults() {
+        let t = T::try_parse_from([
+            "x",
+            "faults",
+            "--nodes",
+            "127.0.0.1:9042,127.0.0.2:9042,127.0.0.3:9042",
+            "--fault-pid",
+            "42",
+        ])
+        .expect("parse");
+        assert_eq!(t.a.scenario, Some(Scenario::Faults));
+        assert_eq!(
+            t.a.faults,
+            vec![FaultKind::Kill, FaultKind::Stop, FaultKind::Restart]
+        );
+        assert_eq!(t.a.fault_hold, Duration::from_secs(10));
+        let plan = t.a.plan(Scenario::Faults);
+        assert_eq!(plan.run.client_timeout, Duration::from_secs(1));
+        let o = t.a.driver_options(Scenario::Faults, &t.a.nodes, &plan);
+        assert_eq!(o.nodes.len(), 3);
+        assert_eq!(o.consistency, ConsistencyLevel::Quorum);
+        assert_eq!(o.replication_factor, 3);
+        assert_eq!(o.balancing, Balancing::TokenAware);
+        assert_eq!(
+            o.describe(),
+            "3 node(s), token-aware, consistency QUORUM, keyspace replication_factor 3"
+        );
+
+        let t = T::try_parse_from([
+            "x",
+            "sweep",
+            "--consistency",
+            "local_quorum",
+            "--replication-factor",
+            "3",
+            "--load-balancing",
+            "round-robin",
+        ])
+        .expect("parse");
+        let plan = t.a.plan(Scenario::Sweep);
+        let o = t.a.driver_options(Scenario::Sweep, &t.a.nodes, &plan);
+        assert_eq!(o.consistency, ConsistencyLevel::LocalQuorum);
+        assert_eq!(o.replication_factor, 3);
+        assert_eq!(o.balancing, Balancing::RoundRobin);
+        let t = T::try_parse_from(["x", "sweep", "--faults", "stop,kill"]).expect("parse");
+        assert_eq!(t.a.faults, vec![FaultKind::Stop, FaultKind::Kill]);
+        let o =
+            t.a.driver_options(Scenario::Sweep, &t.a.nodes, &t.a.plan(Scenario::Sweep));
+        assert_eq!(o.consistency, ConsistencyLevel::One);
+        assert_eq!(o.replication_factor, 1);
+        assert!(T::try_parse_from(["x", "sweep", "--replication-factor", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "sweep", "--consistency", "MOST"]).is_err());
+        assert!(T::try_parse_from(["x", "faults", "--faults", "reboot"]).is_err());
+    }
+
+    #[tokio::test]
+    async fn faults_and_the_raw_client_check_their_options_before_connecting() {
+        let t = T::try_parse_from(["x", "faults"]).expect("parse");
+        let e = run_bench(t.a).await.expect_err("no pid");
+        assert!(e.to_string().contains("--fault-pid"), "{e}");
+        let t = T::try_parse_from(["x", "faults", "--client", "raw", "--fault-pid", "1"])
+            .expect("parse");
+        let e = run_bench(t.a).await.expect_err("raw");
+        assert!(e.to_string().contains("--client driver"), "{e}");
+        let t = T::try_parse_from([
+            "x",
+            "capacity",
+            "--client",
+            "raw",
+            "--consistency",
+            "QUORUM",
+        ])
+        .expect("parse");
+        let e = run_bench(t.a).await.expect_err("raw at QUORUM");
+        assert!(e.to_string().contains("consistency ONE"), "{e}");
     }
 
     #[test]

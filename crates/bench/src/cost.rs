@@ -287,6 +287,7 @@ impl Server {
             retry: RetryMode::None,
             retries: 0,
             credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
+            ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(60))
         })
         .await?;
         Ok(Self {

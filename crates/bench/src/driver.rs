@@ -8,6 +8,7 @@ use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::client::PoolSize;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
+use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::policies::retry::{
     FallthroughRetryPolicy, RequestInfo, RetryDecision, RetryPolicy, RetrySession,
 };
@@ -36,6 +37,81 @@ pub enum RetryMode {
     Stock,
 }
 
+/// Consistency level of every benchmark request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ConsistencyLevel {
+    /// ANY (writes only).
+    Any,
+    /// ONE.
+    One,
+    /// TWO.
+    Two,
+    /// THREE.
+    Three,
+    /// QUORUM.
+    Quorum,
+    /// ALL.
+    All,
+    /// LOCAL_ONE.
+    LocalOne,
+    /// LOCAL_QUORUM.
+    LocalQuorum,
+    /// EACH_QUORUM.
+    EachQuorum,
+}
+
+impl ConsistencyLevel {
+    /// The driver's value.
+    pub fn driver(self) -> Consistency {
+        match self {
+            ConsistencyLevel::Any => Consistency::Any,
+            ConsistencyLevel::One => Consistency::One,
+            ConsistencyLevel::Two => Consistency::Two,
+            ConsistencyLevel::Three => Consistency::Three,
+            ConsistencyLevel::Quorum => Consistency::Quorum,
+            ConsistencyLevel::All => Consistency::All,
+            ConsistencyLevel::LocalOne => Consistency::LocalOne,
+            ConsistencyLevel::LocalQuorum => Consistency::LocalQuorum,
+            ConsistencyLevel::EachQuorum => Consistency::EachQuorum,
+        }
+    }
+
+    /// The CQL name (QUORUM, LOCAL_ONE, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsistencyLevel::Any => "ANY",
+            ConsistencyLevel::One => "ONE",
+            ConsistencyLevel::Two => "TWO",
+            ConsistencyLevel::Three => "THREE",
+            ConsistencyLevel::Quorum => "QUORUM",
+            ConsistencyLevel::All => "ALL",
+            ConsistencyLevel::LocalOne => "LOCAL_ONE",
+            ConsistencyLevel::LocalQuorum => "LOCAL_QUORUM",
+            ConsistencyLevel::EachQuorum => "EACH_QUORUM",
+        }
+    }
+}
+
+/// How the driver picks the coordinator of each request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Balancing {
+    /// A replica of the request's partition (prepared statements carry the token).
+    TokenAware,
+    /// Every node in turn, whatever the partition: most requests need a hop to a replica.
+    RoundRobin,
+}
+
+impl Balancing {
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Balancing::TokenAware => "token-aware",
+            Balancing::RoundRobin => "round-robin",
+        }
+    }
+}
+
 /// Connection settings.
 #[derive(Clone, Debug)]
 pub struct DriverOptions {
@@ -51,6 +127,40 @@ pub struct DriverOptions {
     pub retries: u32,
     /// User name and password, for a node that asks for a login.
     pub credentials: Option<(String, String)>,
+    /// Consistency level of the measured requests.
+    pub consistency: ConsistencyLevel,
+    /// Choice of coordinator.
+    pub balancing: Balancing,
+    /// `replication_factor` of the keyspace the benchmark creates.
+    pub replication_factor: u32,
+}
+
+impl DriverOptions {
+    /// One node's defaults: consistency ONE, token-aware, replication factor 1.
+    pub fn new(nodes: Vec<String>, connections: usize, client_timeout: Duration) -> Self {
+        Self {
+            nodes,
+            connections,
+            client_timeout,
+            retry: RetryMode::None,
+            retries: 3,
+            credentials: None,
+            consistency: ConsistencyLevel::One,
+            balancing: Balancing::TokenAware,
+            replication_factor: 1,
+        }
+    }
+
+    /// One line for a report: the cluster-facing settings.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} node(s), {}, consistency {}, keyspace replication_factor {}",
+            self.nodes.len(),
+            self.balancing.name(),
+            self.consistency.name(),
+            self.replication_factor
+        )
+    }
 }
 
 /// Retries immediately on the next host, up to `max` times, for the errors stock drivers retry.
@@ -127,10 +237,11 @@ pub struct Connection {
     /// The driver session.
     pub session: Arc<Session>,
     retries: Arc<AtomicU64>,
+    replication_factor: u32,
 }
 
 impl Connection {
-    /// Connects with the given options (no speculative execution, consistency ONE).
+    /// Connects with the given options (no speculative execution).
     pub async fn open(opts: &DriverOptions) -> anyhow::Result<Self> {
         let retries = Arc::new(AtomicU64::new(0));
         let policy: Arc<dyn RetryPolicy> = match opts.retry {
@@ -144,7 +255,12 @@ impl Connection {
             .request_timeout(Some(opts.client_timeout))
             .retry_policy(policy)
             .speculative_execution_policy(None)
-            .consistency(Consistency::One)
+            .consistency(opts.consistency.driver())
+            .load_balancing_policy(
+                DefaultPolicy::builder()
+                    .token_aware(opts.balancing == Balancing::TokenAware)
+                    .build(),
+            )
             .build();
         let conns = NonZeroUsize::new(opts.connections.max(1)).unwrap_or(NonZeroUsize::MIN);
         let mut builder = SessionBuilder::new()
@@ -161,6 +277,7 @@ impl Connection {
         Ok(Self {
             session: Arc::new(session),
             retries,
+            replication_factor: opts.replication_factor.max(1),
         })
     }
 
@@ -202,15 +319,35 @@ impl Connection {
             .collect()
     }
 
-    /// Creates the keyspace and a `(pk bigint, ck int, v blob)` table; drops it first if `fresh`.
-    pub async fn create_table(&self, table: &str, fresh: bool) -> anyhow::Result<()> {
+    /// The counter of the retries the session's policy made.
+    pub fn retry_counter(&self) -> Arc<AtomicU64> {
+        self.retries.clone()
+    }
+
+    /// Creates the keyspace with the options' replication factor, or alters an existing one
+    /// to it, so that a run at RF 3 never reuses a keyspace an earlier run made at RF 1.
+    pub async fn create_keyspace(&self) -> anyhow::Result<()> {
+        let replication = format!(
+            "{{'class': 'SimpleStrategy', 'replication_factor': {}}}",
+            self.replication_factor
+        );
         self.ddl(&format!(
-            "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
-             {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+            "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {replication}"
         ))
         .await
         .map_err(anyhow::Error::msg)
         .context("creating keyspace")?;
+        self.ddl(&format!(
+            "ALTER KEYSPACE {KEYSPACE} WITH replication = {replication}"
+        ))
+        .await
+        .map_err(anyhow::Error::msg)
+        .context("setting the keyspace's replication factor")
+    }
+
+    /// Creates the keyspace and a `(pk bigint, ck int, v blob)` table; drops it first if `fresh`.
+    pub async fn create_table(&self, table: &str, fresh: bool) -> anyhow::Result<()> {
+        self.create_keyspace().await?;
         if fresh {
             self.ddl(&format!("DROP TABLE IF EXISTS {KEYSPACE}.{table}"))
                 .await

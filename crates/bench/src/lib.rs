@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cost;
 pub mod driver;
 pub mod fake;
+pub mod faults;
 pub mod lwt_convoy;
 pub mod pause;
 pub mod progress;

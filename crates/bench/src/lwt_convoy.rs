@@ -74,6 +74,7 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
         retry: RetryMode::None,
         retries: 0,
         credentials: None,
+        ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(30))
     })
     .await?;
     for ddl in [

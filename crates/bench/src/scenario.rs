@@ -499,6 +499,36 @@ pub async fn hot_partition<T: Target>(
     report.push_step("limited", None, plan.step.as_secs_f64(), run);
 }
 
+/// One line on the `limited` step of [`hot_partition`]: the rate the hot partition was
+/// accepted at against `limit`, and the other partitions' goodput against the baseline step.
+pub fn hot_partition_summary(report: &RunReport, limit: u32) -> Option<String> {
+    let step = |label: &str| report.steps.iter().find(|s| s.label == label);
+    let (base, limited) = (step("baseline")?, step("limited")?);
+    let hot = limited.classes.get(1)?;
+    if limited.duration_s <= 0.0 {
+        return None;
+    }
+    let accepted = (hot.counts.ok + hot.counts.late) as f64 / limited.duration_s;
+    let others = limited.classes.first()?.goodput_rate;
+    let base_others = base.classes.first()?.goodput_rate;
+    let vs_limit = if limit > 0 {
+        format!("{:+.0}%", (accepted / f64::from(limit) - 1.0) * 100.0)
+    } else {
+        "-".into()
+    };
+    let vs_base = if base_others > 0.0 {
+        format!("{:.0}%", others / base_others * 100.0)
+    } else {
+        "-".into()
+    };
+    Some(format!(
+        "hot partition: offered {:.0}/s, accepted {accepted:.0}/s against max_reads_per_second {limit} \
+         ({vs_limit}); other partitions' goodput {others:.0}/s, {vs_base} of the baseline step's \
+         {base_others:.0}/s (targets: accepted within 10% of the limit, others at least 95%)",
+        hot.offered_rate
+    ))
+}
+
 /// Measures the generator's ceiling: requests/s it can issue and account against a target that
 /// answers at once. Returns the median per-second completions of the saturated step.
 pub async fn ceiling(report: &mut RunReport, plan: &Plan) -> f64 {
@@ -799,6 +829,22 @@ mod tests {
         assert!((100..=150).contains(&hot_ok), "attacker accepted {hot_ok}");
         assert_eq!(attack.classes[1].counts.rate_limited, 1600 - hot_ok);
         assert!(r.notes.iter().any(|n| n.contains("unsupported")));
+        let limited = &r.steps[2];
+        let accepted = (limited.classes[1].counts.ok + limited.classes[1].counts.late) as f64 / 2.0;
+        let line = hot_partition_summary(&r, 50).expect("summary");
+        assert!(
+            line.contains(&format!(
+                "accepted {accepted:.0}/s against max_reads_per_second 50"
+            )),
+            "{line}"
+        );
+        assert!(line.contains("offered 800/s"), "{line}");
+        // The fake serves every uniform read in every step.
+        assert!(
+            line.contains("goodput 100/s, 100% of the baseline step's 100/s"),
+            "{line}"
+        );
+        assert_eq!(hot_partition_summary(&report(&["requests"]), 50), None);
     }
 
     #[tokio::test]

@@ -179,6 +179,7 @@ async fn exercise(shard_aware: bool) {
         retry: RetryMode::None,
         retries: 0,
         credentials: None,
+        ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(10))
     };
     // The driver's 5 s connect timeout can pass on a loaded 2-core machine: try again.
     let mut conn = Connection::open(&opts).await;
