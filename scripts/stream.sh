@@ -6,7 +6,12 @@
 # seconds of each pass), `sluice nodetool status`, `sluice nodetool decommission` of the fourth
 # node timed, and status again. The data directory (DIR) is removed at the end unless KEEP=1.
 #
-# Usage: [ROWS=100000] [VALUE=2000] [DIR=/tmp/sluice-stream] [KEEP=1] scripts/stream.sh
+# With LOAD=1 instead: a token-aware writer (scripts/stream_under_load.py, 8 in flight) inserts
+# rows into `m.w` (RF 1) for 12 s while the fourth node joins (3 s in), then checks that every
+# acknowledged row is in the local data of its replica on the four-node ring; then the same
+# while the fourth node is decommissioned, checked on the three-node ring.
+#
+# Usage: [ROWS=100000] [VALUE=2000] [DIR=/tmp/sluice-stream] [KEEP=1] [LOAD=1] scripts/stream.sh
 set -u
 cd "$(dirname "$0")/.."
 cargo build -p sluice >/dev/null || exit 1
@@ -37,6 +42,23 @@ start() {
 start 1
 start 2 --seeds 127.0.0.1:$IN
 start 3 --seeds 127.0.0.1:$IN
+if [ -n "${LOAD:-}" ]; then
+  W="$PY scripts/stream_under_load.py"
+  $W write $CQL 12 "$DIR/acked-join" & writer=$!
+  sleep 3
+  start 4 --seeds 127.0.0.1:$IN
+  wait $writer
+  sleep 1
+  $W check $CQL 4 "$DIR/acked-join"
+  $W write $CQL 12 "$DIR/acked-leave" & writer=$!
+  sleep 3
+  "$BIN" nodetool --host 127.0.0.4:$IN decommission
+  wait $writer
+  sleep 1
+  $W check $CQL 3 "$DIR/acked-leave"
+  stop_all
+  exit 0
+fi
 "$PY" scripts/stream_load.py $CQL "$ROWS" "$VALUE" || { echo "load failed"; stop_all; exit 1; }
 "$BIN" nodetool --host 127.0.0.1:$IN status
 t0=$(date +%s.%N)
