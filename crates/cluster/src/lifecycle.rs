@@ -26,7 +26,10 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::node::{propose_topology, raft_node_id, ClusterMeta, StartError};
-use crate::streaming::{plan_gains, ring_with_state, run_plan, DataSlot, LocalData, StreamStats};
+use crate::streaming::{
+    enough_replicas_without, plan_gains, ring_with_state, run_plan, DataSlot, LocalData,
+    StreamStats,
+};
 use crate::topology::{TopologyCommand, TopologyWatch, WireState};
 use crate::verbs::{VERB_ADMIN, VERB_NODE_LOAD, VERB_STREAM_GAINS};
 
@@ -383,7 +386,10 @@ impl Lifecycle {
         if others == 0 {
             return Err("the last normal node of the ring cannot leave it");
         }
-        self.data()?;
+        let data = self.data()?;
+        if !enough_replicas_without(&data.tables(), &ring, me) {
+            return Err("the remaining nodes would be fewer than a keyspace's replication factor");
+        }
         self.set_state(me, WireState::Leaving)
             .await
             .map_err(|_| "cannot mark this node leaving")?;

@@ -213,6 +213,30 @@ pub fn plan_gains(
     plan
 }
 
+/// Whether every table still has as many replicas as its replication factor asks for (per
+/// data center) once `leaving` is gone: a decommission that would leave fewer is refused, as
+/// Cassandra does.
+pub fn enough_replicas_without(
+    tables: &[StreamTable],
+    ring: &TokenMetadata,
+    leaving: Uuid,
+) -> bool {
+    let remaining = |dc: Option<&str>| {
+        ring.nodes()
+            .iter()
+            .filter(|n| n.host_id != leaving && n.state == NodeState::Normal)
+            .filter(|n| dc.is_none_or(|dc| n.dc == dc))
+            .count()
+    };
+    tables.iter().all(|table| match &table.replication {
+        Replication::Local => true,
+        Replication::Simple { factor } => *factor as usize <= remaining(None),
+        Replication::NetworkTopology { factors } => factors
+            .iter()
+            .all(|(dc, factor)| *factor as usize <= remaining(Some(dc))),
+    })
+}
+
 /// Pulls every transfer of `plan` into `data`, one chunk at a time.
 pub async fn run_plan(
     messenger: &Messenger,
@@ -631,6 +655,30 @@ mod tests {
         );
         assert!(!plan.is_empty());
         assert!(plan.iter().all(|t| t.sources == vec![addr(1)]), "{plan:?}");
+    }
+
+    #[test]
+    fn a_node_may_leave_only_if_every_replication_factor_still_fits() {
+        let ring = TokenMetadata::new(vec![
+            node(1, &[-100], NodeState::Normal),
+            node(2, &[0], NodeState::Normal),
+            node(3, &[100], NodeState::Normal),
+            node(4, &[50], NodeState::Joining),
+        ])
+        .unwrap();
+        let three = Uuid::from_u128(3);
+        assert!(enough_replicas_without(&[table(1), table(2)], &ring, three));
+        // The joining node does not count: two normal nodes remain for RF 3.
+        assert!(!enough_replicas_without(&[table(3)], &ring, three));
+        let nts = |dc: &str, factor| StreamTable {
+            id: [9; 16],
+            replication: Replication::NetworkTopology {
+                factors: vec![(dc.to_owned(), factor)],
+            },
+        };
+        assert!(enough_replicas_without(&[nts("dc1", 2)], &ring, three));
+        assert!(!enough_replicas_without(&[nts("dc1", 3)], &ring, three));
+        assert!(!enough_replicas_without(&[nts("dc2", 1)], &ring, three));
     }
 
     #[test]

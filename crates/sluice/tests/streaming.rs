@@ -460,6 +460,20 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
         assert_eq!(local_keys(session, "rf2").await.len(), all.len());
     }
 
+    // One node would be left for RF 2: refused, and both nodes stay.
+    let refused = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("nodetool")
+        .args(["--host", &internode(2, ports).to_string(), "decommission"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "decommission of node 2 was not refused"
+    );
+    assert!(stderr.contains("replication factor"), "{stderr}");
+    assert_eq!(wait_all_normal(ports, 2).len(), 2);
+
     for node in nodes {
         node.stop();
     }
