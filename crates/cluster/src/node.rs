@@ -375,6 +375,16 @@ impl ClusterNode {
                 // The other nodes would keep calling the old address.
                 return Err(StartError::AddressChanged);
             }
+            let left = self.meta.with_state(|s| {
+                s.topology()
+                    .node(config.host_id)
+                    .is_some_and(|n| n.state == NodeState::Left)
+            });
+            if left {
+                // Decommissioned or removed: no longer in the Raft group, so a catch-up would
+                // only wait out its bound.
+                return Err(StartError::Refused(TopologyError::HostLeft));
+            }
             // Replay is done (open did it); catch up with what the group committed since.
             self.meta
                 .wait_caught_up(config.join_timeout)
