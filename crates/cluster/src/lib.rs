@@ -34,16 +34,20 @@
 //! ```
 
 pub mod control;
+pub mod lifecycle;
 pub mod node;
 pub mod raft_transport;
 pub mod schema;
 pub mod state;
+pub mod streaming;
 pub mod topology;
 pub mod verbs;
 
 pub use control::{serve_control, ControlHandler, ControlVerb};
+pub use lifecycle::{ask_node, AdminReply, AdminRequest, Lifecycle, NodeStatus, StreamTotals};
 pub use node::{raft_node_id, ClusterConfig, ClusterMeta, ClusterNode, SchemaClient, StartError};
 pub use raft_transport::{serve_raft, PeerDirectory, RaftTransport, MAX_RAFT_HANDLERS};
 pub use schema::{SchemaCommand, SchemaEdit, SchemaError, SchemaFollower, SchemaResponse};
 pub use state::ClusterState;
+pub use streaming::{LocalData, StreamChunk, StreamStats, StreamTable};
 pub use topology::{Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch};

@@ -22,14 +22,16 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::control::{serve_control, ControlHandler, ControlVerb};
+use crate::lifecycle::Lifecycle;
 use crate::raft_transport::{PeerDirectory, RaftTransport};
 use crate::schema::{SchemaCommand, SchemaFollower, SchemaResponse};
 use crate::state::ClusterState;
+use crate::streaming::{serve_bulk, DataSlot};
 use crate::topology::{
     uuid_text, Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch,
     WireState, TOPOLOGY_VERSION_BYTE,
 };
-use crate::verbs::VERB_JOIN;
+use crate::verbs::{VERB_ADMIN, VERB_JOIN, VERB_NODE_LOAD, VERB_STREAM_GAINS};
 
 /// The metadata node of a cluster node: topology and schema in one group.
 pub type ClusterMeta = MetaNode<ClusterState, RaftTransport>;
@@ -40,6 +42,12 @@ const MAX_JOIN_HANDLERS: usize = 4;
 const MIN_JOIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest pause between join attempts.
 const MAX_JOIN_BACKOFF: Duration = Duration::from_secs(2);
+/// Streaming pulls a node serves at once (each is one peer's share of a decommission).
+const MAX_GAINS_HANDLERS: usize = 2;
+/// Load requests a node serves at once.
+const MAX_LOAD_HANDLERS: usize = 16;
+/// Operator commands a node serves at once.
+const MAX_ADMIN_HANDLERS: usize = 4;
 
 /// How a cluster node is set up.
 #[derive(Clone, Debug)]
@@ -69,6 +77,9 @@ pub struct ClusterConfig {
     pub join_attempt_timeout: Duration,
     /// The Raft group's voters; nodes joining after it has this many stay learners.
     pub max_voters: usize,
+    /// A node that joins through seeds stays `Joining` after `start`, for its owner to stream
+    /// its ranges in ([`Lifecycle::finish_join`]); without it, it becomes `Normal` at once.
+    pub stream_on_join: bool,
 }
 
 impl ClusterConfig {
@@ -94,6 +105,7 @@ impl ClusterConfig {
             join_timeout: Duration::from_secs(120),
             join_attempt_timeout: Duration::from_secs(30),
             max_voters: 3,
+            stream_on_join: false,
         }
     }
 }
@@ -110,6 +122,14 @@ pub enum StartError {
     /// The stored topology has this node at another internode address; restart it on that
     /// one.
     AddressChanged,
+    /// Some ranges this node gains could not be streamed from any of their replicas; the
+    /// node stays `Joining`, and a restart tries again.
+    StreamFailed {
+        /// Ranges that failed.
+        failed_ranges: u64,
+    },
+    /// Streaming was asked for before the node's data was attached.
+    NoLocalData,
     /// No seed admitted this node within [`ClusterConfig::join_timeout`].
     NoSeedAnswered {
         /// Join attempts made.
@@ -128,6 +148,11 @@ impl std::fmt::Display for StartError {
             StartError::AddressChanged => f.write_str(
                 "the cluster knows this node at another internode address; restart it there",
             ),
+            StartError::StreamFailed { failed_ranges } => write!(
+                f,
+                "{failed_ranges} ranges could not be streamed from any replica; restart to retry"
+            ),
+            StartError::NoLocalData => f.write_str("the node's data is not attached"),
             StartError::NoSeedAnswered { attempts, last } => write!(
                 f,
                 "no seed admitted this node after {attempts} attempts (last: {last})"
@@ -204,7 +229,9 @@ pub struct ClusterNode {
     tokens: Vec<Token>,
     /// The metadata group's bound on one command.
     max_command_bytes: usize,
+    lifecycle: Lifecycle,
     service: JoinHandle<()>,
+    bulk_service: JoinHandle<()>,
     directory_task: JoinHandle<()>,
 }
 
@@ -246,6 +273,19 @@ impl ClusterNode {
         let Some(control) = messenger.take_inbound(ConnectionClass::Control) else {
             unreachable!("a new messenger's Control queue is not taken");
         };
+        let Some(bulk) = messenger.take_inbound(ConnectionClass::Bulk) else {
+            unreachable!("a new messenger's Bulk queue is not taken");
+        };
+        let data = DataSlot::default();
+        let bulk_service = serve_bulk(bulk, Arc::clone(&data));
+        let lifecycle = Lifecycle::new(
+            config.host_id,
+            Arc::clone(&messenger),
+            Arc::clone(&meta),
+            watch.clone(),
+            data,
+            config.max_voters.max(1),
+        );
         let join_meta = Arc::clone(&meta);
         let max_voters = config.max_voters.max(1);
         let join_handler: ControlHandler = Arc::new(move |message| {
@@ -254,11 +294,28 @@ impl ClusterNode {
         let service = serve_control(
             control,
             meta.rpc_handler(),
-            vec![ControlVerb {
-                verb: VERB_JOIN,
-                handler: join_handler,
-                max_running: MAX_JOIN_HANDLERS,
-            }],
+            vec![
+                ControlVerb {
+                    verb: VERB_JOIN,
+                    handler: join_handler,
+                    max_running: MAX_JOIN_HANDLERS,
+                },
+                ControlVerb {
+                    verb: VERB_STREAM_GAINS,
+                    handler: lifecycle_handler(&lifecycle, |l, m| Box::pin(l.serve_gains(m))),
+                    max_running: MAX_GAINS_HANDLERS,
+                },
+                ControlVerb {
+                    verb: VERB_NODE_LOAD,
+                    handler: lifecycle_handler(&lifecycle, |l, m| Box::pin(l.serve_load(m))),
+                    max_running: MAX_LOAD_HANDLERS,
+                },
+                ControlVerb {
+                    verb: VERB_ADMIN,
+                    handler: lifecycle_handler(&lifecycle, |l, m| Box::pin(l.serve_admin(m))),
+                    max_running: MAX_ADMIN_HANDLERS,
+                },
+            ],
         );
         let directory_task = tokio::spawn(follow_ring(watch.ring(), directory, node_id));
 
@@ -269,7 +326,9 @@ impl ClusterNode {
             topology: watch,
             tokens: Vec::new(),
             max_command_bytes,
+            lifecycle,
             service,
+            bulk_service,
             directory_task,
         };
         match node.enter_ring(&config, internode_addr).await {
@@ -316,6 +375,16 @@ impl ClusterNode {
                 // The other nodes would keep calling the old address.
                 return Err(StartError::AddressChanged);
             }
+            let left = self.meta.with_state(|s| {
+                s.topology()
+                    .node(config.host_id)
+                    .is_some_and(|n| n.state == NodeState::Left)
+            });
+            if left {
+                // Decommissioned or removed: no longer in the Raft group, so a catch-up would
+                // only wait out its bound.
+                return Err(StartError::Refused(TopologyError::HostLeft));
+            }
             // Replay is done (open did it); catch up with what the group committed since.
             self.meta
                 .wait_caught_up(config.join_timeout)
@@ -340,12 +409,20 @@ impl ClusterNode {
                 .await
                 .map_err(StartError::Meta)?;
         }
-        // No streaming yet: a node owns its ranges as soon as it is in the ring.
-        self.propose(TopologyCommand::SetState {
-            host_id: config.host_id,
-            state: WireState::Normal,
-        })
-        .await?;
+        let joining = self.meta.with_state(|s| {
+            s.topology()
+                .node(config.host_id)
+                .is_some_and(|n| n.state == NodeState::Joining)
+        });
+        let first_node = !known && seeds.is_empty();
+        if !(config.stream_on_join && joining && !first_node) {
+            // Without streaming a node owns its ranges as soon as it is in the ring.
+            self.propose(TopologyCommand::SetState {
+                host_id: config.host_id,
+                state: WireState::Normal,
+            })
+            .await?;
+        }
         let tokens = self.meta.with_state(|s| {
             s.topology()
                 .node(config.host_id)
@@ -357,15 +434,12 @@ impl ClusterNode {
     }
 
     async fn propose(&self, command: TopologyCommand) -> Result<TopologyResponse, StartError> {
-        let committed = self
-            .meta
-            .propose(self.meta.next_request_id(), command.encode())
-            .await
-            .map_err(StartError::Meta)?;
-        match TopologyResponse::decode(&committed.response) {
-            Ok(TopologyResponse::Rejected(error)) | Err(error) => Err(StartError::Refused(error)),
-            Ok(response) => Ok(response),
-        }
+        propose_topology(&self.meta, command).await
+    }
+
+    /// The node's join, decommission and removal operations, and its status.
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
     }
 
     /// This node's host id.
@@ -426,6 +500,7 @@ impl ClusterNode {
         let stopped = self.meta.shutdown().await;
         self.messenger.shutdown().await;
         self.service.abort();
+        self.bulk_service.abort();
         self.directory_task.abort();
         stopped
     }
@@ -460,6 +535,31 @@ impl SchemaClient {
     pub fn max_command_bytes(&self) -> usize {
         self.max_command_bytes
     }
+}
+
+/// Proposes a topology command and returns the state machine's answer once this node
+/// applied it; a rejection is an error.
+pub(crate) async fn propose_topology(
+    meta: &ClusterMeta,
+    command: TopologyCommand,
+) -> Result<TopologyResponse, StartError> {
+    let committed = meta
+        .propose(meta.next_request_id(), command.encode())
+        .await
+        .map_err(StartError::Meta)?;
+    match TopologyResponse::decode(&committed.response) {
+        Ok(TopologyResponse::Rejected(error)) | Err(error) => Err(StartError::Refused(error)),
+        Ok(response) => Ok(response),
+    }
+}
+
+/// A Control handler that runs `serve` on a clone of the node's lifecycle.
+fn lifecycle_handler(
+    lifecycle: &Lifecycle,
+    serve: fn(Lifecycle, InboundMessage) -> crate::control::HandlerFuture,
+) -> ControlHandler {
+    let lifecycle = lifecycle.clone();
+    Arc::new(move |message| serve(lifecycle.clone(), message))
 }
 
 /// Asks the seeds in turn to admit this node, with backoff, until one does, one refuses it,

@@ -14,8 +14,33 @@ pub const VERB_RAFT: u16 = FIRST_APPLICATION_VERB;
 /// or why it was refused (see `crate::node`).
 pub const VERB_JOIN: u16 = FIRST_APPLICATION_VERB + 1;
 
+/// A chunk of a token range of a table, on `ConnectionClass::Bulk`: the body names the
+/// table, the range and the key to resume after; the reply carries the records (see
+/// `crate::streaming`).
+pub const VERB_STREAM_FETCH: u16 = FIRST_APPLICATION_VERB + 20;
+
+/// A node tells a peer to pull the ranges it gains when a node leaves the ring (its own
+/// decommission, or a removal of a dead node), on `ConnectionClass::Control`; the reply is
+/// what it pulled (see `crate::lifecycle`).
+pub const VERB_STREAM_GAINS: u16 = FIRST_APPLICATION_VERB + 21;
+
+/// A node's load (bytes of data on disk), on `ConnectionClass::Control`; also how
+/// `nodetool status` finds a peer up.
+pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
+
+/// An operator's command to the node it is sent to (`sluice nodetool`: status,
+/// decommission, removenode), on `ConnectionClass::Control`.
+pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
+
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 2] = [VERB_RAFT, VERB_JOIN];
+pub const ALL: [u16; 6] = [
+    VERB_RAFT,
+    VERB_JOIN,
+    VERB_STREAM_FETCH,
+    VERB_STREAM_GAINS,
+    VERB_NODE_LOAD,
+    VERB_ADMIN,
+];
 
 #[cfg(test)]
 mod tests {

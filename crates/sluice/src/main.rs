@@ -8,7 +8,9 @@
 mod config;
 mod identity;
 mod local_cluster;
+mod nodetool;
 mod schema_link;
+mod stream_link;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -41,6 +43,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Start a local cluster of N nodes on 127.0.0.1 .. 127.0.0.N; Ctrl-C stops them all.
     Cluster(Box<local_cluster::ClusterArgs>),
+    /// An operator's commands to a running node: status, decommission, removenode.
+    Nodetool(Box<nodetool::NodetoolArgs>),
     /// Open-loop goodput benchmark against any CQL endpoint (Sluice, Cassandra, ...).
     Bench(Box<sluice_bench::BenchArgs>),
     /// A newcomer's first minute: start a node in a temporary directory, run a short ramp,
@@ -62,6 +66,7 @@ fn main() {
                 .context("locating the sluice executable")
                 .and_then(|exe| local_cluster::run(*args, &exe)),
         ),
+        Command::Nodetool(args) => report(run_tool(nodetool::run(*args))),
         Command::Bench(args) => report(
             args.runtime()
                 .context("starting the generator's runtime")
@@ -180,6 +185,13 @@ fn serve(args: ServeArgs) -> Result<()> {
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
     // The schema is the group's before any client can reach this node; DDL goes through it.
     schema_link::connect(&engine, &cluster, cluster_runtime.handle())?;
+    cluster
+        .lifecycle()
+        .attach(Arc::new(stream_link::EngineData::new(
+            engine.clone(),
+            storage.clone(),
+            cfg.data_dir.join("db"),
+        )));
     if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(
@@ -189,6 +201,18 @@ fn serve(args: ServeArgs) -> Result<()> {
     } else {
         // Peers, tokens and events follow the topology group's ring from now on.
         cluster_runtime.spawn(sluice_engine::follow_ring(engine.clone(), cluster.ring()));
+    }
+    // A joining node serves once it has the data of its ranges.
+    let streamed = cluster_runtime
+        .block_on(cluster.lifecycle().finish_join())
+        .map_err(|e| anyhow::anyhow!("cannot finish joining the ring: {e}"))?;
+    if streamed.ranges > 0 {
+        info!(
+            ranges = streamed.ranges,
+            records = streamed.records,
+            bytes = streamed.bytes,
+            "joined the ring with the data of its ranges"
+        );
     }
 
     let mut config = server_config(&cfg, host_id);
@@ -205,7 +229,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         "sluice serving"
     );
 
-    wait_for_signal(tls.as_deref())?;
+    let left = cluster.lifecycle().left();
+    if wait_for_signal(tls.as_deref(), left)? == Stop::Decommissioned {
+        info!("decommissioned: this node has left the ring; stopping");
+        // The operator's answer is on its way out on the internode connection.
+        std::thread::sleep(DECOMMISSION_ANSWER_GRACE);
+    }
     info!("shutting down: no new connections, answering in-flight requests");
     server.shutdown();
     if let Err(e) = cluster_runtime.block_on(cluster.stop()) {
@@ -222,9 +251,25 @@ fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Blocks until SIGINT or SIGTERM; with TLS on, a SIGHUP reloads the certificate files
-/// (new connections use them; open ones keep theirs).
-fn wait_for_signal(tls: Option<&sluice_server::tls::ReloadableTls>) -> Result<()> {
+/// How long a decommissioned node waits before it stops, so that its answer to the operator
+/// is written.
+const DECOMMISSION_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Why a node stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGINT or SIGTERM.
+    Signal,
+    /// It left the ring (`nodetool decommission`).
+    Decommissioned,
+}
+
+/// Blocks until SIGINT or SIGTERM, or until `left` turns true; with TLS on, a SIGHUP reloads
+/// the certificate files (new connections use them; open ones keep theirs).
+fn wait_for_signal(
+    tls: Option<&sluice_server::tls::ReloadableTls>,
+    mut left: tokio::sync::watch::Receiver<bool>,
+) -> Result<Stop> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -253,6 +298,7 @@ fn wait_for_signal(tls: Option<&sluice_server::tls::ReloadableTls>) -> Result<()
                 tokio::select! {
                     r = tokio::signal::ctrl_c() => { r.context("cannot wait for SIGINT")?; break; }
                     _ = term.recv() => break,
+                    Ok(_) = left.wait_for(|gone| *gone) => return Ok(Stop::Decommissioned),
                     _ = reload => {
                         if let Some(tls) = tls {
                             match tls.reload() {
@@ -265,10 +311,11 @@ fn wait_for_signal(tls: Option<&sluice_server::tls::ReloadableTls>) -> Result<()
             }
         }
         #[cfg(not(unix))]
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot wait for Ctrl-C")?;
-        Ok(())
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+            Ok(_) = left.wait_for(|gone| *gone) => return Ok(Stop::Decommissioned),
+        }
+        Ok(Stop::Signal)
     })
 }
 
@@ -351,6 +398,8 @@ fn cluster_config(
     config.rack = id.rack.clone();
     // The configuration accepts at most 1024 tokens.
     config.num_tokens = u16::try_from(cfg.cluster.num_tokens).unwrap_or(u16::MAX);
+    // A node that joins serves once it has streamed the data of its ranges.
+    config.stream_on_join = true;
     config
 }
 

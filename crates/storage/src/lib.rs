@@ -21,6 +21,8 @@ mod row;
 mod storage;
 mod store;
 #[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod superseded_tests;
 #[cfg(test)]
 mod tests;
@@ -31,7 +33,9 @@ pub use limits::{
 };
 pub use model::*;
 pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage};
-pub use store::{ConditionRead, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
+pub use store::{
+    ConditionRead, RangeChunk, RawRecord, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES,
+};
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -557,6 +557,76 @@ impl Storage {
         )
     }
 
+    /// Reads the stored records (partition headers with their deletions and static rows,
+    /// rows with their tombstones) of `table` whose tokens are in `(start, end]` (`start`
+    /// `None`: from the smallest token), in key order, strictly after the key `after` when
+    /// given, until about `max_bytes` (at least one record). For streaming a range to another
+    /// node: pass the chunk's `resume_after` as the next call's `after`.
+    pub fn export_token_range(
+        &self,
+        table: TableId,
+        start: Option<i64>,
+        end: i64,
+        after: Option<&[u8]>,
+        max_bytes: usize,
+    ) -> Result<crate::RangeChunk, StorageError> {
+        let token_key = |t: i64| crate::keycodec::token_bytes(t).to_vec();
+        let lo = match (after, start) {
+            (Some(key), _) => Bound::Excluded(key.to_vec()),
+            (None, None) => Bound::Unbounded,
+            (None, Some(t)) => match t.checked_add(1) {
+                Some(next) => Bound::Included(token_key(next)),
+                None => return Ok(crate::RangeChunk::default()),
+            },
+        };
+        let hi = match end.checked_add(1) {
+            Some(next) => Bound::Excluded(token_key(next)),
+            None => Bound::Unbounded,
+        };
+        if let (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(h)) = (&lo, &hi) {
+            if l >= h {
+                return Ok(crate::RangeChunk::default());
+            }
+        }
+        Store::export_range(&self.inner.stores, &table, lo, hi, max_bytes)
+    }
+
+    /// Merges streamed records of `table` into storage by timestamp, as a write would (so
+    /// importing the same records again changes nothing), one commit per store. Every record
+    /// is checked before anything is written. Await each ticket with
+    /// [`wait_durable`](Self::wait_durable).
+    pub fn import_records(
+        &self,
+        table: TableId,
+        records: &[crate::RawRecord],
+    ) -> Result<Vec<CommitTicket>, StorageError> {
+        self.inner.disk.check()?;
+        let mut by_store: Vec<Vec<&crate::RawRecord>> = vec![Vec::new(); self.store_count()];
+        for record in records {
+            let token = crate::keycodec::token_from_bytes(
+                record
+                    .key
+                    .get(..crate::keycodec::TOKEN_LEN)
+                    .and_then(|t| t.try_into().ok())
+                    .ok_or(StorageError::Corrupt("short streamed key"))?,
+            );
+            by_store[self.store_of(token)].push(record);
+        }
+        let prepared = by_store
+            .iter()
+            .map(|records| Store::prepare_raw(table, records))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut tickets = Vec::new();
+        for (store, prepared) in prepared.into_iter().enumerate() {
+            if by_store[store].is_empty() {
+                continue;
+            }
+            let seq = self.inner.stores[store].commit(prepared, None)?;
+            tickets.push(CommitTicket(Ticket::One { store, seq }));
+        }
+        Ok(tickets)
+    }
+
     /// Empties a table (TRUNCATE). Each store switches the table to a fresh keyspace at
     /// once (a durable record and a handle swap, whatever the table's size); the old
     /// keyspaces' files are deleted in the background.

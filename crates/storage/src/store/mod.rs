@@ -46,6 +46,7 @@ mod merge;
 mod purge;
 mod read;
 mod scan;
+mod stream;
 mod sync;
 mod tables;
 
@@ -56,6 +57,7 @@ pub use conditional::ConditionRead;
 #[cfg(test)]
 pub(crate) use purge::{PurgeHold, PURGE_QUEUE_JOBS};
 pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
+pub use stream::{RangeChunk, RawRecord};
 use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
