@@ -48,6 +48,7 @@ mod read;
 mod scan;
 mod sync;
 mod tables;
+mod transaction;
 
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
@@ -60,6 +61,8 @@ use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
 use tables::Tables;
+pub(crate) use transaction::{commit_transaction, TxnEnv};
+pub use transaction::{TxnError, TxnPartition, TxnRead};
 
 use crate::keycodec;
 use crate::memtable_reaper::MemtableReaper;
@@ -302,7 +305,7 @@ impl Store {
         }
     }
 
-    fn check_open(&self) -> Result<(), StorageError> {
+    pub(super) fn check_open(&self) -> Result<(), StorageError> {
         if self.closed.load(Ordering::Acquire) {
             Err(StorageError::Closed)
         } else {
