@@ -38,6 +38,7 @@ mod read;
 mod result;
 mod shard_statements;
 pub mod system;
+pub mod transaction;
 mod write;
 
 #[cfg(test)]
@@ -312,6 +313,8 @@ pub struct Engine {
     lwt_serialize_through_durability: std::sync::atomic::AtomicBool,
     lwt_serializer: Box<[tokio::sync::Mutex<()>]>,
     auth: auth::AuthState,
+    /// Admission of multi-partition transactions and their metrics.
+    transactions: transaction::gate::TxnGate,
 }
 
 impl std::fmt::Debug for Engine {
@@ -390,7 +393,13 @@ impl Engine {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             auth,
+            transactions: transaction::gate::TxnGate::default(),
         }))
+    }
+
+    /// The admission gate and metrics of multi-partition transactions.
+    pub fn transactions(&self) -> &transaction::gate::TxnGate {
+        &self.transactions
     }
 
     /// Roles, logins and grants.
@@ -585,6 +594,12 @@ impl Engine {
                 Plan::Batch(b) => b.writes.iter().any(|w| {
                     tables.contains(&w.table.id) || keyspace == Some(w.table.keyspace.as_str())
                 }),
+                Plan::Transaction(t) => {
+                    let (read, written) = t.tables();
+                    read.iter()
+                        .chain(&written)
+                        .any(|t| tables.contains(&t.id) || keyspace == Some(t.keyspace.as_str()))
+                }
                 _ => false,
             };
             !(by_table || by_ks || batch_hit)
@@ -691,7 +706,7 @@ impl Engine {
             Plan::Select(s) => (Some(&s.table), Some(&s.where_)),
             Plan::Write(w) => (Some(&w.table), Some(&w.where_)),
             Plan::Batch(bp) => (bp.writes.first().map(|w| &w.table), None),
-            Plan::Dynamic(_) => (None, None),
+            Plan::Transaction(_) | Plan::Dynamic(_) => (None, None),
         };
         let route = Route {
             token: None,
@@ -824,6 +839,7 @@ impl Engine {
                 )
                 .await
             }
+            Plan::Transaction(t) => transaction::execute(self, p, t, &b, params, ctx).await,
             Plan::Dynamic(stmt) => self.execute_dynamic(session, p, stmt, params, ctx).await,
         }
     }
