@@ -11,7 +11,7 @@
 //! another waits for it, and is serializable because everything it read stays locked
 //! until it has written.
 
-pub(crate) mod gate;
+pub mod gate;
 
 use crate::analyze::{Analyzer, Filter, FilterRhs, SelItem, SelectPlan, Val, Where, WritePlan};
 use crate::catalog::{invalid, TableDef};
