@@ -495,6 +495,16 @@ pub(crate) fn analyze(
 }
 
 impl TxnPlan {
+    /// The timeout error of this transaction, as Accord answers it: Write_timeout with
+    /// write type CAS, or Read_timeout for a transaction without writes.
+    fn timeout(&self, consistency: sluice_protocol::Consistency) -> DetailedError {
+        if self.writes.is_empty() {
+            exec::read_timeout(consistency)
+        } else {
+            exec::write_timeout(consistency, WriteType::Cas)
+        }
+    }
+
     /// The tables the transaction reads, then those it writes (for permissions).
     pub(crate) fn tables(&self) -> (Vec<&Arc<TableDef>>, Vec<&Arc<TableDef>>) {
         (
@@ -635,12 +645,17 @@ pub(crate) async fn execute(
     let gate = engine.transactions();
     let permit = match gate.admit(ctx.deadline).await {
         Ok(permit) => permit,
-        Err(_) => return Err(exec::write_timeout(consistency, WriteType::Cas)),
+        Err(_) => return Err(plan.timeout(consistency)),
     };
     let outcome = run(engine, p, plan, b, params, ctx).await;
     match &outcome {
         Ok(_) => permit.finish(true),
-        Err(e) if matches!(e.error, DbError::WriteTimeout { .. }) => {
+        Err(e)
+            if matches!(
+                e.error,
+                DbError::WriteTimeout { .. } | DbError::ReadTimeout { .. }
+            ) =>
+        {
             gate.metrics().note_deadline_abort();
             permit.finish(false)
         }
@@ -726,7 +741,7 @@ async fn run(
     let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
     // An expired transaction never runs.
     if exec::expired(ctx.deadline) {
-        return Err(exec::write_timeout(consistency, WriteType::Cas));
+        return Err(plan.timeout(consistency));
     }
     let decide = |found: &[PartitionRead]| {
         decide_writes(

@@ -273,11 +273,33 @@ async fn an_expired_transaction_never_runs_and_times_out_as_cas() {
         "{e:?}"
     );
     assert_eq!(balance(&mut h, 1).await, Some(100));
+    // Without writes, Read_timeout (Accord's shape for reads).
+    let read_only = h
+        .engine
+        .prepare(
+            None,
+            "BEGIN TRANSACTION LET a = (SELECT balance FROM ks.acct WHERE id = 1); SELECT a.balance; COMMIT TRANSACTION",
+        )
+        .unwrap();
+    let e = h
+        .engine
+        .execute(
+            &mut h.session,
+            &read_only,
+            &QueryParameters::default(),
+            &ctx,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.error, DbError::ReadTimeout { received: 0, .. }),
+        "{e:?}"
+    );
     let m = h.engine.transactions().metrics();
     assert_eq!(
         m.aborted_deadline
             .load(std::sync::atomic::Ordering::Relaxed),
-        1
+        2
     );
 }
 
