@@ -338,13 +338,20 @@ impl Storage {
         let limits = self.write_limits();
         let store_of = |token: i64| self.store_of(token);
         let check_limits = |m: &Mutation| limits.check(m);
+        // Each part's record holds the other parts only: a record is in the same engine
+        // batch as its own part, so wherever it survives that part did too.
         let batchlog = |parts: &[(usize, Prepared)]| {
-            let record = encode_record(parts)?;
+            let records = (0..parts.len())
+                .map(|own| {
+                    let others = parts.iter().enumerate().filter(|(i, _)| *i != own);
+                    encode_parts(parts.len() - 1, others.map(|(_, p)| p))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let seq = self.inner.batch_seq.fetch_add(1, Ordering::Relaxed);
             let mut key = BATCHLOG_PREFIX.to_vec();
             key.extend_from_slice(&self.inner.batch_epoch.to_be_bytes());
             key.extend_from_slice(&seq.to_be_bytes());
-            Ok((key, record))
+            Ok((key, records))
         };
         let env = TxnEnv {
             store_of: &store_of,
@@ -812,8 +819,16 @@ fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> std::io::Result<()>
 
 /// A batchlog record: the number of parts, then per part its store and its entries.
 fn encode_record(parts: &[(usize, Prepared)]) -> Result<Vec<u8>, StorageError> {
+    encode_parts(parts.len(), parts.iter())
+}
+
+/// A batchlog record of `count` parts.
+fn encode_parts<'p>(
+    count: usize,
+    parts: impl Iterator<Item = &'p (usize, Prepared)>,
+) -> Result<Vec<u8>, StorageError> {
     let mut out = Vec::new();
-    out.extend_from_slice(&(parts.len() as u32).to_be_bytes());
+    out.extend_from_slice(&(count as u32).to_be_bytes());
     for (store, prepared) in parts {
         out.extend_from_slice(&(*store as u32).to_be_bytes());
         prepared.encode(&mut out)?;

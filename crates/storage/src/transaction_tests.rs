@@ -234,6 +234,51 @@ fn a_transaction_across_stores_is_durable_and_its_record_goes() {
     assert_eq!(read_balance(&s, &l, b), Some(13));
 }
 
+#[test]
+fn a_transaction_cut_after_its_first_store_is_completed_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout();
+    let ([a, b], records) = {
+        let s = open(dir.path());
+        let [a, b] = accounts(&s);
+        futures_lite(
+            s.wait_durable(
+                s.apply(&[
+                    (&l, balance_write(a.0, a.1, 10, 1)),
+                    (&l, balance_write(b.0, b.1, 0, 1)),
+                ])
+                .unwrap(),
+            ),
+        )
+        .unwrap();
+        let before = s.batchlog_records().iter().sum::<usize>();
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(true));
+        let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
+        let cut = s.apply_transaction(&partitions, &[], 0, 100, |_| {
+            Ok::<_, ()>(vec![
+                (&l, balance_write(a.0, a.1, 3, 100)),
+                (&l, balance_write(b.0, b.1, 7, 100)),
+            ])
+        });
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(false));
+        assert!(matches!(cut, Err(TxnError::Storage(StorageError::Closed))));
+        // Exactly one of the two parts is written, with its record of the other.
+        let written = [
+            read_balance(&s, &l, a) == Some(3),
+            read_balance(&s, &l, b) == Some(7),
+        ];
+        assert_eq!(written.iter().filter(|w| **w).count(), 1, "{written:?}");
+        let records = s.batchlog_records().iter().sum::<usize>() - before;
+        s.close().unwrap();
+        ([a, b], records)
+    };
+    assert_eq!(records, 1);
+    let s = open(dir.path());
+    assert_eq!(read_balance(&s, &l, a), Some(3));
+    assert_eq!(read_balance(&s, &l, b), Some(7));
+    assert_eq!(s.batchlog_records().iter().sum::<usize>(), 0);
+}
+
 /// Runs a future to completion on a one-thread runtime.
 fn futures_lite<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()

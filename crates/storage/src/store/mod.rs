@@ -61,6 +61,8 @@ use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
 use tables::Tables;
+#[cfg(test)]
+pub(crate) use transaction::DIE_AFTER_FIRST_PART;
 pub(crate) use transaction::{commit_transaction, TxnEnv};
 pub use transaction::{TxnError, TxnPartition, TxnRead};
 

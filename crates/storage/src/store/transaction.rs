@@ -3,7 +3,9 @@
 //! store's table registry, then its stripes ascending). No two transactions can deadlock
 //! and none is ever aborted to break a cycle. Under the locks the reads are made, the
 //! caller decides the writes from them, and the writes are committed, one engine batch per
-//! store, each carrying the whole transaction as a batchlog record when it spans stores.
+//! store. When they span stores, each store's batch carries the other stores' parts as a
+//! batchlog record: a record is in the same batch as its own part, so wherever one survives
+//! a crash its part did too, and the next open replays the rest.
 
 use super::commit::{newest_timestamp, Written};
 use super::tables::TablesRead;
@@ -68,6 +70,13 @@ impl<E> From<StorageError> for TxnError<E> {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Test hook: a spanning transaction stops after its first store's batch, as if the
+    /// process died there.
+    pub(crate) static DIE_AFTER_FIRST_PART: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// The locks held in one store.
 struct Held<'s> {
     store: usize,
@@ -81,10 +90,11 @@ struct Held<'s> {
 pub(crate) struct TxnEnv<'a> {
     pub(crate) store_of: &'a dyn Fn(i64) -> usize,
     pub(crate) check_limits: &'a dyn Fn(&Mutation) -> Result<(), StorageError>,
-    /// Makes the batchlog key and record of the parts (by store) of a spanning write.
+    /// Makes the batchlog key of the parts (by store) of a spanning write, and the record
+    /// each part carries (in the parts' order) so that any surviving part restores the rest.
     #[allow(clippy::type_complexity)]
     pub(crate) batchlog:
-        &'a dyn Fn(&[(usize, Prepared)]) -> Result<(Vec<u8>, Vec<u8>), StorageError>,
+        &'a dyn Fn(&[(usize, Prepared)]) -> Result<(Vec<u8>, Vec<Vec<u8>>), StorageError>,
 }
 
 /// Runs a transaction over `stores`: locks every partition of `partitions` and `reads`,
@@ -262,7 +272,7 @@ fn locked_section<'l, E>(
         None
     };
     let mut written = Vec::with_capacity(parts.len());
-    for (store, prepared) in parts {
+    for (part, (store, prepared)) in parts.into_iter().enumerate() {
         let Some(at) = held_by_store(held, store) else {
             return Err(
                 StorageError::Corrupt("a transaction wrote a store it did not lock").into(),
@@ -276,9 +286,19 @@ fn locked_section<'l, E>(
             &mut h.guards,
             prepared.entries,
             &prepared.gc_grace,
-            batchlog.as_ref().map(|(k, r)| (k.as_slice(), r.as_slice())),
+            batchlog
+                .as_ref()
+                .and_then(|(k, records)| Some((k.as_slice(), records.get(part)?.as_slice()))),
             newest,
         );
+        #[cfg(test)]
+        let result = result.and_then(|w| {
+            if part == 0 && DIE_AFTER_FIRST_PART.with(|d| d.get()) {
+                stores[store].finish_commit(w);
+                return Err(StorageError::Closed);
+            }
+            Ok(w)
+        });
         match result {
             Ok(w) => written.push((store, w)),
             Err(e) => {
