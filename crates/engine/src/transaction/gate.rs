@@ -133,6 +133,10 @@ pub struct TxnGate {
     metrics: TxnMetrics,
     /// When false, every transaction runs at once (a benchmark switch).
     limited: std::sync::atomic::AtomicBool,
+    /// Transactions running while the limit is off (the limiter counts the others).
+    unlimited_running: std::sync::atomic::AtomicU32,
+    /// Most of them at once.
+    unlimited_max: std::sync::atomic::AtomicU32,
 }
 
 /// A running transaction's slot; dropping it without [`TxnPermit::finish`] releases it as
@@ -157,6 +161,9 @@ impl TxnPermit<'_> {
         self.done = true;
         if self.counted {
             self.gate.release(self.started.elapsed(), committed);
+        } else {
+            let before = self.gate.unlimited_running.fetch_sub(1, Relaxed);
+            debug_assert!(before > 0, "an unlimited transaction released twice");
         }
     }
 }
@@ -181,6 +188,8 @@ impl TxnGate {
             origin: Instant::now(),
             metrics: TxnMetrics::default(),
             limited: std::sync::atomic::AtomicBool::new(true),
+            unlimited_running: std::sync::atomic::AtomicU32::new(0),
+            unlimited_max: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -209,10 +218,13 @@ impl TxnGate {
     pub fn snapshot(&self) -> TxnGateSnapshot {
         let l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
         TxnGateSnapshot {
-            outstanding: l.outstanding(),
+            outstanding: l.outstanding() + self.unlimited_running.load(Relaxed),
             limit: l.limit(),
             queued: l.queued(),
-            max_outstanding: l.stats().max_outstanding,
+            max_outstanding: l
+                .stats()
+                .max_outstanding
+                .max(self.unlimited_max.load(Relaxed)),
         }
     }
 
@@ -228,6 +240,8 @@ impl TxnGate {
                 self.metrics.aborted_deadline.fetch_add(1, Relaxed);
                 return Err(TxnReject::Deadline);
             }
+            let running = self.unlimited_running.fetch_add(1, Relaxed) + 1;
+            self.unlimited_max.fetch_max(running, Relaxed);
             return Ok(TxnPermit {
                 gate: self,
                 started,
@@ -323,5 +337,61 @@ impl TxnGate {
             }
         }
         drop(expired);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_at_a_time() -> TxnGate {
+        TxnGate::new(TxnLimitConfig {
+            initial: 1,
+            min: 1,
+            max: 1,
+            ..TxnLimitConfig::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_waiter_runs_when_the_slot_is_freed_and_one_out_of_time_is_turned_away() {
+        let gate = one_at_a_time();
+        let first = gate.admit(None).await.unwrap();
+        assert_eq!(gate.snapshot().outstanding, 1);
+        let second = gate.admit(Some(Instant::now() + Duration::from_secs(5)));
+        let release = async {
+            tokio::task::yield_now().await;
+            assert_eq!(gate.snapshot().queued, 1);
+            first.finish(true);
+        };
+        let (second, ()) = tokio::join!(second, release);
+        let second = second.unwrap();
+        assert_eq!(gate.snapshot().outstanding, 1);
+        // The slot is taken: a deadline 20 ms away passes while waiting.
+        let late = gate
+            .admit(Some(Instant::now() + Duration::from_millis(20)))
+            .await;
+        assert_eq!(late.err(), Some(TxnReject::Deadline));
+        assert_eq!(gate.snapshot().queued, 0);
+        assert_eq!(gate.metrics().aborted_deadline.load(Relaxed), 1);
+        drop(second);
+        assert_eq!(gate.snapshot().outstanding, 0);
+    }
+
+    #[tokio::test]
+    async fn without_the_limit_everything_runs_and_is_still_counted() {
+        let gate = one_at_a_time();
+        gate.set_limited(false);
+        let a = gate.admit(None).await.unwrap();
+        let b = gate.admit(None).await.unwrap();
+        assert_eq!(gate.snapshot().outstanding, 2);
+        a.finish(true);
+        drop(b);
+        let s = gate.snapshot();
+        assert_eq!((s.outstanding, s.max_outstanding), (0, 2));
+        let expired = gate
+            .admit(Some(Instant::now() - Duration::from_millis(1)))
+            .await;
+        assert_eq!(expired.err(), Some(TxnReject::Deadline));
     }
 }
