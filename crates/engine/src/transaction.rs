@@ -647,22 +647,18 @@ pub(crate) async fn execute(
         Ok(permit) => permit,
         Err(_) => return Err(plan.timeout(consistency)),
     };
-    let outcome = run(engine, p, plan, b, params, ctx).await;
+    let outcome = run(engine, p, plan, b, params, ctx, permit).await;
     match &outcome {
-        Ok(_) => permit.finish(true),
+        Ok(_) => {}
         Err(e)
             if matches!(
                 e.error,
                 DbError::WriteTimeout { .. } | DbError::ReadTimeout { .. }
             ) =>
         {
-            gate.metrics().note_deadline_abort();
-            permit.finish(false)
+            gate.metrics().note_deadline_abort()
         }
-        Err(_) => {
-            gate.metrics().note_error();
-            permit.finish(false)
-        }
+        Err(_) => gate.metrics().note_error(),
     }
     outcome
 }
@@ -674,6 +670,7 @@ async fn run(
     b: &Binder<'_>,
     params: &QueryParameters,
     ctx: &RequestContext,
+    permit: gate::TxnPermit<'_>,
 ) -> Result<ResultMessage, DetailedError> {
     let consistency = params.consistency;
     // Before any lock: keys, slices, condition operands, and the writes that need no LET value.
@@ -756,13 +753,17 @@ async fn run(
             provisional,
         )
     };
-    let outcome = match engine.storage().apply_transaction(
+    let applied = engine.storage().apply_transaction(
         &partitions,
         &storage_reads,
         now_secs,
         provisional,
         decide,
-    ) {
+    );
+    // The slot is for the contended part, the locks: the durability wait is shared by
+    // every commit of a group fsync, so holding a slot through it would only shrink groups.
+    permit.finish(applied.is_ok());
+    let outcome = match applied {
         Ok(outcome) => outcome,
         Err(TxnError::Storage(e)) => return Err(storage_error(e)),
         Err(TxnError::Decide(e)) => return Err(e),
