@@ -22,6 +22,7 @@ pub mod schedule;
 pub mod settle;
 pub mod stats;
 pub mod target;
+pub mod txn_sweep;
 pub mod versus;
 
 /// Formats a multiple without trailing zeros (0.5, 1, 10).

@@ -70,6 +70,17 @@ pub enum Term {
     },
     /// `(type) term`: a type hint/cast.
     Cast(CqlType, Box<Term>),
+    /// `name.column`: a column of a transaction's LET row (only inside `BEGIN TRANSACTION`).
+    Reference(RowReference),
+}
+
+/// A reference to a transaction's LET row (`name`) or one of its columns (`name.column`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowReference {
+    /// The LET name.
+    pub row: String,
+    /// The column, when one is named.
+    pub column: Option<String>,
 }
 
 /// The comparison in a WHERE relation or IF condition.
@@ -340,6 +351,66 @@ pub struct Batch {
     pub statements: Vec<BatchStatement>,
 }
 
+/// `LET name = (SELECT ...)` of a transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LetStatement {
+    /// The name the row is referred to by.
+    pub name: String,
+    /// The single-row SELECT.
+    pub select: Select,
+}
+
+/// What a transaction returns.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxnReturning {
+    /// A plain single-partition SELECT.
+    Select(Box<Select>),
+    /// `SELECT a.x, b.y`: columns of LET rows, as one row.
+    References(Vec<RowReference>),
+}
+
+/// The test a transaction condition applies to a LET reference.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxnTest {
+    /// `IS NULL` (a row reference: the row does not exist).
+    IsNull,
+    /// `IS NOT NULL`.
+    IsNotNull,
+    /// `op term`.
+    Compare(Operator, Term),
+}
+
+/// One AND-ed condition of a transaction's IF.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxnCondition {
+    /// The LET reference tested.
+    pub reference: RowReference,
+    /// The test (a `term op ref` is stored with the operator reversed).
+    pub test: TxnTest,
+}
+
+/// `IF cond AND ... THEN writes` (or a final `ELSE writes`, with no conditions).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxnBranch {
+    /// The AND-ed conditions; empty for `ELSE`.
+    pub conditions: Vec<TxnCondition>,
+    /// The writes of the branch.
+    pub writes: Vec<BatchStatement>,
+}
+
+/// `BEGIN TRANSACTION ... COMMIT TRANSACTION`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transaction {
+    /// The LET statements, in order.
+    pub lets: Vec<LetStatement>,
+    /// The returning SELECT.
+    pub returning: Option<TxnReturning>,
+    /// Writes outside any IF (before the IF when there is none, else after `END IF`).
+    pub writes: Vec<BatchStatement>,
+    /// `IF ... THEN`, then each `ELSE IF ... THEN`, then `ELSE`; the first that holds runs.
+    pub branches: Vec<TxnBranch>,
+}
+
 /// A constant in an option map (`WITH replication = {...}`, `WITH comment = '...'`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum OptionValue {
@@ -513,6 +584,8 @@ pub enum Statement {
     Delete(Delete),
     /// BATCH.
     Batch(Batch),
+    /// `BEGIN TRANSACTION ... COMMIT TRANSACTION` (Cassandra Accord syntax).
+    Transaction(Box<Transaction>),
     /// USE ks.
     Use(String),
     /// CREATE KEYSPACE.

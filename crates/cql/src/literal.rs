@@ -181,6 +181,10 @@ impl Cx<'_> {
                 "Function {name}() for \"{}\" is not a constant; it is evaluated at execution",
                 self.receiver
             ))),
+            Term::Reference(_) => Err(self.err(format!(
+                "A LET reference for \"{}\" is allowed only inside BEGIN TRANSACTION",
+                self.receiver
+            ))),
             Term::Cast(hint, inner) => {
                 if hint.unfrozen() != ty {
                     return Err(self.err(format!(

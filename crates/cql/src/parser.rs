@@ -502,6 +502,9 @@ impl<'a> Parser<'a> {
             self.update().map(Statement::Update)
         } else if kw("delete") {
             self.delete().map(Statement::Delete)
+        } else if kw("begin") && self.is_kw_at(1, "transaction") {
+            self.transaction()
+                .map(|t| Statement::Transaction(Box::new(t)))
         } else if kw("begin") {
             self.batch().map(Statement::Batch)
         } else if kw("use") {
@@ -1287,6 +1290,20 @@ impl<'a> Parser<'a> {
                     && (!is_reserved(text) || self.is_kw("token"))
                 {
                     return self.function_term();
+                }
+                // `row.column`: a transaction's LET reference.
+                if self.kind_at(1) == TokenKind::Dot
+                    && matches!(self.kind_at(2), TokenKind::Ident | TokenKind::QuotedIdent)
+                    && self.kind_at(3) != TokenKind::LParen
+                    && !is_reserved(text)
+                {
+                    let row = self.ident("a LET name")?;
+                    self.advance();
+                    let column = self.ident("a column name")?;
+                    return Ok(Term::Reference(RowReference {
+                        row,
+                        column: Some(column),
+                    }));
                 }
                 // `system.now()`: a keyspace-qualified function.
                 if self.kind_at(1) == TokenKind::Dot
@@ -2103,6 +2120,8 @@ impl<'a> Parser<'a> {
         Err(self.no_viable())
     }
 }
+
+mod transaction;
 
 #[cfg(test)]
 mod tests;

@@ -352,6 +352,8 @@ pub(crate) enum Plan {
     Write(Box<WritePlan>),
     /// BATCH given as text.
     Batch(Box<BatchPlan>),
+    /// `BEGIN TRANSACTION ... COMMIT TRANSACTION`.
+    Transaction(Box<crate::transaction::TxnPlan>),
     /// DDL, USE, DESCRIBE: interpreted at execution against the current schema.
     Dynamic(Box<Statement>),
 }
@@ -363,7 +365,7 @@ impl Plan {
             Plan::Select(s) => s.timeout.as_ref(),
             Plan::Write(w) => w.timeout.as_ref(),
             Plan::Batch(bp) => bp.timeout.as_ref(),
-            Plan::Dynamic(_) => None,
+            Plan::Transaction(_) | Plan::Dynamic(_) => None,
         }
     }
 }
@@ -376,6 +378,9 @@ pub(crate) struct Analyzer<'a> {
     schema: &'a Schema,
     keyspace: Option<&'a str>,
     specs: Vec<Option<ColumnSpec>>,
+    /// Markers of the statement text; slots past them are internal (a transaction's LET
+    /// values, bound at execution).
+    user_binds: usize,
 }
 
 impl<'a> Analyzer<'a> {
@@ -385,11 +390,25 @@ impl<'a> Analyzer<'a> {
             schema,
             keyspace,
             specs: vec![None; bind_count],
+            user_binds: bind_count,
         }
     }
 
+    /// Adds a marker slot bound by the engine at execution, not by the client; returns
+    /// its index.
+    pub fn add_internal_slot(&mut self) -> usize {
+        self.specs.push(None);
+        self.specs.len() - 1
+    }
+
+    /// The receiver type an internal slot got.
+    pub fn internal_type(&self, index: usize) -> Option<&CqlType> {
+        self.specs.get(index)?.as_ref().map(|s| &s.ty)
+    }
+
     /// The bind specs, failing if a marker got no receiver.
-    pub fn finish(self) -> Result<Vec<ColumnSpec>, DetailedError> {
+    pub fn finish(mut self) -> Result<Vec<ColumnSpec>, DetailedError> {
+        self.specs.truncate(self.user_binds);
         self.specs
             .into_iter()
             .map(|s| s.ok_or_else(|| invalid("Bind marker in an unsupported position")))
@@ -1766,7 +1785,7 @@ fn set_bound(slice: &mut CkSlice, op: Operator, val: TupleVal) -> Result<(), Det
 fn contains_marker(t: &Term) -> bool {
     match t {
         Term::Bind(_) | Term::Function { .. } => true,
-        Term::Literal(_) => false,
+        Term::Literal(_) | Term::Reference(_) => false,
         Term::List(v) | Term::Set(v) | Term::Tuple(v) => v.iter().any(contains_marker),
         Term::Map(v) => v
             .iter()
@@ -1890,6 +1909,11 @@ pub(crate) fn analyze(
                 })),
                 OpKind::Write,
             )
+        }
+        Statement::Transaction(t) => {
+            let (plan, specs) = crate::transaction::analyze(&mut a, t, parsed.bind_count)?;
+            result_columns = specs;
+            (Plan::Transaction(Box::new(plan)), OpKind::Write)
         }
         Statement::Use(_)
         | Statement::Describe(_)

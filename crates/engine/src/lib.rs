@@ -41,6 +41,7 @@ mod result;
 pub mod schema_group;
 mod shard_statements;
 pub mod system;
+pub mod transaction;
 mod write;
 
 #[cfg(test)]
@@ -324,6 +325,8 @@ pub struct Engine {
     lwt_serialize_through_durability: std::sync::atomic::AtomicBool,
     lwt_serializer: Box<[tokio::sync::Mutex<()>]>,
     auth: auth::AuthState,
+    /// Admission of multi-partition transactions and their metrics.
+    transactions: transaction::gate::TxnGate,
 }
 
 impl std::fmt::Debug for Engine {
@@ -405,7 +408,13 @@ impl Engine {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             auth,
+            transactions: transaction::gate::TxnGate::default(),
         }))
+    }
+
+    /// The admission gate and metrics of multi-partition transactions.
+    pub fn transactions(&self) -> &transaction::gate::TxnGate {
+        &self.transactions
     }
 
     /// Roles, logins and grants.
@@ -600,6 +609,12 @@ impl Engine {
                 Plan::Batch(b) => b.writes.iter().any(|w| {
                     tables.contains(&w.table.id) || keyspace == Some(w.table.keyspace.as_str())
                 }),
+                Plan::Transaction(t) => {
+                    let (read, written) = t.tables();
+                    read.iter()
+                        .chain(&written)
+                        .any(|t| tables.contains(&t.id) || keyspace == Some(t.keyspace.as_str()))
+                }
                 _ => false,
             };
             !(by_table || by_ks || batch_hit)
@@ -706,7 +721,7 @@ impl Engine {
             Plan::Select(s) => (Some(&s.table), Some(&s.where_)),
             Plan::Write(w) => (Some(&w.table), Some(&w.where_)),
             Plan::Batch(bp) => (bp.writes.first().map(|w| &w.table), None),
-            Plan::Dynamic(_) => (None, None),
+            Plan::Transaction(_) | Plan::Dynamic(_) => (None, None),
         };
         let route = Route {
             token: None,
@@ -839,6 +854,7 @@ impl Engine {
                 )
                 .await
             }
+            Plan::Transaction(t) => transaction::execute(self, p, t, &b, params, ctx).await,
             Plan::Dynamic(stmt) => self.execute_dynamic(session, p, stmt, params, ctx).await,
         }
     }

@@ -210,7 +210,7 @@ impl Engine {
             Plan::Select(s) if p.kind == OpKind::Read => {
                 push_partitions(&mut out, &s.table, &s.where_, OpKind::Read, &b)
             }
-            Plan::Select(_) | Plan::Dynamic(_) => {}
+            Plan::Select(_) | Plan::Dynamic(_) | Plan::Transaction(_) => {}
             Plan::Write(w) => push_writes(&mut out, std::iter::once(w.as_ref()), &b),
             Plan::Batch(bp) => push_writes(&mut out, bp.writes.iter(), &b),
         }

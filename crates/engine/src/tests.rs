@@ -12,6 +12,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod transaction_tests;
+
 struct H {
     engine: Arc<Engine>,
     session: Session,

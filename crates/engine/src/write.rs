@@ -404,7 +404,7 @@ impl Engine {
 }
 
 /// Builds the mutations of one write statement.
-fn build_mutations(
+pub(crate) fn build_mutations(
     engine: &Engine,
     w: &WritePlan,
     b: &Binder,
@@ -536,7 +536,7 @@ fn build_mutations(
 }
 
 /// Merges mutations of the same partition so that storage sees each partition once.
-fn merge_mutations(muts: Vec<Mutation>) -> Vec<Mutation> {
+pub(crate) fn merge_mutations(muts: Vec<Mutation>) -> Vec<Mutation> {
     let mut out: Vec<Mutation> = Vec::with_capacity(muts.len());
     for m in muts {
         let Some(existing) = out.iter_mut().find(|e| {
@@ -739,7 +739,7 @@ fn with_layouts<'p>(
 
 /// Waits until `ticket`'s write is durable, or only until it is applied when the caller's
 /// acknowledgement barrier will make it durable.
-async fn wait_until_durable(
+pub(crate) async fn wait_until_durable(
     engine: &Engine,
     ticket: sluice_storage::CommitTicket,
     ack_barrier: Option<sluice_storage::AckBarrierHeld>,

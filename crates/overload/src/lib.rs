@@ -44,6 +44,7 @@ pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
 pub mod sim;
+pub mod txn_limit;
 
 pub use admission::{
     AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Codel, CodelConfig,
@@ -55,4 +56,7 @@ pub use deadline::{Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{
     Acceptance, ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter,
     RateLimiterConfig, TableLimitSnapshot, TableLimitStats,
+};
+pub use txn_limit::{
+    TxnAdmit, TxnLimitConfig, TxnLimitStats, TxnLimiter, TxnReject, TxnWaitTicket,
 };

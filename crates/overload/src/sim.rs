@@ -25,6 +25,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 use std::time::Duration;
 
+pub mod txn;
 pub mod window;
 
 /// How requests arrive.

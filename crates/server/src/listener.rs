@@ -73,6 +73,7 @@ impl Listeners {
         config: Arc<ServerConfig>,
         shards: Arc<Vec<ShardHandle>>,
         metrics: SharedMetrics,
+        extra: crate::metrics::ExtraMetrics,
         mut shutdown: watch::Receiver<bool>,
     ) -> io::Result<JoinHandle<()>> {
         let _ = config;
@@ -103,7 +104,7 @@ impl Listeners {
                         tasks.spawn(accept_loop(l, shards.clone(), Pick::SourcePort));
                     }
                     if let Some(l) = self.metrics.and_then(|l| TcpListener::from_std(l).ok()) {
-                        tasks.spawn(crate::metrics::serve(l, metrics));
+                        tasks.spawn(crate::metrics::serve(l, metrics, extra));
                     }
                     let _ = shutdown.changed().await;
                     tasks.abort_all();

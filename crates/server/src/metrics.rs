@@ -406,14 +406,104 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// Metrics rendered after the shards' (the node's transactions), appended to the text.
+pub type ExtraMetrics = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// Renders the node's transaction metrics: outstanding transactions, the adaptive limit,
+/// commits, aborts by reason, lock wait and critical-section time.
+pub fn render_transactions(out: &mut String, gate: &sluice_engine::transaction::gate::TxnGate) {
+    let g = gate.snapshot();
+    let m = gate.metrics();
+    let gauges = [
+        (
+            "sluice_txn_outstanding",
+            "Transactions running.",
+            u64::from(g.outstanding),
+        ),
+        (
+            "sluice_txn_limit",
+            "The adaptive limit on outstanding transactions.",
+            u64::from(g.limit),
+        ),
+        (
+            "sluice_txn_queued",
+            "Transactions waiting for a slot.",
+            g.queued as u64,
+        ),
+        (
+            "sluice_txn_max_outstanding",
+            "Most transactions running at once since start.",
+            u64::from(g.max_outstanding),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let n = "sluice_txn_commits_total";
+    family(out, n, "counter", "Transactions completed, by whether they wrote (a false IF writes nothing; it is not an abort).");
+    let _ = writeln!(out, "{n}{{wrote=\"true\"}} {}", m.committed.load(Relaxed));
+    let _ = writeln!(
+        out,
+        "{n}{{wrote=\"false\"}} {}",
+        m.committed_without_writes.load(Relaxed)
+    );
+    let n = "sluice_txn_aborts_total";
+    family(
+        out,
+        n,
+        "counter",
+        "Transactions turned away or ended before committing, by reason.",
+    );
+    let _ = writeln!(
+        out,
+        "{n}{{reason=\"deadline\"}} {}",
+        m.aborted_deadline.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "{n}{{reason=\"over_limit\"}} {}",
+        m.aborted_over_limit.load(Relaxed)
+    );
+    let _ = writeln!(out, "{n}{{reason=\"error\"}} {}", m.failed.load(Relaxed));
+    for (name, help, h) in [
+        (
+            "sluice_txn_lock_wait_seconds",
+            "Time to acquire a transaction's locks (quantiles are bucket upper bounds).",
+            &m.lock_wait,
+        ),
+        (
+            "sluice_txn_critical_section_seconds",
+            "Time a transaction held its locks (quantiles are bucket upper bounds).",
+            &m.critical_section,
+        ),
+    ] {
+        family(out, name, "summary", help);
+        for q in [0.5, 0.99, 0.999] {
+            let _ = writeln!(
+                out,
+                "{name}{{quantile=\"{q}\"}} {}",
+                h.quantile(q).as_secs_f64()
+            );
+        }
+        let _ = writeln!(out, "{name}_sum {}", h.sum().as_secs_f64());
+        let _ = writeln!(out, "{name}_count {}", h.count());
+    }
+}
+
 /// Serves `GET /metrics` on `addr` until the task is dropped. Each connection gets one
 /// HTTP/1.0 answer and is closed; requests are bounded to 4 KiB and 5 s.
-pub async fn serve(listener: TcpListener, shards: Arc<Vec<Arc<ShardMetrics>>>) {
+pub async fn serve(
+    listener: TcpListener,
+    shards: Arc<Vec<Arc<ShardMetrics>>>,
+    extra: ExtraMetrics,
+) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
         let shards = shards.clone();
+        let extra = extra.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 4096];
             let mut len = 0;
@@ -439,7 +529,9 @@ pub async fn serve(listener: TcpListener, shards: Arc<Vec<Arc<ShardMetrics>>>) {
             let head = &buf[..len];
             let (status, body) =
                 if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics\r") {
-                    ("200 OK", render(&shards))
+                    let mut text = render(&shards);
+                    extra(&mut text);
+                    ("200 OK", text)
                 } else {
                     ("404 Not Found", "try GET /metrics\n".to_string())
                 };
@@ -487,6 +579,24 @@ mod tests {
         assert!(text.contains("sluice_admission_concurrency_limit{shard=\"0\"}"));
     }
 
+    #[test]
+    fn transaction_metrics_render() {
+        let gate = sluice_engine::transaction::gate::TxnGate::default();
+        gate.metrics().aborted_over_limit.fetch_add(2, Relaxed);
+        gate.metrics()
+            .critical_section
+            .record(Duration::from_micros(3));
+        let mut text = String::new();
+        render_transactions(&mut text, &gate);
+        assert!(text.contains("sluice_txn_limit 8"), "{text}");
+        assert!(text.contains("sluice_txn_outstanding 0"));
+        assert!(text.contains("sluice_txn_aborts_total{reason=\"over_limit\"} 2"));
+        assert!(text.contains("sluice_txn_commits_total{wrote=\"false\"} 0"));
+        // 3 µs falls in the bucket up to 4096 ns.
+        assert!(text.contains("sluice_txn_critical_section_seconds{quantile=\"0.99\"} 0.000004096"));
+        assert!(text.contains("sluice_txn_critical_section_seconds_count 1"));
+    }
+
     /// The counters found by table and binary search are the ones the readers find by
     /// scanning, for every opcode byte and every code, listed or not.
     #[test]
@@ -525,13 +635,18 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let m = Arc::new(ShardMetrics::default());
         m.count_request(0x05);
-        let task = tokio::spawn(serve(listener, Arc::new(vec![m])));
+        let task = tokio::spawn(serve(
+            listener,
+            Arc::new(vec![m]),
+            Arc::new(|out: &mut String| out.push_str("extra_metric 1\n")),
+        ));
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
         let mut resp = String::new();
         s.read_to_string(&mut resp).await.unwrap();
         assert!(resp.starts_with("HTTP/1.0 200 OK"));
         assert!(resp.contains("sluice_requests_total{shard=\"0\",opcode=\"options\"} 1"));
+        assert!(resp.contains("extra_metric 1\n"));
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /other HTTP/1.0\r\n\r\n").await.unwrap();
         let mut resp = String::new();

@@ -314,6 +314,12 @@ impl Server {
             config.clone(),
             peers.clone(),
             metrics.clone(),
+            {
+                let engine = engine.clone();
+                Arc::new(move |out: &mut String| {
+                    crate::metrics::render_transactions(out, engine.transactions())
+                })
+            },
             shutdown_rx.clone(),
         )?;
         threads.push(t);

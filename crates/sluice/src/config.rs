@@ -304,6 +304,16 @@ pub struct ServeArgs {
     )]
     pub lwt_serialize_through_durability: Option<String>,
 
+    /// BENCHMARK ONLY: `off` lets every multi-partition transaction run at once instead of
+    /// waiting for the adaptive limit on outstanding transactions [default: on].
+    #[arg(
+        long,
+        env = "SLUICE_TXN_ADAPTIVE_LIMIT",
+        value_name = "on|off",
+        hide = true
+    )]
+    pub txn_adaptive_limit: Option<String>,
+
     /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
     /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
     #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
@@ -449,6 +459,8 @@ pub struct ResolvedConfig {
     pub test_only_fake_peers: Vec<IpAddr>,
     /// BENCHMARK ONLY: LWTs hold a lock stripe until durable (the old convoy).
     pub lwt_serialize_through_durability: bool,
+    /// BENCHMARK ONLY: transactions wait for the adaptive limit (off: all run at once).
+    pub txn_adaptive_limit: bool,
     /// Log filter, if given (else RUST_LOG, else info).
     pub log: Option<String>,
     /// Authentication and authorization.
@@ -816,6 +828,12 @@ impl ServeArgs {
                 &self.lwt_serialize_through_durability,
                 &None,
                 false,
+            )?,
+            txn_adaptive_limit: on_off(
+                "txn-adaptive-limit",
+                &self.txn_adaptive_limit,
+                &None,
+                true,
             )?,
             log: self.log.clone().or(file.log),
             auth,
@@ -1329,6 +1347,7 @@ mod tests {
         assert_eq!(c.test_only_service_delay, None);
         assert!(c.test_only_fake_peers.is_empty());
         assert!(!c.lwt_serialize_through_durability);
+        assert!(c.txn_adaptive_limit);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
         assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
@@ -1342,11 +1361,13 @@ mod tests {
             admission_reject_over_cap: Some("off".into()),
             admission_lifo: Some("on".into()),
             lwt_serialize_through_durability: Some("on".into()),
+            txn_adaptive_limit: Some("off".into()),
             ..ServeArgs::default()
         }
         .resolve()
         .unwrap();
         assert!(hidden_off.lwt_serialize_through_durability);
+        assert!(!hidden_off.txn_adaptive_limit);
         let hidden_off = hidden_off.admission.unwrap();
         assert_eq!(hidden_off.lag_probe, None);
         assert!(!hidden_off.shed_at_enqueue && !hidden_off.reject_over_cap && hidden_off.lifo);

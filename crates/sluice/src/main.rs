@@ -192,6 +192,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             storage.clone(),
             cfg.data_dir.join("db"),
         )));
+    engine.transactions().set_limited(cfg.txn_adaptive_limit);
     if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(

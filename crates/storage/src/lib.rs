@@ -26,15 +26,20 @@ mod stream_tests;
 mod superseded_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transaction_tests;
 
 pub use limits::{
     WriteLimits, DEFAULT_MAX_MUTATION_BYTES, DEFAULT_MAX_VALUE_BYTES, DEFAULT_MIN_FREE_DISK_BYTES,
     DISK_FULL_MESSAGE, STORAGE_FAILED_MESSAGE,
 };
 pub use model::*;
-pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage};
+pub use storage::{
+    AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage, TxnOutcome,
+};
 pub use store::{
-    ConditionRead, RangeChunk, RawRecord, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES,
+    ConditionRead, RangeChunk, RawRecord, TxnError, TxnPartition, TxnRead,
+    DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES,
 };
 
 use bytes::Bytes;

@@ -15,7 +15,10 @@
 
 use crate::limits::{DiskSpace, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
-use crate::store::{take_batchlog_len, ConditionRead, Prepared, Store};
+use crate::store::{
+    commit_transaction, take_batchlog_len, ConditionRead, Prepared, Store, TxnEnv, TxnError,
+    TxnPartition, TxnRead,
+};
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
 use bytes::Bytes;
 use std::ops::Bound;
@@ -110,6 +113,21 @@ impl ConditionalOutcome {
     pub fn applied(&self) -> bool {
         self.ticket.is_some()
     }
+}
+
+/// What [`Storage::apply_transaction`] did.
+#[derive(Debug)]
+pub struct TxnOutcome {
+    /// Set when the transaction wrote: await it with [`Storage::wait_durable`].
+    pub ticket: Option<CommitTicket>,
+    /// The reads as they were under the locks, in the order asked.
+    pub reads: Vec<PartitionRead>,
+    /// The write timestamp the commit assigned, when it wrote.
+    pub timestamp: Option<i64>,
+    /// Time spent acquiring the locks.
+    pub lock_wait: Duration,
+    /// Time the locks were held (the critical section).
+    pub locked_for: Duration,
 }
 
 /// A batch that spans stores: its parts by store, its batchlog key and record.
@@ -296,6 +314,73 @@ impl Storage {
             ticket: done.seq.map(|seq| CommitTicket(Ticket::One { store, seq })),
             reads: done.reads,
             timestamp: done.timestamp,
+        })
+    }
+
+    /// Runs a transaction over several partitions, tables and stores, atomically and
+    /// serializably: the locks of every partition in `partitions` (those it may write) and
+    /// in `reads` are taken in one global order (no deadlock, no abort), the reads are
+    /// made, `decide` builds the writes from them (made with timestamp `provisional`; it
+    /// may build none), the commit moves them above every timestamp stored in the locked
+    /// stripes and writes them, one batch per store with a batchlog record when they span
+    /// stores (replayed whole at the next open if the process dies between parts). The
+    /// locks are released on return; await durability with [`wait_durable`](Self::wait_durable).
+    /// `decide` must only write partitions named in `partitions` or `reads`.
+    pub fn apply_transaction<'l, E>(
+        &self,
+        partitions: &[TxnPartition],
+        reads: &[TxnRead<'_>],
+        now_secs: u32,
+        provisional: i64,
+        decide: impl FnOnce(&[PartitionRead]) -> Result<Vec<(&'l TableLayout, Mutation)>, E>,
+    ) -> Result<TxnOutcome, TxnError<E>> {
+        self.inner.disk.check()?;
+        let limits = self.write_limits();
+        let store_of = |token: i64| self.store_of(token);
+        let check_limits = |m: &Mutation| limits.check(m);
+        // Each part's record holds the other parts only: a record is in the same engine
+        // batch as its own part, so wherever it survives that part did too.
+        let batchlog = |parts: &[(usize, Prepared)]| {
+            let records = (0..parts.len())
+                .map(|own| {
+                    let others = parts.iter().enumerate().filter(|(i, _)| *i != own);
+                    encode_parts(parts.len() - 1, others.map(|(_, p)| p))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let seq = self.inner.batch_seq.fetch_add(1, Ordering::Relaxed);
+            let mut key = BATCHLOG_PREFIX.to_vec();
+            key.extend_from_slice(&self.inner.batch_epoch.to_be_bytes());
+            key.extend_from_slice(&seq.to_be_bytes());
+            Ok((key, records))
+        };
+        let env = TxnEnv {
+            store_of: &store_of,
+            check_limits: &check_limits,
+            batchlog: &batchlog,
+        };
+        let done = commit_transaction(
+            &self.inner.stores,
+            &env,
+            partitions,
+            reads,
+            now_secs,
+            provisional,
+            decide,
+        )?;
+        let ticket = match (done.parts.as_slice(), done.batchlog_key) {
+            ([], _) => None,
+            (&[(store, seq)], None) => Some(CommitTicket(Ticket::One { store, seq })),
+            (_, key) => Some(CommitTicket(Ticket::Many {
+                parts: done.parts,
+                key: key.unwrap_or_default(),
+            })),
+        };
+        Ok(TxnOutcome {
+            ticket,
+            reads: done.reads,
+            timestamp: done.timestamp,
+            lock_wait: done.lock_wait,
+            locked_for: done.locked_for,
         })
     }
 
@@ -804,8 +889,16 @@ fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> std::io::Result<()>
 
 /// A batchlog record: the number of parts, then per part its store and its entries.
 fn encode_record(parts: &[(usize, Prepared)]) -> Result<Vec<u8>, StorageError> {
+    encode_parts(parts.len(), parts.iter())
+}
+
+/// A batchlog record of `count` parts.
+fn encode_parts<'p>(
+    count: usize,
+    parts: impl Iterator<Item = &'p (usize, Prepared)>,
+) -> Result<Vec<u8>, StorageError> {
     let mut out = Vec::new();
-    out.extend_from_slice(&(parts.len() as u32).to_be_bytes());
+    out.extend_from_slice(&(count as u32).to_be_bytes());
     for (store, prepared) in parts {
         out.extend_from_slice(&(*store as u32).to_be_bytes());
         prepared.encode(&mut out)?;

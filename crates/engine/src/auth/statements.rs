@@ -75,6 +75,24 @@ pub(crate) fn required_access(
                 }
             }
         }
+        Plan::Transaction(t) => {
+            let (read, written) = t.tables();
+            let mut seen: Vec<(Permission, &str, &str)> = Vec::new();
+            let wanted = read
+                .iter()
+                .filter(|t| !readable_by_all(&t.keyspace))
+                .map(|t| (Permission::Select, t))
+                .chain(written.iter().map(|t| (Permission::Modify, t)));
+            for (permission, t) in wanted {
+                let key = (permission, t.keyspace.as_str(), t.name.as_str());
+                if seen.contains(&key) {
+                    continue;
+                }
+                seen.push(key);
+                let r = Arc::new(AuthResource::table(key.1, key.2));
+                out.push(check(permission, &r));
+            }
+        }
         Plan::Dynamic(stmt) => {
             let table = |q: &sluice_cql::ast::QualifiedName| {
                 q.keyspace

@@ -188,36 +188,10 @@ impl Store {
         // Held to the end of the batch: no TRUNCATE or DROP retires a keyspace while this
         // write uses it. Taken before the stripes, as every holder does.
         let registry = self.tables.read_for_write(&self.db, &self.meta, &tables)?;
-        for (table, seconds) in &gc_grace {
-            if let Some(keyspace) = registry.keyspace(table) {
-                self.gc_graces.note(keyspace.name(), *table, *seconds);
-            }
-        }
-        // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
-        // Room for every entry, the batchlog record and a timestamp-ceiling move.
-        let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)
-            .durability(None);
-        // One buffer for every entry, sized for a typical row so that encoding does not
-        // grow it step by step (each step is a reallocation and a copy).
-        let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
-        // Partitions that got a new deletion: the purger removes the rows it shadows later.
-        let mut purges: Vec<PurgeJob> = Vec::new();
-        let mut replaced = 0u64;
-        let mut journal_bytes = 0u64;
-        let mut newest_written = entries
-            .values()
-            .map(|p| match p {
-                Pending::Header(h) => h.max_timestamp(),
-                Pending::Row { row, .. } => row.max_timestamp(),
-            })
-            .max()
-            .unwrap_or(i64::MIN);
-        {
+        let mut newest_written = newest_timestamp(&entries);
+        let written = {
             // Stripes are taken in ascending order: two batches cannot deadlock.
-            let mut guards: Vec<MutexGuard<'_, Stripe>> = stripes
-                .iter()
-                .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
-                .collect();
+            let mut guards = self.lock_stripes(&stripes);
             if let Some(check) = check {
                 let newest_stored = guards.iter().map(|g| g.newest).max().unwrap_or(i64::MIN);
                 let Some(shift) = check(&registry, newest_stored)? else {
@@ -233,121 +207,203 @@ impl Store {
                     return Ok(Some(self.commit.applied.load(Ordering::Acquire)));
                 }
             }
-            for ((table, key), pending) in entries {
-                // A table dropped since the write was planned: its data is being deleted.
-                let Some(keyspace) = registry.keyspace(&table) else {
-                    continue;
-                };
-                buf.clear();
-                if let Pending::Row {
-                    row,
-                    replaces_from: Some(oldest),
-                    stripe,
-                } = &pending
-                {
-                    let newest_stored = stripes
-                        .binary_search(stripe)
-                        .map_or(i64::MAX, |at| guards[at].newest);
-                    if *oldest > newest_stored {
-                        // Everything stored under this key is older than every cell of a
-                        // write that sets the whole row: the merge would return `row`.
-                        row.encode(&mut buf)?;
-                        journal_bytes += (key.len() + buf.len()) as u64;
-                        batch.insert(keyspace, key, buf.as_slice());
-                        replaced += 1;
-                        continue;
-                    }
-                }
-                let existing = keyspace.get(&key).map_err(io)?;
-                match pending {
-                    Pending::Header(incoming) => {
-                        let mut header = match existing {
-                            Some(v) => PartitionHeader::decode_value(&v)?,
-                            None => PartitionHeader::default(),
-                        };
-                        // Where the new deletions apply: the whole partition, or their ranges.
-                        let purge_ranges: Vec<ByteRange> = if incoming.deletion.is_some() {
-                            vec![ByteRange { lo: None, hi: None }]
-                        } else {
-                            incoming
-                                .range_tombstones
-                                .iter()
-                                .map(|t| t.range.clone())
-                                .collect()
-                        };
-                        header.merge(incoming);
-                        if !purge_ranges.is_empty() {
-                            let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
-                            // In the batch of the deletion: a restart or a full queue
-                            // cannot lose the purge.
-                            let record = purge_record_key(&table, &prefix);
-                            journal_bytes += (record.len() + 8) as u64;
-                            batch.insert(
-                                &self.meta,
-                                record,
-                                self.purger.next_generation().to_be_bytes(),
-                            );
-                            purges.push(PurgeJob {
-                                table,
-                                prefix,
-                                ranges: purge_ranges,
-                                drop_past_gc: false,
-                            });
-                        }
-                        if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
-                            return Err(StorageError::TooLarge(
-                                "too many range tombstones in partition",
-                            ));
-                        }
-                        header.encode(&mut buf)?;
-                    }
-                    Pending::Row { row: incoming, .. } => {
-                        let row = match existing {
-                            Some(v) => {
-                                let mut row = StoredRow::decode_value(&v)?;
-                                row.merge(incoming);
-                                row
-                            }
-                            None => incoming,
-                        };
-                        row.encode(&mut buf)?;
-                    }
-                }
-                journal_bytes += (key.len() + buf.len()) as u64;
-                batch.insert(keyspace, key, buf.as_slice());
-            }
-            if let Some((key, value)) = batchlog {
-                batch.insert(&self.meta, key, value);
-            }
-            self.commit_with_ceiling(batch, newest_written)?;
-            for guard in &mut guards {
-                guard.newest = guard.newest.max(newest_written);
+            self.write_locked(
+                &registry,
+                &stripes,
+                &mut guards,
+                entries,
+                &gc_grace,
+                batchlog,
+                newest_written,
+            )?
+        };
+        drop(registry);
+        Ok(Some(self.finish_commit(written)))
+    }
+
+    /// Takes the stripe locks `stripes` (ascending), in that order.
+    pub(super) fn lock_stripes(&self, stripes: &[usize]) -> Vec<MutexGuard<'_, Stripe>> {
+        debug_assert!(stripes.windows(2).all(|w| w[0] < w[1]));
+        stripes
+            .iter()
+            .map(|&i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect()
+    }
+
+    /// Writes prepared entries (already moved to their final timestamps) as one engine
+    /// batch, with `batchlog` when given, under the registry guard and the stripe locks
+    /// the caller holds: `guards[i]` is stripe `stripes[i]`, and every entry's partition is
+    /// among them. Returns what [`Store::finish_commit`] completes once the locks are gone.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_locked(
+        &self,
+        registry: &TablesRead<'_>,
+        stripes: &[usize],
+        guards: &mut [MutexGuard<'_, Stripe>],
+        entries: BTreeMap<(TableId, Vec<u8>), Pending>,
+        gc_grace: &[(TableId, u32)],
+        batchlog: Option<(&[u8], &[u8])>,
+        newest_written: i64,
+    ) -> Result<Written, StorageError> {
+        debug_assert_eq!(stripes.len(), guards.len());
+        for (table, seconds) in gc_grace {
+            if let Some(keyspace) = registry.keyspace(table) {
+                self.gc_graces.note(keyspace.name(), *table, *seconds);
             }
         }
-        if replaced > 0 {
-            self.replaced_rows.fetch_add(replaced, Ordering::Relaxed);
+        // Appended to the journal buffer only: `wait_durable` moves it to the OS once per turn.
+        // Room for every entry, the batchlog record and a timestamp-ceiling move.
+        let mut batch = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), entries.len() + 2)
+            .durability(None);
+        // One buffer for every entry, sized for a typical row so that encoding does not
+        // grow it step by step (each step is a reallocation and a copy).
+        let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
+        // Partitions that got a new deletion: the purger removes the rows it shadows later.
+        let mut purges: Vec<PurgeJob> = Vec::new();
+        let mut replaced = 0u64;
+        let mut journal_bytes = 0u64;
+        for ((table, key), pending) in entries {
+            // A table dropped since the write was planned: its data is being deleted.
+            let Some(keyspace) = registry.keyspace(&table) else {
+                continue;
+            };
+            buf.clear();
+            if let Pending::Row {
+                row,
+                replaces_from: Some(oldest),
+                stripe,
+            } = &pending
+            {
+                let newest_stored = stripes
+                    .binary_search(stripe)
+                    .map_or(i64::MAX, |at| guards[at].newest);
+                if *oldest > newest_stored {
+                    // Everything stored under this key is older than every cell of a
+                    // write that sets the whole row: the merge would return `row`.
+                    row.encode(&mut buf)?;
+                    journal_bytes += (key.len() + buf.len()) as u64;
+                    batch.insert(keyspace, key, buf.as_slice());
+                    replaced += 1;
+                    continue;
+                }
+            }
+            let existing = keyspace.get(&key).map_err(io)?;
+            match pending {
+                Pending::Header(incoming) => {
+                    let mut header = match existing {
+                        Some(v) => PartitionHeader::decode_value(&v)?,
+                        None => PartitionHeader::default(),
+                    };
+                    // Where the new deletions apply: the whole partition, or their ranges.
+                    let purge_ranges: Vec<ByteRange> = if incoming.deletion.is_some() {
+                        vec![ByteRange { lo: None, hi: None }]
+                    } else {
+                        incoming
+                            .range_tombstones
+                            .iter()
+                            .map(|t| t.range.clone())
+                            .collect()
+                    };
+                    header.merge(incoming);
+                    if !purge_ranges.is_empty() {
+                        let prefix = key.get(..key.len() - 1).unwrap_or(&[]).to_vec();
+                        // In the batch of the deletion: a restart or a full queue
+                        // cannot lose the purge.
+                        let record = purge_record_key(&table, &prefix);
+                        journal_bytes += (record.len() + 8) as u64;
+                        batch.insert(
+                            &self.meta,
+                            record,
+                            self.purger.next_generation().to_be_bytes(),
+                        );
+                        purges.push(PurgeJob {
+                            table,
+                            prefix,
+                            ranges: purge_ranges,
+                            drop_past_gc: false,
+                        });
+                    }
+                    if header.range_tombstones.len() > MAX_RANGE_TOMBSTONES {
+                        return Err(StorageError::TooLarge(
+                            "too many range tombstones in partition",
+                        ));
+                    }
+                    header.encode(&mut buf)?;
+                }
+                Pending::Row { row: incoming, .. } => {
+                    let row = match existing {
+                        Some(v) => {
+                            let mut row = StoredRow::decode_value(&v)?;
+                            row.merge(incoming);
+                            row
+                        }
+                        None => incoming,
+                    };
+                    row.encode(&mut buf)?;
+                }
+            }
+            journal_bytes += (key.len() + buf.len()) as u64;
+            batch.insert(keyspace, key, buf.as_slice());
+        }
+        if let Some((key, value)) = batchlog {
+            batch.insert(&self.meta, key, value);
+        }
+        self.commit_with_ceiling(batch, newest_written)?;
+        for guard in guards.iter_mut() {
+            guard.newest = guard.newest.max(newest_written);
+        }
+        Ok(Written {
+            purges,
+            replaced,
+            journal_bytes,
+        })
+    }
+
+    /// Completes a commit after its locks are released: counters, the ticket (handed out
+    /// after the batch is in the journal, so an fsync that starts after reading
+    /// `applied >= t` covers ticket t), the sync thread's wake-up and the purges.
+    pub(super) fn finish_commit(&self, written: Written) -> u64 {
+        if written.replaced > 0 {
+            self.replaced_rows
+                .fetch_add(written.replaced, Ordering::Relaxed);
         }
         self.commit
             .journal_bytes
-            .fetch_add(journal_bytes, Ordering::Relaxed);
-        // The ticket is handed out after the batch is in the journal, so an fsync that
-        // starts after reading `applied >= t` covers ticket t.
+            .fetch_add(written.journal_bytes, Ordering::Relaxed);
         let ticket = self.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
         if self.durability == Durability::Batch {
             self.commit.lock_request().pending = true;
             self.commit.wake.notify_one();
         }
-        drop(registry);
-        for job in purges {
+        for job in written.purges {
             self.purger.enqueue(job);
         }
-        Ok(Some(ticket))
+        ticket
     }
+}
+
+/// A batch written under the locks, to be completed by [`Store::finish_commit`].
+pub(super) struct Written {
+    purges: Vec<PurgeJob>,
+    replaced: u64,
+    journal_bytes: u64,
+}
+
+/// The newest timestamp among prepared entries (`i64::MIN` when there are none).
+pub(super) fn newest_timestamp(entries: &BTreeMap<(TableId, Vec<u8>), Pending>) -> i64 {
+    entries
+        .values()
+        .map(|p| match p {
+            Pending::Header(h) => h.max_timestamp(),
+            Pending::Row { row, .. } => row.max_timestamp(),
+        })
+        .max()
+        .unwrap_or(i64::MIN)
 }
 
 impl Pending {
     /// Moves every timestamp of the entry by `delta` µs.
-    fn shift_timestamps(&mut self, delta: i64) {
+    pub(super) fn shift_timestamps(&mut self, delta: i64) {
         match self {
             Pending::Header(h) => h.shift_timestamps(delta),
             Pending::Row {

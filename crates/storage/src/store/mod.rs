@@ -49,6 +49,7 @@ mod scan;
 mod stream;
 mod sync;
 mod tables;
+mod transaction;
 
 pub(crate) use batchlog::take_batchlog_len;
 use ceiling::{load_timestamp_ceiling, TimestampCeiling};
@@ -62,6 +63,10 @@ use sync::{CommitShared, DurableState, SyncRequest};
 #[cfg(test)]
 pub(crate) use tables::DeletionHold;
 use tables::Tables;
+#[cfg(test)]
+pub(crate) use transaction::DIE_AFTER_FIRST_PART;
+pub(crate) use transaction::{commit_transaction, TxnEnv};
+pub use transaction::{TxnError, TxnPartition, TxnRead};
 
 use crate::keycodec;
 use crate::memtable_reaper::MemtableReaper;
@@ -304,7 +309,7 @@ impl Store {
         }
     }
 
-    fn check_open(&self) -> Result<(), StorageError> {
+    pub(super) fn check_open(&self) -> Result<(), StorageError> {
         if self.closed.load(Ordering::Acquire) {
             Err(StorageError::Closed)
         } else {
