@@ -83,6 +83,7 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
         retry: RetryMode::None,
         retries: 0,
         credentials: None,
+        ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(30))
     })
     .await?;
     for ddl in [
