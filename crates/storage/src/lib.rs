@@ -31,7 +31,10 @@ pub use limits::{
 };
 pub use model::*;
 pub use storage::{AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage};
-pub use store::{ConditionRead, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
+pub use store::{
+    ConditionRead, RawPartition, DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_RAW_PARTITION_BYTES,
+    MAX_READ_BYTES,
+};
 
 use bytes::Bytes;
 use std::ops::Bound;

@@ -15,7 +15,7 @@
 
 use crate::limits::{DiskSpace, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
-use crate::store::{take_batchlog_len, ConditionRead, Prepared, Store};
+use crate::store::{take_batchlog_len, ConditionRead, Prepared, RawPartition, Store};
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
 use bytes::Bytes;
 use std::ops::Bound;
@@ -526,6 +526,34 @@ impl Storage {
             limit,
             now_secs,
         )
+    }
+
+    /// Every stored entry of one partition (header and rows, deletions included), for
+    /// comparing and repairing replicas; refused past [`crate::MAX_RAW_PARTITION_BYTES`].
+    pub fn read_raw_partition(
+        &self,
+        table: TableId,
+        token: i64,
+        partition_key: &[u8],
+    ) -> Result<RawPartition, StorageError> {
+        self.store(token)
+            .read_raw_partition(&table, token, partition_key)
+    }
+
+    /// Merges another replica's raw partition into this one's, last write wins per cell and
+    /// deletions applied, as a write would; await durability with `wait_durable`.
+    pub fn apply_raw_partition(
+        &self,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        raw: &RawPartition,
+    ) -> Result<CommitTicket, StorageError> {
+        self.inner.disk.check()?;
+        let prepared = Store::prepare_raw(layout, token, partition_key, raw)?;
+        let store = self.store_of(token);
+        let seq = self.inner.stores[store].commit(prepared, None)?;
+        Ok(CommitTicket(Ticket::One { store, seq }))
     }
 
     /// Token-ordered scan of a table from `start` up to `end` (token bound), returning at most
