@@ -36,6 +36,7 @@
 pub mod control;
 pub mod node;
 pub mod raft_transport;
+pub mod replica;
 pub mod topology;
 pub mod verbs;
 

@@ -14,8 +14,20 @@ pub const VERB_RAFT: u16 = FIRST_APPLICATION_VERB;
 /// or why it was refused (see `crate::node`).
 pub const VERB_JOIN: u16 = FIRST_APPLICATION_VERB + 1;
 
+/// A coordinator's mutations for this replica to apply, on `ConnectionClass::Requests`; the
+/// reply is empty once they are durable (`sluice_engine::replica_msg::encode_mutations`).
+pub const VERB_MUTATION: u16 = FIRST_APPLICATION_VERB + 8;
+
+/// A coordinator asks for one partition's digest or raw entries, on
+/// `ConnectionClass::Requests` (`sluice_engine::replica_msg::encode_read`).
+pub const VERB_READ: u16 = FIRST_APPLICATION_VERB + 9;
+
+/// A read repair: a raw partition for this replica to merge, on `ConnectionClass::Requests`;
+/// the reply is empty once it is durable (`sluice_engine::replica_msg::encode_repair`).
+pub const VERB_REPAIR: u16 = FIRST_APPLICATION_VERB + 10;
+
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 2] = [VERB_RAFT, VERB_JOIN];
+pub const ALL: [u16; 5] = [VERB_RAFT, VERB_JOIN, VERB_MUTATION, VERB_READ, VERB_REPAIR];
 
 #[cfg(test)]
 mod tests {

@@ -28,6 +28,7 @@ pub mod auth;
 pub mod catalog;
 mod cluster;
 pub mod codec;
+pub mod coordinator;
 mod ddl;
 mod describe;
 mod exec;
@@ -35,6 +36,7 @@ mod json;
 mod paging;
 pub mod rate_limit_option;
 mod read;
+pub mod replica_msg;
 mod result;
 mod shard_statements;
 pub mod system;
@@ -312,11 +314,24 @@ pub struct Engine {
     lwt_serialize_through_durability: std::sync::atomic::AtomicBool,
     lwt_serializer: Box<[tokio::sync::Mutex<()>]>,
     auth: auth::AuthState,
+    /// Set in a cluster: statements are then coordinated across their partitions' replicas.
+    replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
+    /// Partitions a read found differing across replicas and repaired.
+    read_repairs: AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("node", &self.node).finish()
+    }
+}
+
+/// A storage failure's static message, for a replica's refusal.
+fn refusal_message(e: &StorageError) -> &'static str {
+    match e {
+        StorageError::TooLarge(m) | StorageError::Io(m) | StorageError::Corrupt(m) => m,
+        StorageError::TooManyTombstones => "too many tombstones",
+        StorageError::Closed => "storage is shutting down",
     }
 }
 
@@ -390,7 +405,128 @@ impl Engine {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             auth,
+            replica_transport: std::sync::OnceLock::new(),
+            read_repairs: AtomicU64::new(0),
         }))
+    }
+
+    /// Makes this engine a coordinator: from now on reads and writes of replicated keyspaces
+    /// go to their partitions' replicas through `transport`. Set once; later calls are
+    /// ignored and answer false.
+    pub fn set_replica_transport(&self, transport: Arc<dyn coordinator::ReplicaTransport>) -> bool {
+        self.replica_transport.set(transport).is_ok()
+    }
+
+    /// The transport to other replicas, in a cluster.
+    pub(crate) fn replica_transport(&self) -> Option<&Arc<dyn coordinator::ReplicaTransport>> {
+        self.replica_transport.get()
+    }
+
+    /// How many partitions reads found differing across replicas and repaired.
+    pub fn read_repairs(&self) -> u64 {
+        self.read_repairs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_read_repair(&self) {
+        self.read_repairs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The table with this id, if this node's schema has it.
+    fn table_by_id(&self, id: &[u8; 16]) -> Option<Arc<TableDef>> {
+        self.schema()
+            .tables
+            .values()
+            .find(|t| t.id.as_bytes() == id)
+            .cloned()
+    }
+
+    /// Replica side of a MUTATION: applies a coordinator's mutations and waits until they
+    /// are durable. Nothing is written once `deadline` has passed, nor when any table is
+    /// unknown here.
+    pub async fn apply_replica_mutations(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<(), coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let muts =
+            replica_msg::decode_mutations(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let mut tables: Vec<Arc<TableDef>> = Vec::with_capacity(1);
+        for m in &muts {
+            if !tables.iter().any(|t| *t.id.as_bytes() == m.table) {
+                tables.push(
+                    self.table_by_id(&m.table)
+                        .ok_or(ReplicaRefusal::UnknownTable)?,
+                );
+            }
+        }
+        let batch: Vec<(&sluice_storage::TableLayout, sluice_storage::Mutation)> = muts
+            .into_iter()
+            .map(|m| {
+                let t = tables.iter().find(|t| *t.id.as_bytes() == m.table);
+                (&t.expect("every table was found above").layout, m)
+            })
+            .collect();
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let ticket = self
+            .storage
+            .apply(&batch)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        self.storage
+            .wait_durable(ticket)
+            .await
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
+    }
+
+    /// Replica side of a READ: the digest or the raw entries of one partition.
+    pub fn replica_read(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Bytes, coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_read(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        if self.table_by_id(&req.table).is_none() {
+            return Err(ReplicaRefusal::UnknownTable);
+        }
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let raw = self
+            .storage
+            .read_raw_partition(req.table, req.token, &req.partition_key)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        Ok(match req.kind {
+            replica_msg::ReadKind::Digest => Bytes::copy_from_slice(&replica_msg::digest(&raw)),
+            replica_msg::ReadKind::Data => replica_msg::encode_raw(&raw),
+        })
+    }
+
+    /// Replica side of a read repair: merges the coordinator's partition into this one's
+    /// and waits until it is durable.
+    pub async fn apply_replica_repair(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<(), coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_repair(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let t = self
+            .table_by_id(&req.table)
+            .ok_or(ReplicaRefusal::UnknownTable)?;
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let ticket = self
+            .storage
+            .apply_raw_partition(&t.layout, req.token, &req.partition_key, &req.raw)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        self.storage
+            .wait_durable(ticket)
+            .await
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
     }
 
     /// Roles, logins and grants.
@@ -767,7 +903,25 @@ impl Engine {
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
-            Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx).await,
+            Plan::Select(s) => {
+                if let Some(transport) = self.replica_transport() {
+                    if !s.table.is_virtual() && s.where_.pk_complete() {
+                        for pk in exec::partition_keys(&b, &s.table, &s.where_)? {
+                            coordinator::reconcile_partition(
+                                self,
+                                transport,
+                                &s.table,
+                                pk.token,
+                                &pk.key,
+                                params.consistency,
+                                ctx,
+                            )
+                            .await?;
+                        }
+                    }
+                }
+                read::execute_select(self, p, s, &b, params, ctx).await
+            }
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {

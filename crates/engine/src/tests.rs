@@ -2357,6 +2357,7 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
 mod aggregates;
 mod big_values;
 mod canonical;
+mod coordinator;
 
 /// `system_views.token_replicas` answers the ring's replicas of a keyspace's token, by key.
 #[tokio::test]

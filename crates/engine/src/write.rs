@@ -652,6 +652,26 @@ pub(crate) async fn execute_writes(
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }
+    let muts = match engine.replica_transport() {
+        Some(transport) => {
+            match crate::coordinator::replicate_writes(
+                engine,
+                transport,
+                entries,
+                muts,
+                consistency,
+                write_type,
+                ctx,
+            )
+            .await?
+            {
+                // Every partition's only replica is this node: the local path below.
+                Some(muts) => muts,
+                None => return Ok(ResultMessage::Void),
+            }
+        }
+        None => muts,
+    };
     if commit_assigns_timestamp(entries, batch_ts, &muts) {
         apply_with_assigned_timestamp(engine, entries, muts, default_ts, ctx.ack_barrier).await?;
         return Ok(ResultMessage::Void);
@@ -721,6 +741,16 @@ async fn apply(
     wait_until_durable(engine, ticket, ack_barrier).await
 }
 
+/// Applies `muts` now (visible to reads) and returns the ticket to await durability with.
+pub(crate) fn apply_now(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+) -> Result<sluice_storage::CommitTicket, DetailedError> {
+    let batch = with_layouts(entries, muts)?;
+    engine.storage.apply(&batch).map_err(storage_error)
+}
+
 /// Pairs each mutation with its table's layout.
 fn with_layouts<'p>(
     entries: &[(&'p WritePlan, &Binder<'_>)],
@@ -739,7 +769,7 @@ fn with_layouts<'p>(
 
 /// Waits until `ticket`'s write is durable, or only until it is applied when the caller's
 /// acknowledgement barrier will make it durable.
-async fn wait_until_durable(
+pub(crate) async fn wait_until_durable(
     engine: &Engine,
     ticket: sluice_storage::CommitTicket,
     ack_barrier: Option<sluice_storage::AckBarrierHeld>,

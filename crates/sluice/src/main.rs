@@ -177,16 +177,23 @@ fn serve(args: ServeArgs) -> Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
-    if !cfg.test_only_fake_peers.is_empty() {
+    let coordination = if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(
             engine.node(),
             &cfg.test_only_fake_peers,
         )?));
+        None
     } else {
         // Peers, tokens and events follow the topology group's ring from now on.
         cluster_runtime.spawn(sluice_engine::follow_ring(engine.clone(), cluster.ring()));
-    }
+        // Statements of replicated keyspaces go to their replicas; peers' requests run here.
+        let _runtime = cluster_runtime.enter();
+        Some(
+            sluice_cluster::replica::Coordination::start(&cluster, engine.clone())
+                .context("cannot start the coordinator")?,
+        )
+    };
 
     let mut config = server_config(&cfg, host_id);
     config.tls = tls.clone();
@@ -207,6 +214,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     server.shutdown();
     if let Err(e) = cluster_runtime.block_on(cluster.stop()) {
         warn!("the metadata group did not stop cleanly: {e}");
+    }
+    if let Some(coordination) = coordination {
+        coordination.join();
     }
     drop(engine);
     match storage.close() {
