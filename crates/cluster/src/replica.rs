@@ -2,7 +2,8 @@
 //! requests on the Requests class (replies on Responses); [`ReplicaService`] runs the ones
 //! other coordinators send here, behind deadline-aware admission; [`follow_liveness`] feeds
 //! the failure detector's verdicts to the engine, which sends nothing to a replica it
-//! believes down and answers Unavailable from them.
+//! believes down (a hint instead) and answers Unavailable from them; [`replay_hints`] delivers
+//! the hints once the replica is back.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,6 +27,15 @@ use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
+
+/// Bulk-class requests (replayed hints) this node runs at once.
+pub const MAX_BULK_IN_FLIGHT: usize = 64;
+
+/// How often the hints of replicas that are back are replayed.
+const HINT_REPLAY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long one replayed hint may take.
+const HINT_REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long after a peer is first watched a silence means down: the failure detector
 /// reports a peer down only after it was once up, so one never heard from is marked down here.
@@ -196,8 +206,11 @@ impl ReplicaService {
     /// Starts serving `requests` (the messenger's Requests queue) on a thread of its own,
     /// so that storage work never runs on the thread of Raft and the failure detector.
     /// It stops when the messenger shuts down.
+    /// `bulk`, when given, is the Bulk queue: hints replayed by other nodes, served the same
+    /// way with a cap of its own.
     pub fn start(
         requests: InboundQueue,
+        bulk: Option<InboundQueue>,
         engine: Arc<Engine>,
         cap: usize,
     ) -> std::io::Result<ReplicaService> {
@@ -218,6 +231,14 @@ impl ReplicaService {
                     }
                 };
                 let local = tokio::task::LocalSet::new();
+                if let Some(bulk) = bulk {
+                    local.spawn_local(serve(
+                        bulk,
+                        Arc::clone(&engine),
+                        MAX_BULK_IN_FLIGHT,
+                        Arc::clone(&thread_counters),
+                    ));
+                }
                 local.block_on(&runtime, serve(requests, engine, cap, thread_counters));
             })?;
         Ok(ReplicaService {
@@ -371,11 +392,67 @@ pub async fn follow_liveness(
     }
 }
 
+/// Replays the engine's hints, one at a time on the Bulk class (whose byte rate the messenger
+/// budgets), to each replica the engine believes up; what cannot be delivered waits for the
+/// next round. Runs until aborted; call it on the messenger's runtime.
+pub async fn replay_hints(
+    messenger: Arc<Messenger>,
+    engine: Arc<Engine>,
+    ring: watch::Receiver<Arc<TokenMetadata>>,
+) {
+    let mut tick = tokio::time::interval(HINT_REPLAY_INTERVAL);
+    loop {
+        tick.tick().await;
+        for host in engine.hinted_hosts() {
+            if !engine.is_node_up(host) {
+                continue;
+            }
+            let address = {
+                let ring = ring.borrow();
+                ring.index_of(host).map(|i| ring.node(i).internode_address)
+            };
+            // A node gone from the ring: its hints age out of the window.
+            let Some(address) = address else {
+                continue;
+            };
+            let mut hints = engine.take_hints(host);
+            let mut delivered = 0;
+            for (_, body) in &hints {
+                let deadline = Instant::now() + HINT_REPLAY_TIMEOUT;
+                match messenger
+                    .call(
+                        address,
+                        ConnectionClass::Bulk,
+                        VERB_MUTATION,
+                        body.clone(),
+                        deadline,
+                    )
+                    .await
+                {
+                    Ok(_) => delivered += 1,
+                    Err(e) => {
+                        tracing::debug!(error = %e, %host, "hint replay stopped");
+                        break;
+                    }
+                }
+            }
+            let rest = hints.split_off(delivered);
+            if !rest.is_empty() {
+                engine.return_hints(host, rest);
+            }
+            if delivered > 0 {
+                tracing::info!(%host, delivered, "hints replayed");
+            }
+        }
+    }
+}
+
 /// The coordinator wired into a node: the engine sends through the messenger, this node
 /// serves other coordinators' requests, and liveness follows the failure detector.
 pub struct Coordination {
     service: ReplicaService,
     liveness: tokio::task::JoinHandle<()>,
+    hints: tokio::task::JoinHandle<()>,
 }
 
 impl Coordination {
@@ -387,7 +464,14 @@ impl Coordination {
         let requests = messenger
             .take_inbound(ConnectionClass::Requests)
             .ok_or_else(|| std::io::Error::other("the Requests queue is already served"))?;
-        let service = ReplicaService::start(requests, Arc::clone(&engine), MAX_REPLICA_IN_FLIGHT)?;
+        let bulk = messenger.take_inbound(ConnectionClass::Bulk);
+        let service =
+            ReplicaService::start(requests, bulk, Arc::clone(&engine), MAX_REPLICA_IN_FLIGHT)?;
+        let hints = tokio::spawn(replay_hints(
+            Arc::clone(&messenger),
+            Arc::clone(&engine),
+            node.ring(),
+        ));
         let set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync> = Arc::new(move |host, up| {
             engine.set_node_up(host, up);
         });
@@ -398,7 +482,11 @@ impl Coordination {
             FailureDetectorConfig::default(),
             set_up,
         ));
-        Ok(Coordination { service, liveness })
+        Ok(Coordination {
+            service,
+            liveness,
+            hints,
+        })
     }
 
     /// The replica side's counters.
@@ -410,6 +498,7 @@ impl Coordination {
     /// messenger has shut down (`ClusterNode::stop`).
     pub fn join(self) {
         self.liveness.abort();
+        self.hints.abort();
         self.service.join();
     }
 }

@@ -318,6 +318,9 @@ pub struct Engine {
     replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
+    /// Whether writes leave hints for replicas that are down.
+    hinted_handoff: std::sync::atomic::AtomicBool,
+    hints: coordinator::HintStore,
 }
 
 impl std::fmt::Debug for Engine {
@@ -407,7 +410,46 @@ impl Engine {
             auth,
             replica_transport: std::sync::OnceLock::new(),
             read_repairs: AtomicU64::new(0),
+            hinted_handoff: std::sync::atomic::AtomicBool::new(true),
+            hints: coordinator::HintStore::new(
+                coordinator::MAX_HINT_BYTES,
+                coordinator::HINT_WINDOW,
+            ),
         }))
+    }
+
+    /// Turns hints for replicas that are down on or off (on by default, as Cassandra's
+    /// `hinted_handoff_enabled`).
+    pub fn set_hinted_handoff(&self, on: bool) {
+        self.hinted_handoff.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn hinted_handoff(&self) -> bool {
+        self.hinted_handoff.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn hints(&self) -> &coordinator::HintStore {
+        &self.hints
+    }
+
+    /// Takes the hints held for `host` (MUTATION bodies, oldest first) to replay them.
+    pub fn take_hints(&self, host: Uuid) -> Vec<(Instant, Bytes)> {
+        self.hints.take(host, Instant::now())
+    }
+
+    /// Gives back hints a replay could not deliver.
+    pub fn return_hints(&self, host: Uuid, hints: Vec<(Instant, Bytes)>) {
+        self.hints.put_back(host, hints);
+    }
+
+    /// Hosts with hints waiting.
+    pub fn hinted_hosts(&self) -> Vec<Uuid> {
+        self.hints.hosts()
+    }
+
+    /// What the hint store holds and has dropped.
+    pub fn hint_stats(&self) -> coordinator::HintStats {
+        self.hints.stats()
     }
 
     /// Makes this engine a coordinator: from now on reads and writes of replicated keyspaces

@@ -177,6 +177,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
+    engine.set_hinted_handoff(cfg.hinted_handoff);
     let coordination = if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(

@@ -54,16 +54,18 @@ struct ServeNode {
     data: PathBuf,
     log: PathBuf,
     ports: Ports,
+    extra: &'static [&'static str],
 }
 
 impl ServeNode {
-    fn spawn(dir: &Path, index: u8, ports: Ports) -> ServeNode {
+    fn spawn(dir: &Path, index: u8, ports: Ports, extra: &'static [&'static str]) -> ServeNode {
         let mut node = ServeNode {
             index,
             child: None,
             data: dir.join(format!("node{index}")),
             log: dir.join(format!("node{index}.log")),
             ports,
+            extra,
         };
         node.start();
         node
@@ -97,6 +99,7 @@ impl ServeNode {
                 "8",
             ])
             .args(["--durability", "periodic"])
+            .args(self.extra)
             .arg("--data-dir")
             .arg(&self.data);
         if self.index > 1 {
@@ -251,16 +254,15 @@ async fn until_unavailable(session: &Session, q: &str) -> ExecutionError {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three nodes with the schema, each seeing the whole ring, and a session to each.
+async fn three_nodes(dir: &Path, extra: &'static [&'static str]) -> (Vec<ServeNode>, Vec<Session>) {
     let ports = Ports {
         cql: port_free_on_all_ips(),
         shard_aware: port_free_on_all_ips(),
         internode: port_free_on_all_ips(),
     };
-    let mut nodes: Vec<ServeNode> = (1..=3)
-        .map(|i| ServeNode::spawn(dir.path(), i, ports))
+    let nodes: Vec<ServeNode> = (1..=3)
+        .map(|i| ServeNode::spawn(dir, i, ports, extra))
         .collect();
     let mut sessions = Vec::new();
     for node in &nodes {
@@ -268,7 +270,6 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
         create_schema(&session).await;
         sessions.push(session);
     }
-    // Every node sees the whole ring before the writes.
     for session in &sessions {
         eventually("every node sees its two peers", || async {
             session
@@ -280,6 +281,14 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
         })
         .await;
     }
+    (nodes, sessions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // No hints: the restarted node is healed by read repair alone.
+    let (mut nodes, mut sessions) = three_nodes(dir.path(), &["--hinted-handoff", "off"]).await;
 
     // A QUORUM write through node 1 is read at QUORUM through nodes 2 and 3...
     write(
@@ -428,4 +437,56 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
         .is_ok()
     })
     .await;
+}
+
+/// Hints: writes a killed replica missed reach it once it is back, with no read touching them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hints_replay_what_a_killed_replica_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut nodes, mut sessions) = three_nodes(dir.path(), &[]).await;
+    nodes[2].kill9();
+    drop(sessions.pop());
+    until_unavailable(
+        &sessions[0],
+        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
+    )
+    .await;
+    until_unavailable(
+        &sessions[1],
+        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
+    )
+    .await;
+    write(
+        &sessions[0],
+        Consistency::Quorum,
+        "INSERT INTO rep.t (pk, ck, v) VALUES (5, 1, 'h1')",
+    )
+    .await
+    .unwrap();
+    write(
+        &sessions[1],
+        Consistency::Quorum,
+        "INSERT INTO rep.t (pk, ck, v) VALUES (6, 1, 'h2')",
+    )
+    .await
+    .unwrap();
+    nodes[2].start();
+    let node3 = connect_to_one(nodes[2].cql()).await;
+    eventually("node 3 got both writes from hints", || async {
+        value(&node3, Consistency::One, 5)
+            .await
+            .ok()
+            .flatten()
+            .as_deref()
+            == Some("h1")
+            && value(&node3, Consistency::One, 6)
+                .await
+                .ok()
+                .flatten()
+                .as_deref()
+                == Some("h2")
+    })
+    .await;
+    let log = nodes[0].output() + &nodes[1].output();
+    assert!(log.contains("hints replayed"), "{log}");
 }
