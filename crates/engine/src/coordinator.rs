@@ -699,16 +699,39 @@ pub(crate) async fn reconcile_partition(
         .map(|&(r, dc, _)| (r, dc))
         .collect();
     let mut stale: Vec<usize> = Vec::new();
+    // Speculative retry: a spare is also asked when the targets are slower than replicas
+    // usually are, within a budget of extra requests.
+    let sent_at = Instant::now();
+    let speculate_at = engine.speculation_point(sent_at, deadline);
+    let mut speculated = false;
+    engine.count_coordinated_read();
     while !tally.met() {
         if tally.impossible() {
             return Err(read_failure(&tally, true));
         }
-        let joined = tokio::time::timeout_at(deadline.into(), replies.join_next()).await;
-        let Ok(Some(Ok((slot, result)))) = joined else {
-            return Err(read_timeout(&tally, true));
+        let wake = if speculated || spares.is_empty() {
+            deadline
+        } else {
+            speculate_at.min(deadline)
+        };
+        let joined = tokio::time::timeout_at(wake.into(), replies.join_next()).await;
+        let (slot, result) = match joined {
+            Ok(Some(Ok(reply))) => reply,
+            Err(_) if wake < deadline => {
+                speculated = true;
+                if engine.may_speculate() {
+                    let spare = spares.remove(0);
+                    ask_spare(spare, &mut chosen, &mut tally, &mut replies, |r| {
+                        transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline)
+                    });
+                }
+                continue;
+            }
+            _ => return Err(read_timeout(&tally, true)),
         };
         tally.targets[slot].1 = match result {
             Ok(digest) => {
+                engine.note_replica_read_latency(sent_at.elapsed());
                 if digest[..] != local_digest[..] {
                     stale.push(slot);
                 }
@@ -719,13 +742,10 @@ pub(crate) async fn reconcile_partition(
                 let failed_dc = chosen[slot].1;
                 let same_dc = |dc: u16| tally.req.per_dc.is_empty() || dc == failed_dc;
                 if let Some(i) = spares.iter().position(|&(_, dc)| same_dc(dc)) {
-                    let (r, dc) = spares.remove(i);
-                    chosen.push((r, dc));
-                    tally.targets.push((dc, TargetState::Pending));
-                    let spare_slot = chosen.len() - 1;
-                    let call =
-                        transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline);
-                    replies.spawn(async move { (spare_slot, call.await) });
+                    let spare = spares.remove(i);
+                    ask_spare(spare, &mut chosen, &mut tally, &mut replies, |r| {
+                        transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline)
+                    });
                 }
                 TargetState::Failed
             }
@@ -919,6 +939,87 @@ impl HintStore {
 
     pub(crate) fn stats(&self) -> HintStats {
         self.lock().stats
+    }
+}
+
+/// Adds `spare` to a read's targets and sends it the digest request `send` makes.
+fn ask_spare(
+    spare: (NodeIndex, u16),
+    chosen: &mut Vec<(NodeIndex, u16)>,
+    tally: &mut Tally,
+    replies: &mut JoinSet<(usize, Result<Bytes, ReplicaError>)>,
+    send: impl FnOnce(NodeIndex) -> ReplicaFuture,
+) {
+    chosen.push(spare);
+    tally.targets.push((spare.1, TargetState::Pending));
+    let slot = chosen.len() - 1;
+    debug_assert_eq!(tally.targets.len(), chosen.len());
+    let call = send(spare.0);
+    replies.spawn(async move { (slot, call.await) });
+}
+
+/// Extra (speculative) read requests allowed per ten coordinated reads, plus a small burst.
+const SPECULATION_PER_TEN_READS: u64 = 1;
+const SPECULATION_BURST: u64 = 10;
+/// The earliest a read speculates, whatever replicas' recent latency.
+const MIN_SPECULATION_DELAY: Duration = Duration::from_millis(2);
+
+/// Replica read latency and the speculation budget of one coordinator.
+#[derive(Debug, Default)]
+pub(crate) struct Speculation {
+    /// Smoothed digest round trip, in nanoseconds (0 before the first).
+    latency_nanos: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+    speculated: std::sync::atomic::AtomicU64,
+}
+
+impl Speculation {
+    /// When a read sent at `sent` asks a spare: twice the smoothed round trip (at least
+    /// `MIN_SPECULATION_DELAY`), never later than half the time to the deadline (Scylla's cap).
+    pub(crate) fn point(&self, sent: Instant, deadline: Instant) -> Instant {
+        use std::sync::atomic::Ordering::Relaxed;
+        let half = deadline.saturating_duration_since(sent) / 2;
+        let nanos = self.latency_nanos.load(Relaxed);
+        let delay = if nanos == 0 {
+            half
+        } else {
+            Duration::from_nanos(nanos.saturating_mul(2))
+                .max(MIN_SPECULATION_DELAY)
+                .min(half)
+        };
+        sent + delay
+    }
+
+    pub(crate) fn note_latency(&self, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sample = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.latency_nanos.load(Relaxed);
+        // An eighth of each new sample: races between shards only lose a sample.
+        let next = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.latency_nanos.store(next.max(1), Relaxed);
+    }
+
+    pub(crate) fn count_read(&self) {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Takes one speculation from the budget (about one per ten reads), if any is left.
+    pub(crate) fn take(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let reads = self.reads.load(Relaxed);
+        let allowed = reads * SPECULATION_PER_TEN_READS / 10 + SPECULATION_BURST;
+        self.speculated
+            .fetch_update(Relaxed, Relaxed, |n| (n < allowed).then_some(n + 1))
+            .is_ok()
+    }
+
+    pub(crate) fn speculated(&self) -> u64 {
+        self.speculated.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

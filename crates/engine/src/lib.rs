@@ -321,6 +321,7 @@ pub struct Engine {
     /// Whether writes leave hints for replicas that are down.
     hinted_handoff: std::sync::atomic::AtomicBool,
     hints: coordinator::HintStore,
+    speculation: coordinator::Speculation,
 }
 
 impl std::fmt::Debug for Engine {
@@ -415,7 +416,29 @@ impl Engine {
                 coordinator::MAX_HINT_BYTES,
                 coordinator::HINT_WINDOW,
             ),
+            speculation: coordinator::Speculation::default(),
         }))
+    }
+
+    pub(crate) fn speculation_point(&self, sent: Instant, deadline: Instant) -> Instant {
+        self.speculation.point(sent, deadline)
+    }
+
+    pub(crate) fn note_replica_read_latency(&self, took: std::time::Duration) {
+        self.speculation.note_latency(took);
+    }
+
+    pub(crate) fn count_coordinated_read(&self) {
+        self.speculation.count_read();
+    }
+
+    pub(crate) fn may_speculate(&self) -> bool {
+        self.speculation.take()
+    }
+
+    /// Extra read requests sent because the first targets were slow.
+    pub fn speculative_reads(&self) -> u64 {
+        self.speculation.speculated()
     }
 
     /// Turns hints for replicas that are down on or off (on by default, as Cassandra's

@@ -675,3 +675,77 @@ fn hints_are_bounded_in_bytes_and_age() {
         vec![1, 2]
     );
 }
+
+#[tokio::test]
+async fn a_slow_read_target_is_overtaken_by_a_speculative_one() {
+    let mut trio = Trio::new().await;
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    let read = "SELECT v FROM ks.t WHERE pk = 1";
+    // Replicas answering teach the coordinator their usual latency.
+    for _ in 0..5 {
+        trio.run(0, read, Consistency::Quorum).await.unwrap();
+    }
+    assert_eq!(trio.nodes[0].engine.speculative_reads(), 0);
+    // One silent replica at a time (still up for the failure detector): whichever is asked
+    // first, the read answers long before its 2 s deadline.
+    for (silent, serving) in [(host(2), host(3)), (host(3), host(2))] {
+        trio.transport.set(silent, Behaviour::Drop);
+        trio.transport.set(serving, Behaviour::Serve);
+        let started = Instant::now();
+        let rows = match trio
+            .run_with_deadline(0, read, Consistency::Quorum, Duration::from_secs(2))
+            .await
+            .unwrap()
+        {
+            ResultMessage::Rows(r) => cells(&r),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ctext(&rows[0][0]), "a");
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(trio.nodes[0].engine.speculative_reads(), 1);
+}
+
+#[test]
+fn speculation_stays_within_its_budget_and_waits_for_slowness() {
+    let s = crate::coordinator::Speculation::default();
+    let sent = Instant::now();
+    let deadline = sent + Duration::from_secs(2);
+    // No latency known yet: half the budget.
+    assert_eq!(s.point(sent, deadline), sent + Duration::from_secs(1));
+    s.note_latency(Duration::from_millis(10));
+    assert_eq!(s.point(sent, deadline), sent + Duration::from_millis(20));
+    // Each sample moves the smoothed latency by an eighth: fast replicas bring it down.
+    s.note_latency(Duration::from_micros(10));
+    assert_eq!(
+        s.point(sent, deadline) - sent,
+        Duration::from_nanos(17_502_500)
+    );
+    for _ in 0..100 {
+        s.note_latency(Duration::from_micros(10));
+    }
+    assert_eq!(
+        s.point(sent, deadline) - sent,
+        Duration::from_millis(2),
+        "never earlier than the floor"
+    );
+    // A burst of ten, then one per ten reads.
+    let taken = (0..20).filter(|_| s.take()).count();
+    assert_eq!(taken, 10);
+    for _ in 0..100 {
+        s.count_read();
+    }
+    let taken = (0..20).filter(|_| s.take()).count();
+    assert_eq!(taken, 10);
+    assert_eq!(s.speculated(), 20);
+}
