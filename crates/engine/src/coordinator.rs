@@ -751,7 +751,9 @@ pub(crate) async fn reconcile_partition(
             }
         };
     }
-    if stale.is_empty() {
+    // Stored counter cells are per-replica deltas that merge by adding: merging another
+    // replica's partition would count its increments twice, so counters are not repaired.
+    if stale.is_empty() || t.is_counter() {
         return Ok(());
     }
     // Blocking read repair: the differing replicas' data merged here, then the merged

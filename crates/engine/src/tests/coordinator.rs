@@ -749,3 +749,42 @@ fn speculation_stays_within_its_budget_and_waits_for_slowness() {
     assert_eq!(taken, 10);
     assert_eq!(s.speculated(), 20);
 }
+
+#[tokio::test]
+async fn counters_are_compared_but_never_merged_twice() {
+    let mut trio = Trio::new().await;
+    for h in &mut trio.nodes {
+        h.ok("CREATE TABLE ks.c (pk int PRIMARY KEY, n counter) WITH id = 6e1f0a52-8d3b-4c07-a1e2-5b9d4c3f2e10")
+            .await;
+    }
+    trio.run(
+        0,
+        "UPDATE ks.c SET n = n + 1 WHERE pk = 1",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    // Node 2 alone counts one more: the replicas differ.
+    trio.nodes[1]
+        .ok("UPDATE ks.c SET n = n + 1 WHERE pk = 1")
+        .await;
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let rows = match trio
+        .run(0, "SELECT n FROM ks.c WHERE pk = 1", Consistency::Quorum)
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => cells(&r),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(cbig(&rows[0][0]), 1);
+    assert_eq!(trio.nodes[0].engine.read_repairs(), 0);
+    let on_two = trio.nodes[1]
+        .select("SELECT n FROM ks.c WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(
+        cbig(&on_two[0][0]),
+        2,
+        "node 2's count is not merged into itself again"
+    );
+}
