@@ -404,10 +404,6 @@ fn plan_write(
     consistency: Consistency,
 ) -> Result<Option<WriteFanOut>, DetailedError> {
     let ring = engine.ring();
-    // A one-node cluster writes locally, as a single node always has.
-    if ring.nodes().len() <= 1 {
-        return Ok(None);
-    }
     let me = ring.index_of(engine.node().host_id);
     let mut tallies = Vec::with_capacity(muts.len());
     let mut by_replica: Vec<(NodeIndex, Vec<(usize, usize)>)> = Vec::new();
@@ -481,8 +477,9 @@ fn plan_write(
     }))
 }
 
-/// Writes `muts` to their replicas at `consistency`; `Ok(false)` when this node is their
-/// only replica and the caller applies them locally as before.
+/// Writes `muts` to their replicas at `consistency` (`Ok(None)` once done); gives them back,
+/// `Ok(Some(muts))`, when this node is their only replica and the caller applies them
+/// locally as before.
 pub(crate) async fn replicate_writes(
     engine: &Engine,
     transport: &std::sync::Arc<dyn ReplicaTransport>,
@@ -492,6 +489,11 @@ pub(crate) async fn replicate_writes(
     write_type: WriteType,
     ctx: &crate::RequestContext,
 ) -> Result<Option<Vec<Mutation>>, DetailedError> {
+    // A one-node cluster writes locally, as a single node always has (and allocates nothing
+    // here).
+    if engine.ring().nodes().len() <= 1 {
+        return Ok(Some(muts));
+    }
     let tables: Vec<&TableDef> = entries.iter().map(|(w, _)| &*w.table).collect();
     let Some(mut fan) = plan_write(engine, &tables, &muts, consistency)? else {
         return Ok(Some(muts));

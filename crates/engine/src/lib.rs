@@ -970,9 +970,11 @@ impl Engine {
         match &p.plan {
             Plan::Select(s) => {
                 if let Some(transport) = self.replica_transport() {
-                    if !s.table.is_virtual() && s.where_.pk_complete() {
+                    let cluster = self.ring().nodes().len() > 1;
+                    if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
                         for pk in exec::partition_keys(&b, &s.table, &s.where_)? {
-                            coordinator::reconcile_partition(
+                            // Boxed: a single node's read future stays as small as it was.
+                            Box::pin(coordinator::reconcile_partition(
                                 self,
                                 transport,
                                 &s.table,
@@ -980,7 +982,7 @@ impl Engine {
                                 &pk.key,
                                 params.consistency,
                                 ctx,
-                            )
+                            ))
                             .await?;
                         }
                     }

@@ -653,8 +653,9 @@ pub(crate) async fn execute_writes(
         return Err(exec::write_timeout(consistency, write_type));
     }
     let muts = match engine.replica_transport() {
-        Some(transport) => {
-            match crate::coordinator::replicate_writes(
+        // Boxed: a single node's write future stays as small as it was.
+        Some(transport) if engine.ring().nodes().len() > 1 => {
+            match Box::pin(crate::coordinator::replicate_writes(
                 engine,
                 transport,
                 entries,
@@ -662,7 +663,7 @@ pub(crate) async fn execute_writes(
                 consistency,
                 write_type,
                 ctx,
-            )
+            ))
             .await?
             {
                 // Every partition's only replica is this node: the local path below.
@@ -670,7 +671,7 @@ pub(crate) async fn execute_writes(
                 None => return Ok(ResultMessage::Void),
             }
         }
-        None => muts,
+        _ => muts,
     };
     if commit_assigns_timestamp(entries, batch_ts, &muts) {
         apply_with_assigned_timestamp(engine, entries, muts, default_ts, ctx.ack_barrier).await?;
