@@ -491,7 +491,7 @@ pub(crate) async fn replicate_writes(
 ) -> Result<Option<Vec<Mutation>>, DetailedError> {
     // A one-node cluster writes locally, as a single node always has (and allocates nothing
     // here).
-    if engine.ring().nodes().len() <= 1 {
+    if !engine.is_multi_node() {
         return Ok(Some(muts));
     }
     let tables: Vec<&TableDef> = entries.iter().map(|(w, _)| &*w.table).collect();
@@ -593,11 +593,11 @@ pub(crate) async fn reconcile_partition(
     consistency: Consistency,
     ctx: &crate::RequestContext,
 ) -> Result<(), DetailedError> {
-    let ring = engine.ring();
     // A one-node cluster reads locally, as a single node always has.
-    if ring.nodes().len() <= 1 {
+    if !engine.is_multi_node() {
         return Ok(());
     }
+    let ring = engine.ring();
     let replication = replication_of(engine, t);
     if replication == Replication::Local {
         return Ok(());

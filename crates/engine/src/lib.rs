@@ -475,6 +475,11 @@ impl Engine {
         self.hints.stats()
     }
 
+    /// Whether the ring has nodes besides this one (a cheap read for every request).
+    pub(crate) fn is_multi_node(&self) -> bool {
+        self.cluster.is_multi_node()
+    }
+
     /// Makes this engine a coordinator: from now on reads and writes of replicated keyspaces
     /// go to their partitions' replicas through `transport`. Set once; later calls are
     /// ignored and answer false.
@@ -970,7 +975,7 @@ impl Engine {
         match &p.plan {
             Plan::Select(s) => {
                 if let Some(transport) = self.replica_transport() {
-                    let cluster = self.ring().nodes().len() > 1;
+                    let cluster = self.cluster.is_multi_node();
                     if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
                         for pk in exec::partition_keys(&b, &s.table, &s.where_)? {
                             // Boxed: a single node's read future stays as small as it was.

@@ -654,7 +654,7 @@ pub(crate) async fn execute_writes(
     }
     let muts = match engine.replica_transport() {
         // Boxed: a single node's write future stays as small as it was.
-        Some(transport) if engine.ring().nodes().len() > 1 => {
+        Some(transport) if engine.is_multi_node() => {
             match Box::pin(crate::coordinator::replicate_writes(
                 engine,
                 transport,
