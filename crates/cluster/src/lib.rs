@@ -37,10 +37,14 @@ pub mod control;
 pub mod node;
 pub mod raft_transport;
 pub mod replica;
+pub mod schema;
+pub mod state;
 pub mod topology;
 pub mod verbs;
 
 pub use control::{serve_control, ControlHandler, ControlVerb};
-pub use node::{raft_node_id, ClusterConfig, ClusterNode, StartError, TopologyMeta};
+pub use node::{raft_node_id, ClusterConfig, ClusterMeta, ClusterNode, SchemaClient, StartError};
 pub use raft_transport::{serve_raft, PeerDirectory, RaftTransport, MAX_RAFT_HANDLERS};
+pub use schema::{SchemaCommand, SchemaEdit, SchemaError, SchemaFollower, SchemaResponse};
+pub use state::ClusterState;
 pub use topology::{Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch};

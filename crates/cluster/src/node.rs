@@ -23,14 +23,16 @@ use uuid::Uuid;
 
 use crate::control::{serve_control, ControlHandler, ControlVerb};
 use crate::raft_transport::{PeerDirectory, RaftTransport};
+use crate::schema::{SchemaCommand, SchemaFollower, SchemaResponse};
+use crate::state::ClusterState;
 use crate::topology::{
     uuid_text, Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch,
     WireState, TOPOLOGY_VERSION_BYTE,
 };
 use crate::verbs::VERB_JOIN;
 
-/// The metadata node of a cluster node.
-pub type TopologyMeta = MetaNode<Topology, RaftTransport>;
+/// The metadata node of a cluster node: topology and schema in one group.
+pub type ClusterMeta = MetaNode<ClusterState, RaftTransport>;
 
 /// Join requests a node serves at once.
 const MAX_JOIN_HANDLERS: usize = 4;
@@ -197,9 +199,11 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
 pub struct ClusterNode {
     host_id: Uuid,
     messenger: Arc<Messenger>,
-    meta: Arc<TopologyMeta>,
+    meta: Arc<ClusterMeta>,
     topology: TopologyWatch,
     tokens: Vec<Token>,
+    /// The metadata group's bound on one command.
+    max_command_bytes: usize,
     service: JoinHandle<()>,
     directory_task: JoinHandle<()>,
 }
@@ -230,7 +234,9 @@ impl ClusterNode {
             &internode_addr.to_string(),
             config.data_dir.join("meta"),
         );
-        let meta = match MetaNode::open(meta_config, topology, transport).await {
+        let max_command_bytes = meta_config.max_command_bytes;
+        let state = ClusterState::new(topology);
+        let meta = match MetaNode::open(meta_config, state, transport).await {
             Ok(meta) => Arc::new(meta),
             Err(error) => {
                 messenger.shutdown().await;
@@ -262,6 +268,7 @@ impl ClusterNode {
             meta,
             topology: watch,
             tokens: Vec::new(),
+            max_command_bytes,
             service,
             directory_task,
         };
@@ -282,7 +289,9 @@ impl ClusterNode {
         config: &ClusterConfig,
         internode_addr: SocketAddr,
     ) -> Result<Vec<Token>, StartError> {
-        let known = self.meta.with_state(|t| t.node(config.host_id).is_some());
+        let known = self
+            .meta
+            .with_state(|s| s.topology().node(config.host_id).is_some());
         let seeds: Vec<SocketAddr> = config
             .seeds
             .iter()
@@ -298,9 +307,11 @@ impl ClusterNode {
             num_tokens: config.num_tokens,
         };
         if known {
-            let stored = self
-                .meta
-                .with_state(|t| t.node(config.host_id).map(|n| n.internode_address));
+            let stored = self.meta.with_state(|s| {
+                s.topology()
+                    .node(config.host_id)
+                    .map(|n| n.internode_address)
+            });
             if stored != Some(internode_addr) {
                 // The other nodes would keep calling the old address.
                 return Err(StartError::AddressChanged);
@@ -335,8 +346,9 @@ impl ClusterNode {
             state: WireState::Normal,
         })
         .await?;
-        let tokens = self.meta.with_state(|t| {
-            t.node(config.host_id)
+        let tokens = self.meta.with_state(|s| {
+            s.topology()
+                .node(config.host_id)
                 .map(|n| n.tokens.clone())
                 .unwrap_or_default()
         });
@@ -381,9 +393,26 @@ impl ClusterNode {
         &self.topology
     }
 
-    /// The metadata node (schema will share the group).
-    pub fn meta(&self) -> &Arc<TopologyMeta> {
+    /// The metadata node (topology and schema).
+    pub fn meta(&self) -> &Arc<ClusterMeta> {
         &self.meta
+    }
+
+    /// Hands the group's current schema to `follower` and has it follow every later change
+    /// (see [`SchemaFollower`]); returns the schema epoch it was handed.
+    pub fn follow_schema(&self, follower: Arc<dyn SchemaFollower>) -> u64 {
+        self.meta.with_state(|s| {
+            s.schema().attach(follower);
+            s.schema().epoch()
+        })
+    }
+
+    /// A handle to change the schema through the group.
+    pub fn schema_client(&self) -> SchemaClient {
+        SchemaClient {
+            meta: Arc::clone(&self.meta),
+            max_command_bytes: self.max_command_bytes,
+        }
     }
 
     /// The messenger, for other services on the same internode port.
@@ -399,6 +428,37 @@ impl ClusterNode {
         self.service.abort();
         self.directory_task.abort();
         stopped
+    }
+}
+
+/// Changes the schema through the metadata group (cheap to clone).
+#[derive(Clone)]
+pub struct SchemaClient {
+    meta: Arc<ClusterMeta>,
+    max_command_bytes: usize,
+}
+
+impl SchemaClient {
+    /// Waits until this node has applied everything the group committed (a read barrier), so
+    /// a change built next reads the latest schema; returns the schema epoch then.
+    pub async fn read_barrier(&self) -> Result<u64, MetaError> {
+        self.meta.read_barrier().await?;
+        Ok(self.meta.with_state(|s| s.schema().epoch()))
+    }
+
+    /// Proposes `command` and returns the state machine's answer once this node applied it
+    /// (and its [`SchemaFollower`] installed it).
+    pub async fn propose(&self, command: &SchemaCommand) -> Result<SchemaResponse, MetaError> {
+        let committed = self
+            .meta
+            .propose(self.meta.next_request_id(), command.encode())
+            .await?;
+        SchemaResponse::decode(&committed.response).map_err(|_| MetaError::Malformed)
+    }
+
+    /// The largest encoded command the group accepts.
+    pub fn max_command_bytes(&self) -> usize {
+        self.max_command_bytes
     }
 }
 
@@ -451,7 +511,7 @@ async fn join_through_seeds(
 }
 
 /// Admits the node of one join request and answers it.
-async fn serve_join(meta: Arc<TopologyMeta>, max_voters: usize, message: InboundMessage) {
+async fn serve_join(meta: Arc<ClusterMeta>, max_voters: usize, message: InboundMessage) {
     let Some(request) = decode::<JoinRequest>(&message.body) else {
         message.reply(encode(&JoinReply::Refused(TopologyError::Malformed)));
         return;
@@ -465,7 +525,7 @@ async fn serve_join(meta: Arc<TopologyMeta>, max_voters: usize, message: Inbound
 
 /// Puts the node in the topology (tokens allocated at apply time), then in the Raft group.
 /// Each step is idempotent, so a retried join after a partial one completes it.
-async fn admit(meta: &TopologyMeta, max_voters: usize, request: JoinRequest) -> JoinReply {
+async fn admit(meta: &ClusterMeta, max_voters: usize, request: JoinRequest) -> JoinReply {
     let node_id = raft_node_id(request.host_id);
     let internode_addr = request.internode_addr;
     let command = request.command();

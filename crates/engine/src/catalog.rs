@@ -350,6 +350,9 @@ pub struct Schema {
     pub tables: BTreeMap<(String, String), Arc<TableDef>>,
     /// The schema version UUID (digest of the user schema).
     pub version: Uuid,
+    /// The metadata group's schema epoch this schema was installed at; `None` on a node
+    /// without a cluster, and for a schema loaded from the local store.
+    pub epoch: Option<u64>,
 }
 
 /// System keyspaces, which users cannot alter.
@@ -493,7 +496,7 @@ pub struct PersistedTable {
 }
 
 impl PersistedTable {
-    fn from_def(t: &TableDef) -> PersistedTable {
+    pub(crate) fn from_def(t: &TableDef) -> PersistedTable {
         PersistedTable {
             keyspace: t.keyspace.clone(),
             name: t.name.clone(),
@@ -525,7 +528,7 @@ impl PersistedTable {
         }
     }
 
-    fn into_def(self) -> Result<TableDef, &'static str> {
+    pub(crate) fn into_def(self) -> Result<TableDef, &'static str> {
         let mut cols = Vec::with_capacity(self.columns.len());
         for c in self.columns {
             cols.push(ColumnDef {

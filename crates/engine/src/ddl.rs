@@ -1,11 +1,13 @@
 //! DDL: CREATE / ALTER / DROP KEYSPACE and TABLE, TRUNCATE.
 //!
-//! Each statement builds the next schema from a clone of the current one under the DDL
-//! lock, persists it, swaps it in and announces the change.
+//! Each statement builds the next schema from a clone of the current one. On a node without
+//! a cluster it then commits it under the DDL lock: persists it, swaps it in and announces the
+//! change. In a cluster the next schema goes back to `schema_group`, which proposes it to the
+//! metadata group; every node installs it when the group applies it.
 
 use crate::catalog::{
     check_name, invalid, is_system_keyspace, ColumnDef, ColumnKind, DroppedColumn, KeyspaceDef,
-    TableDef, TableOptions,
+    Schema, TableDef, TableOptions,
 };
 use crate::{storage_error, Engine};
 use sluice_cql::ast::{
@@ -253,7 +255,44 @@ fn resolve_keyspace<'a>(
     })
 }
 
-/// Executes a DDL statement.
+/// Where a statement's new schema goes: committed here (a node without a cluster), or handed
+/// back to be proposed to the metadata group, which installs it on every node.
+pub(crate) struct Ddl<'a> {
+    engine: &'a Engine,
+    /// The schema the statement is built against.
+    base: Arc<Schema>,
+    /// `Some` when building for the group: the next schema, once built.
+    proposal: Option<Option<Schema>>,
+}
+
+impl<'a> Ddl<'a> {
+    fn schema(&self) -> Arc<Schema> {
+        Arc::clone(&self.base)
+    }
+
+    /// True when the change is committed here, with its side effects run by the statement.
+    fn is_local(&self) -> bool {
+        self.proposal.is_none()
+    }
+
+    fn commit(
+        &mut self,
+        next: Schema,
+        change: SchemaChange,
+        tables: &[Uuid],
+        keyspace: Option<&str>,
+    ) -> Result<(), DetailedError> {
+        match &mut self.proposal {
+            None => self.engine.commit_schema(next, change, tables, keyspace),
+            Some(slot) => {
+                *slot = Some(next);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Executes a DDL statement and commits its change on this node alone.
 pub(crate) fn execute(
     engine: &Engine,
     session_ks: Option<&str>,
@@ -261,20 +300,53 @@ pub(crate) fn execute(
     now_micros: i64,
 ) -> Result<ResultMessage, DetailedError> {
     let _guard = engine.ddl_guard();
+    let mut ddl = Ddl {
+        engine,
+        base: engine.schema(),
+        proposal: None,
+    };
+    run(&mut ddl, session_ks, stmt, now_micros)
+}
+
+/// Builds a DDL statement's next schema against `base` without committing it: the answer,
+/// and the next schema when the statement changes it. TRUNCATE is not a schema change and
+/// runs here, on this node's data.
+pub(crate) fn build(
+    engine: &Engine,
+    base: Arc<Schema>,
+    session_ks: Option<&str>,
+    stmt: &Statement,
+    now_micros: i64,
+) -> Result<(ResultMessage, Option<Schema>), DetailedError> {
+    let mut ddl = Ddl {
+        engine,
+        base,
+        proposal: Some(None),
+    };
+    let result = run(&mut ddl, session_ks, stmt, now_micros)?;
+    Ok((result, ddl.proposal.flatten()))
+}
+
+fn run(
+    ddl: &mut Ddl<'_>,
+    session_ks: Option<&str>,
+    stmt: &Statement,
+    now_micros: i64,
+) -> Result<ResultMessage, DetailedError> {
     match stmt {
-        Statement::CreateKeyspace(s) => create_keyspace(engine, s),
-        Statement::AlterKeyspace(s) => alter_keyspace(engine, s),
-        Statement::DropKeyspace(s) => drop_keyspace(engine, s),
-        Statement::CreateTable(s) => create_table(engine, session_ks, s),
-        Statement::AlterTable(s) => alter_table(engine, session_ks, s, now_micros),
-        Statement::DropTable(s) => drop_table(engine, session_ks, s),
-        Statement::Truncate(name) => truncate(engine, session_ks, name),
+        Statement::CreateKeyspace(s) => create_keyspace(ddl, s),
+        Statement::AlterKeyspace(s) => alter_keyspace(ddl, s),
+        Statement::DropKeyspace(s) => drop_keyspace(ddl, s),
+        Statement::CreateTable(s) => create_table(ddl, session_ks, s),
+        Statement::AlterTable(s) => alter_table(ddl, session_ks, s, now_micros),
+        Statement::DropTable(s) => drop_table(ddl, session_ks, s),
+        Statement::Truncate(name) => truncate(ddl, session_ks, name),
         _ => Err(invalid("Unsupported statement")),
     }
 }
 
 fn keyspace_props(
-    engine: &Engine,
+    ddl: &Ddl<'_>,
     ks: &mut KeyspaceDef,
     props: &[Property],
     creating: bool,
@@ -283,7 +355,7 @@ fn keyspace_props(
     for p in props {
         match p.name.as_str() {
             "replication" => {
-                ks.replication = replication(&p.value, &engine.node().data_center)?;
+                ks.replication = replication(&p.value, &ddl.engine.node().data_center)?;
                 saw_replication = true;
             }
             "durable_writes" => ks.durable_writes = option_bool("durable_writes", &p.value)?,
@@ -301,9 +373,9 @@ fn keyspace_props(
     Ok(())
 }
 
-fn create_keyspace(engine: &Engine, s: &CreateKeyspace) -> Result<ResultMessage, DetailedError> {
+fn create_keyspace(ddl: &mut Ddl<'_>, s: &CreateKeyspace) -> Result<ResultMessage, DetailedError> {
     check_name("Keyspace", &s.name)?;
-    let schema = engine.schema();
+    let schema = ddl.schema();
     if schema.keyspaces.contains_key(&s.name) {
         if s.if_not_exists {
             return Ok(ResultMessage::Void);
@@ -322,19 +394,19 @@ fn create_keyspace(engine: &Engine, s: &CreateKeyspace) -> Result<ResultMessage,
         replication: BTreeMap::new(),
         durable_writes: true,
     };
-    keyspace_props(engine, &mut ks, &s.properties, true)?;
+    keyspace_props(ddl, &mut ks, &s.properties, true)?;
     let mut next = (*schema).clone();
     next.keyspaces.insert(s.name.clone(), ks);
     let ch = change(
         SchemaChangeType::Created,
         SchemaChangeTarget::Keyspace(s.name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &[], None)?;
+    ddl.commit(next, ch.clone(), &[], None)?;
     Ok(ResultMessage::SchemaChange(ch))
 }
 
-fn alter_keyspace(engine: &Engine, s: &AlterKeyspace) -> Result<ResultMessage, DetailedError> {
-    let schema = engine.schema();
+fn alter_keyspace(ddl: &mut Ddl<'_>, s: &AlterKeyspace) -> Result<ResultMessage, DetailedError> {
+    let schema = ddl.schema();
     let Some(existing) = schema.keyspaces.get(&s.name) else {
         if s.if_exists {
             return Ok(ResultMessage::Void);
@@ -345,20 +417,20 @@ fn alter_keyspace(engine: &Engine, s: &AlterKeyspace) -> Result<ResultMessage, D
         return Err(not_modifiable(&s.name));
     }
     let mut ks = existing.clone();
-    keyspace_props(engine, &mut ks, &s.properties, false)?;
+    keyspace_props(ddl, &mut ks, &s.properties, false)?;
     let mut next = (*schema).clone();
     next.keyspaces.insert(s.name.clone(), ks);
     let ch = change(
         SchemaChangeType::Updated,
         SchemaChangeTarget::Keyspace(s.name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &[], Some(&s.name))?;
+    ddl.commit(next, ch.clone(), &[], Some(&s.name))?;
     Ok(ResultMessage::SchemaChange(ch))
 }
 
-fn drop_keyspace(engine: &Engine, s: &Drop) -> Result<ResultMessage, DetailedError> {
+fn drop_keyspace(ddl: &mut Ddl<'_>, s: &Drop) -> Result<ResultMessage, DetailedError> {
     let name = &s.name.name;
-    let schema = engine.schema();
+    let schema = ddl.schema();
     if !schema.keyspaces.contains_key(name) {
         if s.if_exists {
             return Ok(ResultMessage::Void);
@@ -379,17 +451,20 @@ fn drop_keyspace(engine: &Engine, s: &Drop) -> Result<ResultMessage, DetailedErr
         SchemaChangeType::Dropped,
         SchemaChangeTarget::Keyspace(name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &ids, Some(name))?;
-    // Grants die with their keyspace, so that a new one of the same name starts clean.
-    engine.auth.drop_resource(
-        &engine.storage,
-        &crate::auth::AuthResource::keyspace(name).name,
-    );
-    for t in &tables {
-        engine
-            .storage
-            .drop_table(*t.id.as_bytes())
-            .map_err(storage_error)?;
+    ddl.commit(next, ch.clone(), &ids, Some(name))?;
+    if ddl.is_local() {
+        // Grants die with their keyspace, so that a new one of the same name starts clean.
+        let engine = ddl.engine;
+        engine.auth.drop_resource(
+            &engine.storage,
+            &crate::auth::AuthResource::keyspace(name).name,
+        );
+        for t in &tables {
+            engine
+                .storage
+                .drop_table(*t.id.as_bytes())
+                .map_err(storage_error)?;
+        }
     }
     Ok(ResultMessage::SchemaChange(ch))
 }
@@ -430,13 +505,13 @@ fn check_counters(cols: &[ColumnDef], options: &TableOptions) -> Result<(), Deta
 }
 
 fn create_table(
-    engine: &Engine,
+    ddl: &mut Ddl<'_>,
     session_ks: Option<&str>,
     s: &CreateTable,
 ) -> Result<ResultMessage, DetailedError> {
     let ks = resolve_keyspace(&s.name, session_ks)?;
     let name = &s.name.name;
-    let schema = engine.schema();
+    let schema = ddl.schema();
     if !schema.keyspaces.contains_key(ks) {
         return Err(invalid(format!("Keyspace '{ks}' doesn't exist")));
     }
@@ -550,7 +625,7 @@ fn create_table(
         SchemaChangeType::Created,
         SchemaChangeTarget::Table(ks.to_string(), name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &[], None)?;
+    ddl.commit(next, ch.clone(), &[], None)?;
     Ok(ResultMessage::SchemaChange(ch))
 }
 
@@ -566,12 +641,12 @@ fn table_id_option(schema: &crate::Schema, v: &OptionValue) -> Result<Uuid, Deta
 }
 
 fn existing_table(
-    engine: &Engine,
+    ddl: &mut Ddl<'_>,
     session_ks: Option<&str>,
     name: &QualifiedName,
 ) -> Result<Option<Arc<TableDef>>, DetailedError> {
     let ks = resolve_keyspace(name, session_ks)?;
-    let schema = engine.schema();
+    let schema = ddl.schema();
     if !schema.keyspaces.contains_key(ks) {
         return Err(invalid(format!("Keyspace '{ks}' doesn't exist")));
     }
@@ -579,12 +654,12 @@ fn existing_table(
 }
 
 fn alter_table(
-    engine: &Engine,
+    ddl: &mut Ddl<'_>,
     session_ks: Option<&str>,
     s: &AlterTable,
     now_micros: i64,
 ) -> Result<ResultMessage, DetailedError> {
-    let Some(t) = existing_table(engine, session_ks, &s.name)? else {
+    let Some(t) = existing_table(ddl, session_ks, &s.name)? else {
         if s.if_exists {
             return Ok(ResultMessage::Void);
         }
@@ -688,26 +763,28 @@ fn alter_table(
             nt.options.clone(),
         )
     };
-    // Writes still planned with the old columns must not replace whole rows from now on:
-    // they cannot know of a column added here (see `RegularColumns`).
-    t.layout.retire_regular_columns();
-    let mut next = (*engine.schema()).clone();
+    if ddl.is_local() {
+        // Writes still planned with the old columns must not replace whole rows from now on:
+        // they cannot know of a column added here (see `RegularColumns`).
+        t.layout.retire_regular_columns();
+    }
+    let mut next = (*ddl.schema()).clone();
     next.tables
         .insert((t.keyspace.clone(), t.name.clone()), Arc::new(rebuilt));
     let ch = change(
         SchemaChangeType::Updated,
         SchemaChangeTarget::Table(t.keyspace.clone(), t.name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &[t.id], None)?;
+    ddl.commit(next, ch.clone(), &[t.id], None)?;
     Ok(ResultMessage::SchemaChange(ch))
 }
 
 fn drop_table(
-    engine: &Engine,
+    ddl: &mut Ddl<'_>,
     session_ks: Option<&str>,
     s: &Drop,
 ) -> Result<ResultMessage, DetailedError> {
-    let Some(t) = existing_table(engine, session_ks, &s.name)? else {
+    let Some(t) = existing_table(ddl, session_ks, &s.name)? else {
         if s.if_exists {
             return Ok(ResultMessage::Void);
         }
@@ -716,30 +793,33 @@ fn drop_table(
     if t.is_virtual() || is_system_keyspace(&t.keyspace) {
         return Err(not_modifiable(&t.keyspace));
     }
-    let mut next = (*engine.schema()).clone();
+    let mut next = (*ddl.schema()).clone();
     next.tables.remove(&(t.keyspace.clone(), t.name.clone()));
     let ch = change(
         SchemaChangeType::Dropped,
         SchemaChangeTarget::Table(t.keyspace.clone(), t.name.clone()),
     );
-    engine.commit_schema(next, ch.clone(), &[t.id], None)?;
-    engine.auth.drop_resource(
-        &engine.storage,
-        &crate::auth::AuthResource::table(&t.keyspace, &t.name).name,
-    );
-    engine
-        .storage
-        .drop_table(*t.id.as_bytes())
-        .map_err(storage_error)?;
+    ddl.commit(next, ch.clone(), &[t.id], None)?;
+    if ddl.is_local() {
+        let engine = ddl.engine;
+        engine.auth.drop_resource(
+            &engine.storage,
+            &crate::auth::AuthResource::table(&t.keyspace, &t.name).name,
+        );
+        engine
+            .storage
+            .drop_table(*t.id.as_bytes())
+            .map_err(storage_error)?;
+    }
     Ok(ResultMessage::SchemaChange(ch))
 }
 
 fn truncate(
-    engine: &Engine,
+    ddl: &mut Ddl<'_>,
     session_ks: Option<&str>,
     name: &QualifiedName,
 ) -> Result<ResultMessage, DetailedError> {
-    let Some(t) = existing_table(engine, session_ks, name)? else {
+    let Some(t) = existing_table(ddl, session_ks, name)? else {
         return Err(invalid(format!("unconfigured table {}", name.name)));
     };
     if t.is_virtual() {
@@ -748,7 +828,8 @@ fn truncate(
             t.keyspace, t.name
         )));
     }
-    engine
+    // Not a schema change: it stays on this node until the coordinator fans it out.
+    ddl.engine
         .storage
         .truncate(*t.id.as_bytes())
         .map_err(storage_error)?;

@@ -9,7 +9,9 @@
 //! - The schema is an immutable [`catalog::Schema`] behind an `RwLock<Arc<_>>`: readers
 //!   clone the `Arc`, DDL (serialised by one lock) builds the next schema, persists it as
 //!   one JSON document in the storage metadata store, swaps it in, invalidates cached
-//!   statements of the touched tables and broadcasts the change.
+//!   statements of the touched tables and broadcasts the change. In a cluster the change is
+//!   proposed to the metadata group instead and every node installs it when the group
+//!   applies it ([`schema_group`]); the local document is then a cache of the group's schema.
 //! - Statements are analysed once into plans ([`Prepared`]) kept in a bounded cache keyed
 //!   by MD5(keyspace + query), shared by PREPARE and unprepared QUERY.
 //! - Paging states are self-contained (position, remaining LIMIT, statement hash), so any
@@ -38,6 +40,7 @@ pub mod rate_limit_option;
 mod read;
 pub mod replica_msg;
 mod result;
+pub mod schema_group;
 mod shard_statements;
 pub mod system;
 mod write;
@@ -75,6 +78,9 @@ pub const PARTITIONER: &str = "org.apache.cassandra.dht.Murmur3Partitioner";
 
 /// How many statements the cache keeps before evicting the least recently used quarter.
 const STATEMENT_CACHE_CAPACITY: usize = 8192;
+
+/// How long a DDL statement without a deadline of its own may wait for the metadata group.
+const DEFAULT_DDL_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The metadata key the schema document is stored under.
 const SCHEMA_META_KEY: &[u8] = b"schema/v1";
@@ -301,6 +307,12 @@ pub struct Engine {
     cluster: cluster::ClusterView,
     schema: RwLock<Arc<Schema>>,
     ddl_lock: Mutex<()>,
+    /// Set in a cluster: DDL goes through the metadata group.
+    schema_log: std::sync::OnceLock<Arc<dyn schema_group::SchemaLog>>,
+    /// Orders this node's DDL through the group (held across the proposal's await).
+    ddl_queue: tokio::sync::Mutex<()>,
+    /// True while this node proposes its local schema as the group's first one.
+    seeding: std::sync::atomic::AtomicBool,
     cache: RwLock<HashMap<[u8; 16], Arc<Prepared>, PreparedIdHash>>,
     cache_clock: AtomicU64,
     /// Bumped whenever a statement leaves `cache`, so that shards' own caches
@@ -398,6 +410,9 @@ impl Engine {
             cluster,
             schema: RwLock::new(Arc::new(schema)),
             ddl_lock: Mutex::new(()),
+            schema_log: std::sync::OnceLock::new(),
+            ddl_queue: tokio::sync::Mutex::new(()),
+            seeding: std::sync::atomic::AtomicBool::new(false),
             cache: RwLock::new(HashMap::default()),
             cache_clock: AtomicU64::new(1),
             cache_generation: AtomicU64::new(1),
@@ -1094,7 +1109,16 @@ impl Engine {
                         ));
                     }
                 }
-                let result = ddl::execute(self, ks, other, ctx.now_micros)?;
+                let result = match self.schema_log() {
+                    Some(log) => {
+                        let deadline = ctx
+                            .deadline
+                            .unwrap_or_else(|| Instant::now() + DEFAULT_DDL_DEADLINE);
+                        schema_group::execute(self, log, ks, other, ctx.now_micros, deadline)
+                            .await?
+                    }
+                    None => ddl::execute(self, ks, other, ctx.now_micros)?,
+                };
                 if matches!(result, ResultMessage::SchemaChange(_)) {
                     auth::grant_creator_of(self, session, ks, other);
                 }

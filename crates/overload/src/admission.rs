@@ -14,12 +14,13 @@
 //! stayed above `target` for a whole `interval`. While overloaded, requests are dropped from
 //! the old end once they waited more than `slough = 2 × target` (they would likely miss
 //! their deadline anyway; they are answered `Overloaded` without being decoded), and the
-//! queue keeps at most what the shard dispatches within half the target at its measured
-//! rate: further arrivals are turned away at enqueue, from the header, the cheapest
-//! rejection there is, and so is an arrival known (from its kernel stamp, or its read) to
-//! have waited longer than half the target before it reached the queue. Then even FIFO
-//! waits a few milliseconds at most, and nothing is left to age in the queue only to be
-//! shed later, at a higher cost than a rejection at enqueue;
+//! queue keeps at most what the shard dispatches within the overloaded wait (750 us, or five
+//! dispatches if longer; at most half the target) at its measured rate: further arrivals
+//! are turned away at enqueue, from the header, the cheapest rejection there is, and so is
+//! an arrival known (from its kernel stamp, or its read) to have waited longer than that
+//! before it reached the queue. Then even FIFO waits little, what is served while
+//! overloaded is answered about as fast as under a light load, and nothing is left to age
+//! in the queue only to be shed later, at a higher cost than a rejection at enqueue;
 //! optionally the queue serves the newest first while overloaded (adaptive LIFO, as Facebook
 //! does). Not overloaded, the queue is FIFO and nothing waits longer than `max_queue_delay`
 //! (Facebook's "N ms when the queue was recently empty").
@@ -165,11 +166,16 @@ impl Codel {
 /// The shard's event-loop lag, from a probe task that periodically makes itself ready and
 /// measures how long it waits before it runs again. A socket's reader waits just as long
 /// between the moment its bytes arrive and the moment it reads them, so the lag estimates the
-/// wait before a request's header is read, which no queue of the server can see.
+/// wait before a request's header is read, which no queue of the server can see. One trip
+/// through the run queue depends on the turns ahead of it, which vary, so the estimate is the
+/// longer of the last two trips: an estimate short of a reader's own wait makes its frames
+/// look younger than they are, and admission then serves them late.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoopLag {
     /// The last completed probe's lag (nanoseconds).
     last: u64,
+    /// The lag of the probe before it (nanoseconds).
+    before_last: u64,
     /// When the probe in progress became ready, if one is in progress.
     pending_since: Option<Nanos>,
 }
@@ -188,16 +194,17 @@ impl LoopLag {
             return Duration::ZERO;
         };
         let lag = now.saturating_duration_since(since);
+        self.before_last = self.last;
         self.last = duration_nanos(lag);
         lag
     }
 
-    /// The current lag: the last measurement, or longer if the probe in progress has already
-    /// been waiting longer than that (the loop is stuck right now).
+    /// The current lag: the longer of the last two measurements, or longer if the probe in
+    /// progress has already been waiting longer than that (the loop is stuck right now).
     #[inline]
     pub fn estimate(&self, now: Nanos) -> Duration {
         let waiting = self.pending_since.map_or(0, |t| now.0.saturating_sub(t.0));
-        Duration::from_nanos(self.last.max(waiting))
+        Duration::from_nanos(self.last.max(self.before_last).max(waiting))
     }
 }
 
@@ -330,6 +337,10 @@ impl ConcurrencyLimit {
     }
 }
 
+/// While overloaded, a request is served after a wait of up to this many dispatches at the
+/// shard's measured rate, if that is longer than `AdmissionConfig::overloaded_wait`.
+const OVERLOADED_WAIT_DISPATCHES: f64 = 5.0;
+
 /// Dispatches a rate window holds before it may close early (see `count_dispatch`).
 const RATE_WINDOW_SAMPLES: u64 = 64;
 /// The shortest rate window, in nanoseconds (5 ms).
@@ -350,10 +361,19 @@ pub struct AdmissionConfig {
     /// Period of the shard's event-loop lag probe (1 ms); zero turns the probe off, and with
     /// it the count of the wait before a request is read.
     pub lag_probe_interval: Duration,
-    /// While overloaded, keep at most the requests that can be dispatched within half the
-    /// CoDel target (the measured dispatch rate × target / 2, at least the concurrency limit)
-    /// and turn further arrivals away at enqueue, from the header (true).
+    /// While overloaded, keep at most the requests that can be dispatched within
+    /// `overloaded_wait` (the measured dispatch rate × that wait, at least the concurrency
+    /// limit), and turn further arrivals, and arrivals known to have waited longer than
+    /// that already, away at enqueue, from the header (true).
     pub shed_at_enqueue: bool,
+    /// The longest wait before admission that a request is served after while the shard is
+    /// overloaded: this (750 us) or the time the shard takes to dispatch five requests at
+    /// its measured rate (`OVERLOADED_WAIT_DISPATCHES`), whichever is longer, and
+    /// never more than half the CoDel target. Turned away, a request costs the shard little;
+    /// served after a longer wait, it is answered later than the light-load latency a client
+    /// expects. With heavy requests, fresh ones are scarcer, and a shorter wait would leave
+    /// the shard idle. Why: docs/decisions/2026-11-26-admitted-latency-under-overload.md.
+    pub overloaded_wait: Duration,
     /// While overloaded, a connection or shard at its in-flight cap keeps reading and answers
     /// the excess `Overloaded` from the header instead of pausing its socket, so the excess
     /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
@@ -378,8 +398,8 @@ pub struct AdmissionConfig {
 
 impl Default for AdmissionConfig {
     /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024] and at least 500 us of dispatches,
-    /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue and rejection over the
-    /// in-flight caps while overloaded.
+    /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait (or
+    /// five dispatches) and rejection over the in-flight caps while overloaded.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
             codel: CodelConfig::default(),
@@ -388,6 +408,7 @@ impl Default for AdmissionConfig {
             adaptive_lifo: false,
             lag_probe_interval: Duration::from_millis(1),
             shed_at_enqueue: true,
+            overloaded_wait: Duration::from_micros(750),
             reject_over_cap: true,
             pace_windows: false,
             concurrency_floor_window: Duration::from_micros(500),
@@ -401,7 +422,7 @@ pub struct AdmissionStats {
     /// Requests queued.
     pub enqueued: u64,
     /// Requests turned away at enqueue: the queue was full, or (while overloaded) held what
-    /// can be dispatched within the target.
+    /// can be dispatched within the overloaded wait.
     pub shed_full: u64,
     /// Of `shed_full`, those turned away by the overloaded bound while the queue had room.
     pub shed_enqueue: u64,
@@ -494,6 +515,11 @@ pub struct AdmissionController<T> {
     target: u64,
     interval: u64,
     shed_at_enqueue: bool,
+    /// `AdmissionConfig::overloaded_wait`, at most half the target (nanoseconds).
+    overloaded_wait_floor: u64,
+    /// The overloaded wait at the last measured rate (nanoseconds): the floor, or
+    /// `OVERLOADED_WAIT_DISPATCHES` dispatches if longer, at most half the target.
+    overloaded_wait: u64,
     reject_over_cap: bool,
     /// When the latest arrival reached the queue, and its age then (nanoseconds).
     last_arrival: (Nanos, u64),
@@ -512,6 +538,8 @@ impl<T> AdmissionController<T> {
     /// A controller with an empty queue, allocated once to its capacity.
     pub fn new(cfg: AdmissionConfig) -> AdmissionController<T> {
         let capacity = cfg.queue_capacity.max(1);
+        let wait_floor =
+            duration_nanos(cfg.overloaded_wait).min(duration_nanos(cfg.codel.target) / 2);
         AdmissionController {
             queue: VecDeque::with_capacity(capacity),
             capacity,
@@ -524,6 +552,8 @@ impl<T> AdmissionController<T> {
             target: duration_nanos(cfg.codel.target),
             interval: duration_nanos(cfg.codel.interval).max(1),
             shed_at_enqueue: cfg.shed_at_enqueue,
+            overloaded_wait_floor: wait_floor,
+            overloaded_wait: wait_floor,
             reject_over_cap: cfg.reject_over_cap,
             last_arrival: (Nanos::ZERO, 0),
             bound: usize::MAX,
@@ -551,7 +581,7 @@ impl<T> AdmissionController<T> {
     /// stamp of it) and reaches admission at `now` (later if the reader worked through other
     /// frames of that read first). `Err` gives it back, to be answered `Overloaded` from the header alone, when
     /// the queue is full or, while overloaded, already holds what can be dispatched within
-    /// the CoDel target: what waits longer will be shed anyway, and shedding it later costs
+    /// the overloaded wait: what waits longer will be shed anyway, and shedding it later costs
     /// more than turning it away now.
     ///
     /// Its age counts from before the read: it waited about the loop's lag unread, unless
@@ -692,8 +722,8 @@ impl<T> AdmissionController<T> {
     }
 
     /// True if an arrival is turned away for its age: overloaded (and configured to shed at
-    /// enqueue), it is known to have waited longer than half the target already (the wait
-    /// the queue keeps to while overloaded), in the kernel (its receive stamp) or behind the
+    /// enqueue), it is known to have waited longer than the overloaded wait already (the
+    /// wait the queue keeps to while overloaded), in the kernel (its receive stamp) or behind the
     /// frames read before it. A reader that runs requests itself keeps the queue empty, so
     /// the queue's length alone would leave the delay to the backlog in the socket, which
     /// then sets every served request's wait. The loop-lag estimate does not count here: it
@@ -702,20 +732,20 @@ impl<T> AdmissionController<T> {
     #[inline]
     fn too_old_to_admit(&mut self, now: Nanos, arrival: Arrival) -> bool {
         self.shed_at_enqueue
-            && now.0.saturating_sub(arrival.at().0) > self.target / 2
+            && now.0.saturating_sub(arrival.at().0) > self.overloaded_wait
             && self.codel.is_overloaded(now)
     }
 
     /// Queue length beyond which arrivals are turned away: unbounded unless overloaded, then
-    /// what the shard dispatches within half the target at its measured rate (at least the
-    /// concurrency limit, so that a shard that measured no rate yet still serves). Also
+    /// what the shard dispatches within the overloaded wait at its measured rate (at least
+    /// the concurrency limit, so that a shard that measured no rate yet still serves). Also
     /// remembered for [`Self::turn_away_at_once`].
     #[inline]
     fn overload_bound(&mut self, now: Nanos) -> usize {
         let bound = if self.shed_at_enqueue && self.codel.is_overloaded(now) {
-            // Half the target: nanoseconds / 1e9 for seconds, and / 2.
-            let within_target = self.dispatch_rate * self.target as f64 / 2e9;
-            (within_target as usize).max(self.limit() as usize)
+            // Nanoseconds / 1e9 for seconds.
+            let within_wait = self.dispatch_rate * self.overloaded_wait as f64 / 1e9;
+            (within_wait as usize).max(self.limit() as usize)
         } else {
             usize::MAX
         };
@@ -877,6 +907,9 @@ impl<T> AdmissionController<T> {
             self.dispatch_rate = self.rate_count as f64 * 1e9 / elapsed as f64;
             let floor = self.dispatch_rate * self.floor_window as f64 / 1e9;
             self.floor = (floor as u32).min(self.limit.max());
+            let dispatches = (OVERLOADED_WAIT_DISPATCHES * 1e9 / self.dispatch_rate) as u64;
+            // The floor is at most half the target (see `new`), so the range is not empty.
+            self.overloaded_wait = dispatches.clamp(self.overloaded_wait_floor, self.target / 2);
             self.rate_count = 0;
             self.rate_since = now;
         }
@@ -1181,7 +1214,70 @@ mod tests {
         l.probe_started(at_ms(101));
         assert_eq!(l.estimate(at_ms(102)), ms(4), "never below the last one");
         assert_eq!(l.probe_finished(at_ms(102)), ms(1));
-        assert_eq!(l.estimate(at_ms(102)), ms(1));
+        assert_eq!(
+            l.estimate(at_ms(102)),
+            ms(4),
+            "the longer of the last two trips"
+        );
+        l.probe_started(at_ms(103));
+        assert_eq!(l.probe_finished(at_ms(105)), ms(2));
+        assert_eq!(
+            l.estimate(at_ms(105)),
+            ms(2),
+            "the 4 ms trip is two probes old"
+        );
+    }
+
+    #[test]
+    fn overloaded_only_arrivals_younger_than_the_overloaded_wait_are_admitted() {
+        let now = at_ms(300);
+        let aged = |us: u64| Arrival::Received(Nanos(now.0 - us * 1_000));
+        let mut a = controller(false);
+        probe(&mut a, 0, 300, ms(8));
+        assert!(a.is_overloaded(now), "standing lag above target");
+        // Stamped arrivals: their age is known, whatever the loop's lag.
+        assert!(a.enqueue_read(1, aged(700), now, Deadline::NEVER).is_ok());
+        assert!(a.enqueue_read(2, aged(800), now, Deadline::NEVER).is_err());
+        assert!(a
+            .dispatch_at_once(aged(800), now, Deadline::NEVER)
+            .is_none());
+        assert_eq!(a.stats().shed_enqueue, 1);
+        // The wait never exceeds half the target, whatever it is set to.
+        let mut b = AdmissionController::<u32>::new(AdmissionConfig {
+            queue_capacity: 8,
+            overloaded_wait: ms(50),
+            ..AdmissionConfig::default()
+        });
+        probe(&mut b, 0, 300, ms(8));
+        assert!(b.enqueue_read(1, aged(2_400), now, Deadline::NEVER).is_ok());
+        assert!(b
+            .enqueue_read(2, aged(2_600), now, Deadline::NEVER)
+            .is_err());
+        // Not overloaded, age turns nothing away.
+        let mut c = controller(false);
+        assert!(c.enqueue_read(1, aged(4_000), now, Deadline::NEVER).is_ok());
+    }
+
+    #[test]
+    fn the_overloaded_wait_follows_a_slow_dispatch_rate() {
+        // Requests of 400 us, one dispatched at a time: five of them take 2 ms, longer than
+        // the 750 us floor, so that fresh requests are not too scarce to keep the shard busy.
+        let mut a = controller(false);
+        let mut t = Nanos::ZERO;
+        while t < at_ms(300) {
+            a.dispatch_at_once(Arrival::Received(t), t, Deadline::NEVER)
+                .expect("room and nothing queued");
+            t = Nanos(t.0 + 400_000);
+            a.on_complete(Duration::from_micros(400), t);
+        }
+        probe(&mut a, 300, 600, ms(8));
+        let now = at_ms(600);
+        assert!(a.is_overloaded(now));
+        let aged = |us: u64| Arrival::Received(Nanos(now.0 - us * 1_000));
+        assert!(a.enqueue_read(1, aged(1_900), now, Deadline::NEVER).is_ok());
+        assert!(a
+            .enqueue_read(2, aged(2_100), now, Deadline::NEVER)
+            .is_err());
     }
 
     /// Probe samples of `lag` every millisecond from `from` to `to`.
@@ -1290,9 +1386,9 @@ mod tests {
             }
         }
         assert!(a.is_overloaded(at_ms(600)));
-        // At 1 dispatch per ms, half the 5 ms target holds 2 requests: the concurrency limit
+        // At 1 dispatch per ms, the 750 us overloaded wait holds none: the concurrency limit
         // (at least 4) is the bound.
-        let bound = a.concurrency_limit().max(2) as usize;
+        let bound = a.concurrency_limit() as usize;
         assert!(a.queued() <= bound + 1, "{} > {bound}", a.queued());
         assert!(turned_away > 1_000, "{turned_away}");
         assert_eq!(a.stats().shed_enqueue, u64::from(turned_away));

@@ -10,11 +10,12 @@
 //!    that obtained its in-flight slot is put in the shard's bounded
 //!    [`AdmissionController`] queue, in front of an adaptive limit on requests in execution.
 //!    CoDel measures the queue delay at dequeue and, while a standing delay persists, sheds
-//!    from the old end and bounds the queue to what it dispatches within half the target
-//!    (arrivals beyond are answered `Overloaded` from the header). Most requests run in
-//!    their connection's reader and finish there, so the queue is mostly empty; what then
-//!    waits is the backlog in the kernel, and an arrival known to have waited there longer
-//!    than half the target is turned away too while overloaded. A shed request is
+//!    from the old end and bounds the queue to what it dispatches within the overloaded wait
+//!    (`AdmissionConfig::overloaded_wait`, 750 us or five dispatches at the measured rate;
+//!    arrivals beyond are answered `Overloaded` from the header). Most requests run in their connection's reader and finish there, so
+//!    the queue is mostly empty; what then waits is the backlog in the kernel, and an arrival
+//!    known to have waited there longer than the overloaded wait is turned away too while
+//!    overloaded. A shed request is
 //!    answered with the pre-encoded `Overloaded` frame with only its stream id patched: its
 //!    body is never decoded. A request of a client that disconnected is dropped from the
 //!    queue without being answered.

@@ -115,6 +115,8 @@ pub mod manual {
         origin: Instant,
         /// What the next execution costs, in simulated time.
         execution_cost: Rc<Cell<Duration>>,
+        /// Executions charged, and their total cost.
+        executions: Rc<Cell<(u64, Duration)>>,
     }
 
     impl ManualClock {
@@ -125,6 +127,7 @@ pub mod manual {
                 fake: FakeClock::new(wall_origin),
                 origin: now.checked_add(AHEAD_OF_REAL_TIME).unwrap_or(now),
                 execution_cost: Rc::new(Cell::new(Duration::ZERO)),
+                executions: Rc::new(Cell::new((0, Duration::ZERO))),
             }
         }
 
@@ -172,7 +175,15 @@ pub mod manual {
 
         /// An execution ran: time moves forward by its cost.
         pub fn charge_execution(&self) {
-            self.fake.advance(self.execution_cost.get());
+            let cost = self.execution_cost.get();
+            self.fake.advance(cost);
+            let (n, total) = self.executions.get();
+            self.executions.set((n + 1, total + cost));
+        }
+
+        /// Executions charged so far, and their total cost.
+        pub fn executions(&self) -> (u64, Duration) {
+            self.executions.get()
         }
     }
 }

@@ -63,7 +63,7 @@ use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
 
 /// Shortest time between two samples of a connection's backlog (see [`watch_backlog`]).
-const BACKLOG_SAMPLE: std::time::Duration = std::time::Duration::from_millis(1);
+pub(crate) const BACKLOG_SAMPLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Answers waiting to be written beyond which the reader stops reading requests.
 pub const MAX_OUTBOX_BYTES: usize = 8 << 20;
 /// Read buffer growth step.

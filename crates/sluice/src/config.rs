@@ -240,10 +240,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_ADMISSION_LAG_PROBE", value_name = "DURATION|off")]
     pub admission_lag_probe: Option<String>,
 
-    /// While overloaded, keep in the admission queue only what is dispatched within half the
-    /// target, turn away arrivals known to have waited longer than half the target already
-    /// (in the kernel, behind the frames read before them), and answer them Overloaded from
-    /// the header [default: on].
+    /// While overloaded, keep in the admission queue only what is dispatched within 750 us
+    /// (or five dispatches at the measured rate if longer; at most half the target), turn
+    /// away arrivals known to have waited longer than that already (in the kernel, behind
+    /// the frames read before them), and answer them Overloaded from the header
+    /// [default: on].
     #[arg(long, env = "SLUICE_ADMISSION_SHED_AT_ENQUEUE", value_name = "on|off")]
     pub admission_shed_at_enqueue: Option<String>,
 

@@ -8,6 +8,7 @@
 mod config;
 mod identity;
 mod local_cluster;
+mod schema_link;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -178,6 +179,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
     engine.set_hinted_handoff(cfg.hinted_handoff);
+    // The schema is the group's before any client can reach this node; DDL goes through it.
+    schema_link::connect(&engine, &cluster, cluster_runtime.handle())?;
     let coordination = if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(

@@ -1,7 +1,8 @@
 //! `sluice cluster --nodes 3` on 127.0.0.1-3: the nodes get distinct tokens from the
 //! topology group (their `system.local`), each places the tokens of the nodes it knows on
-//! those nodes (`system_views.token_replicas`), SIGTERM to the parent stops every node, and
-//! a restart on the same directories (all nodes at once) keeps every node's tokens.
+//! those nodes (`system_views.token_replicas`, for keyspaces created through node 1 alone),
+//! SIGTERM to the parent stops every node, and a restart on the same directories (all nodes at
+//! once) keeps every node's tokens.
 
 mod common;
 
@@ -151,9 +152,9 @@ async fn connect_to_one(addr: SocketAddr) -> Session {
         .known_node(addr.to_string())
         .default_execution_profile_handle(profile.into_handle())
         .connection_timeout(Duration::from_secs(20))
-        // DDL is still applied per node (schema does not go through the Raft group yet), so
-        // the nodes' schema versions never agree.
-        .auto_await_schema_agreement(false)
+        // The driver waits for the nodes' schema versions to agree after DDL; fail fast
+        // rather than after its default 60 s if they never do.
+        .schema_agreement_timeout(Duration::from_secs(10))
         .build()
         .await
         .expect("connect")
@@ -218,20 +219,19 @@ async fn three_local_nodes_share_one_ring() {
         "the nodes' tokens are distinct"
     );
 
-    // Schema is still per node: each node gets the keyspaces to place replicas for.
-    for session in &sessions {
-        for (ks, rf) in [("ring_one", 1), ("ring_three", 3)] {
-            session
-                .query_unpaged(
-                    format!(
-                        "CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = \
-                         {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
-                    ),
-                    &[],
-                )
-                .await
-                .unwrap();
-        }
+    // The keyspaces are created through node 1 alone; the metadata group takes them to the
+    // other nodes.
+    for (ks, rf) in [("ring_one", 1), ("ring_three", 3)] {
+        sessions[0]
+            .query_unpaged(
+                format!(
+                    "CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = \
+                     {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
     }
     // Every node follows the topology group's ring: each sees the whole ring.
     let everyone: BTreeSet<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();

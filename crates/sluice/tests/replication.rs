@@ -164,7 +164,8 @@ async fn connect_to_one(addr: SocketAddr) -> Session {
         .known_node(addr.to_string())
         .default_execution_profile_handle(profile.into_handle())
         .connection_timeout(Duration::from_secs(20))
-        // Schema is still created on every node (it does not go through the Raft group yet).
+        // No wait for schema agreement: each node runs the DDL itself (IF NOT EXISTS), so each
+        // has the table before the writes.
         .auto_await_schema_agreement(false)
         .build()
         .await

@@ -85,7 +85,7 @@ def test_quorum_writes_reach_every_replica(local_cluster):
     ips = [f"127.0.0.{i}" for i in range(1, NODES + 1)]
     pins = [pinned(ip, port) for ip in ips]
     try:
-        # Schema is still per node: the same table id everywhere names the table.
+        # Each node runs the DDL (IF NOT EXISTS), so each has the table before the writes.
         for _, s in pins:
             s.execute("CREATE KEYSPACE IF NOT EXISTS coord WITH replication = "
                       "{'class': 'SimpleStrategy', 'replication_factor': 3}")
