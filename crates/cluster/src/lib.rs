@@ -37,6 +37,7 @@ pub mod control;
 pub mod lifecycle;
 pub mod node;
 pub mod raft_transport;
+pub mod replica;
 pub mod schema;
 pub mod state;
 pub mod streaming;

@@ -14,6 +14,18 @@ pub const VERB_RAFT: u16 = FIRST_APPLICATION_VERB;
 /// or why it was refused (see `crate::node`).
 pub const VERB_JOIN: u16 = FIRST_APPLICATION_VERB + 1;
 
+/// A coordinator's mutations for this replica to apply, on `ConnectionClass::Requests`; the
+/// reply is empty once they are durable (`sluice_engine::replica_msg::encode_mutations`).
+pub const VERB_MUTATION: u16 = FIRST_APPLICATION_VERB + 8;
+
+/// A coordinator asks for one partition's digest or raw entries, on
+/// `ConnectionClass::Requests` (`sluice_engine::replica_msg::encode_read`).
+pub const VERB_READ: u16 = FIRST_APPLICATION_VERB + 9;
+
+/// A read repair: a raw partition for this replica to merge, on `ConnectionClass::Requests`;
+/// the reply is empty once it is durable (`sluice_engine::replica_msg::encode_repair`).
+pub const VERB_REPAIR: u16 = FIRST_APPLICATION_VERB + 10;
+
 /// A chunk of a token range of a table, on `ConnectionClass::Bulk`: the body names the
 /// table, the range and the key to resume after; the reply carries the records (see
 /// `crate::streaming`).
@@ -33,9 +45,12 @@ pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
 pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
 
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 6] = [
+pub const ALL: [u16; 9] = [
     VERB_RAFT,
     VERB_JOIN,
+    VERB_MUTATION,
+    VERB_READ,
+    VERB_REPAIR,
     VERB_STREAM_FETCH,
     VERB_STREAM_GAINS,
     VERB_NODE_LOAD,

@@ -39,6 +39,9 @@ struct Me {
 pub(crate) struct ClusterView {
     me: Me,
     ring: RwLock<Arc<TokenMetadata>>,
+    /// Whether the ring has other nodes: read on every request, so kept apart from the ring's
+    /// lock and reference count, which all shards would otherwise touch.
+    multi_node: std::sync::atomic::AtomicBool,
     /// Host ids reported down; its lock also serialises every change, so that events go
     /// out in the order the changes were applied.
     down: Mutex<HashSet<Uuid>>,
@@ -49,7 +52,9 @@ impl ClusterView {
     /// A view starting from `ring`, with every node up.
     pub(crate) fn new(host_id: Uuid, cql_address: SocketAddr, ring: TokenMetadata) -> Self {
         let (events, _) = broadcast::channel(NODE_EVENT_BACKLOG);
+        let multi_node = std::sync::atomic::AtomicBool::new(ring.nodes().len() > 1);
         ClusterView {
+            multi_node,
             me: Me {
                 host_id,
                 cql_address,
@@ -68,6 +73,11 @@ impl ClusterView {
         }
     }
 
+    /// Whether the ring has nodes besides this one.
+    pub(crate) fn is_multi_node(&self) -> bool {
+        self.multi_node.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Subscribes to node events.
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
         self.events.subscribe()
@@ -83,6 +93,8 @@ impl ClusterView {
         down.retain(|id| next.index_of(*id).is_some());
         {
             let mut g = self.ring.write().unwrap_or_else(|p| p.into_inner());
+            self.multi_node
+                .store(next.nodes().len() > 1, std::sync::atomic::Ordering::Relaxed);
             *g = next;
         }
         for &c in &changes {

@@ -604,10 +604,20 @@ fn create_table(
             c.order = if *asc { Order::Asc } else { Order::Desc };
         }
     }
+    // `WITH id = <uuid>` (CREATE only, as Cassandra): nodes that create one table each on
+    // their own give it the same id, which is how replicas name it to each other.
+    let (id_props, properties): (Vec<&Property>, Vec<&Property>) =
+        s.properties.iter().partition(|p| p.name == "id");
+    let id = match id_props.as_slice() {
+        [] => Uuid::new_v4(),
+        [p] => table_id_option(&schema, &p.value)?,
+        _ => return Err(invalid("Multiple definitions for property 'id'")),
+    };
+    let properties: Vec<Property> = properties.into_iter().cloned().collect();
     let mut options = TableOptions::default();
-    apply_table_options(&mut options, &s.properties)?;
+    apply_table_options(&mut options, &properties)?;
     check_counters(&cols, &options)?;
-    let def = TableDef::new(ks, name, Uuid::new_v4(), cols, options);
+    let def = TableDef::new(ks, name, id, cols, options);
     let mut next = (*schema).clone();
     next.tables
         .insert((ks.to_string(), name.clone()), Arc::new(def));
@@ -617,6 +627,17 @@ fn create_table(
     );
     ddl.commit(next, ch.clone(), &[], None)?;
     Ok(ResultMessage::SchemaChange(ch))
+}
+
+/// The table id a CREATE TABLE asks for: a UUID no table of the schema has.
+fn table_id_option(schema: &crate::Schema, v: &OptionValue) -> Result<Uuid, DetailedError> {
+    let id = option_string(v)
+        .and_then(|s| Uuid::parse_str(s.trim()).ok())
+        .ok_or_else(|| config_error("Invalid value for property 'id': expected a UUID"))?;
+    if schema.tables.values().any(|t| t.id == id) {
+        return Err(invalid(format!("Table id {id} is already in use")));
+    }
+    Ok(id)
 }
 
 fn existing_table(

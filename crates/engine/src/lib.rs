@@ -30,6 +30,7 @@ pub mod auth;
 pub mod catalog;
 mod cluster;
 pub mod codec;
+pub mod coordinator;
 mod ddl;
 mod describe;
 mod exec;
@@ -37,6 +38,7 @@ mod json;
 mod paging;
 pub mod rate_limit_option;
 mod read;
+pub mod replica_msg;
 mod result;
 pub mod schema_group;
 mod shard_statements;
@@ -327,11 +329,28 @@ pub struct Engine {
     auth: auth::AuthState,
     /// Admission of multi-partition transactions and their metrics.
     transactions: transaction::gate::TxnGate,
+    /// Set in a cluster: statements are then coordinated across their partitions' replicas.
+    replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
+    /// Partitions a read found differing across replicas and repaired.
+    read_repairs: AtomicU64,
+    /// Whether writes leave hints for replicas that are down.
+    hinted_handoff: std::sync::atomic::AtomicBool,
+    hints: coordinator::HintStore,
+    speculation: coordinator::Speculation,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("node", &self.node).finish()
+    }
+}
+
+/// A storage failure's static message, for a replica's refusal.
+fn refusal_message(e: &StorageError) -> &'static str {
+    match e {
+        StorageError::TooLarge(m) | StorageError::Io(m) | StorageError::Corrupt(m) => m,
+        StorageError::TooManyTombstones => "too many tombstones",
+        StorageError::Closed => "storage is shutting down",
     }
 }
 
@@ -409,12 +428,199 @@ impl Engine {
                 .collect(),
             auth,
             transactions: transaction::gate::TxnGate::default(),
+            replica_transport: std::sync::OnceLock::new(),
+            read_repairs: AtomicU64::new(0),
+            hinted_handoff: std::sync::atomic::AtomicBool::new(true),
+            hints: coordinator::HintStore::new(
+                coordinator::MAX_HINT_BYTES,
+                coordinator::HINT_WINDOW,
+            ),
+            speculation: coordinator::Speculation::default(),
         }))
     }
 
     /// The admission gate and metrics of multi-partition transactions.
     pub fn transactions(&self) -> &transaction::gate::TxnGate {
         &self.transactions
+    }
+
+    pub(crate) fn speculation_point(&self, sent: Instant, deadline: Instant) -> Instant {
+        self.speculation.point(sent, deadline)
+    }
+
+    pub(crate) fn note_replica_read_latency(&self, took: std::time::Duration) {
+        self.speculation.note_latency(took);
+    }
+
+    pub(crate) fn count_coordinated_read(&self) {
+        self.speculation.count_read();
+    }
+
+    pub(crate) fn may_speculate(&self) -> bool {
+        self.speculation.take()
+    }
+
+    /// Extra read requests sent because the first targets were slow.
+    pub fn speculative_reads(&self) -> u64 {
+        self.speculation.speculated()
+    }
+
+    /// Turns hints for replicas that are down on or off (on by default, as Cassandra's
+    /// `hinted_handoff_enabled`).
+    pub fn set_hinted_handoff(&self, on: bool) {
+        self.hinted_handoff.store(on, Ordering::Relaxed);
+    }
+
+    pub(crate) fn hinted_handoff(&self) -> bool {
+        self.hinted_handoff.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn hints(&self) -> &coordinator::HintStore {
+        &self.hints
+    }
+
+    /// Takes the hints held for `host` (MUTATION bodies, oldest first) to replay them.
+    pub fn take_hints(&self, host: Uuid) -> Vec<(Instant, Bytes)> {
+        self.hints.take(host, Instant::now())
+    }
+
+    /// Gives back hints a replay could not deliver.
+    pub fn return_hints(&self, host: Uuid, hints: Vec<(Instant, Bytes)>) {
+        self.hints.put_back(host, hints);
+    }
+
+    /// Hosts with hints waiting.
+    pub fn hinted_hosts(&self) -> Vec<Uuid> {
+        self.hints.hosts()
+    }
+
+    /// What the hint store holds and has dropped.
+    pub fn hint_stats(&self) -> coordinator::HintStats {
+        self.hints.stats()
+    }
+
+    /// Whether the ring has nodes besides this one (a cheap read for every request).
+    pub(crate) fn is_multi_node(&self) -> bool {
+        self.cluster.is_multi_node()
+    }
+
+    /// Makes this engine a coordinator: from now on reads and writes of replicated keyspaces
+    /// go to their partitions' replicas through `transport`. Set once; later calls are
+    /// ignored and answer false.
+    pub fn set_replica_transport(&self, transport: Arc<dyn coordinator::ReplicaTransport>) -> bool {
+        self.replica_transport.set(transport).is_ok()
+    }
+
+    /// The transport to other replicas, in a cluster.
+    pub(crate) fn replica_transport(&self) -> Option<&Arc<dyn coordinator::ReplicaTransport>> {
+        self.replica_transport.get()
+    }
+
+    /// How many partitions reads found differing across replicas and repaired.
+    pub fn read_repairs(&self) -> u64 {
+        self.read_repairs.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_read_repair(&self) {
+        self.read_repairs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The table with this id, if this node's schema has it.
+    fn table_by_id(&self, id: &[u8; 16]) -> Option<Arc<TableDef>> {
+        self.schema()
+            .tables
+            .values()
+            .find(|t| t.id.as_bytes() == id)
+            .cloned()
+    }
+
+    /// Replica side of a MUTATION: applies a coordinator's mutations and waits until they
+    /// are durable. Nothing is written once `deadline` has passed, nor when any table is
+    /// unknown here.
+    pub async fn apply_replica_mutations(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<(), coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let muts =
+            replica_msg::decode_mutations(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let mut tables: Vec<Arc<TableDef>> = Vec::with_capacity(1);
+        for m in &muts {
+            if !tables.iter().any(|t| *t.id.as_bytes() == m.table) {
+                tables.push(
+                    self.table_by_id(&m.table)
+                        .ok_or(ReplicaRefusal::UnknownTable)?,
+                );
+            }
+        }
+        let batch: Vec<(&sluice_storage::TableLayout, sluice_storage::Mutation)> = muts
+            .into_iter()
+            .map(|m| {
+                let t = tables.iter().find(|t| *t.id.as_bytes() == m.table);
+                (&t.expect("every table was found above").layout, m)
+            })
+            .collect();
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let ticket = self
+            .storage
+            .apply(&batch)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        self.storage
+            .wait_durable(ticket)
+            .await
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
+    }
+
+    /// Replica side of a READ: the digest or the raw entries of one partition.
+    pub fn replica_read(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Bytes, coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_read(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        if self.table_by_id(&req.table).is_none() {
+            return Err(ReplicaRefusal::UnknownTable);
+        }
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let raw = self
+            .storage
+            .read_raw_partition(req.table, req.token, &req.partition_key)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        Ok(match req.kind {
+            replica_msg::ReadKind::Digest => Bytes::copy_from_slice(&replica_msg::digest(&raw)),
+            replica_msg::ReadKind::Data => replica_msg::encode_raw(&raw),
+        })
+    }
+
+    /// Replica side of a read repair: merges the coordinator's partition into this one's
+    /// and waits until it is durable.
+    pub async fn apply_replica_repair(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<(), coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_repair(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let t = self
+            .table_by_id(&req.table)
+            .ok_or(ReplicaRefusal::UnknownTable)?;
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let ticket = self
+            .storage
+            .apply_raw_partition(&t.layout, req.token, &req.partition_key, &req.raw)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))?;
+        self.storage
+            .wait_durable(ticket)
+            .await
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
     }
 
     /// Roles, logins and grants.
@@ -797,7 +1003,27 @@ impl Engine {
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
-            Plan::Select(s) => read::execute_select(self, p, s, &b, params, ctx).await,
+            Plan::Select(s) => {
+                if let Some(transport) = self.replica_transport() {
+                    let cluster = self.cluster.is_multi_node();
+                    if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
+                        for pk in exec::partition_keys(&b, &s.table, &s.where_)? {
+                            // Boxed: a single node's read future stays as small as it was.
+                            Box::pin(coordinator::reconcile_partition(
+                                self,
+                                transport,
+                                &s.table,
+                                pk.token,
+                                &pk.key,
+                                params.consistency,
+                                ctx,
+                            ))
+                            .await?;
+                        }
+                    }
+                }
+                read::execute_select(self, p, s, &b, params, ctx).await
+            }
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {

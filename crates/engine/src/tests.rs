@@ -2359,6 +2359,7 @@ async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_sche
 mod aggregates;
 mod big_values;
 mod canonical;
+mod coordinator;
 
 /// `system_views.token_replicas` answers the ring's replicas of a keyspace's token, by key.
 #[tokio::test]
@@ -2810,4 +2811,48 @@ async fn follow_ring_applies_published_rings() {
         .await
         .expect("follow_ring ends with its publisher")
         .unwrap();
+}
+
+#[tokio::test]
+async fn create_table_takes_an_id_and_alter_refuses_one() {
+    let mut h = H::new();
+    h.setup_kv().await;
+    let id = "5a1c395e-b41f-11e5-9f22-ba0be0483c18";
+    h.ok(&format!(
+        "CREATE TABLE ks.with_id (a int PRIMARY KEY, b text) WITH id = {id} AND comment = 'c'"
+    ))
+    .await;
+    let t = h.engine.table("ks", "with_id").unwrap();
+    assert_eq!(t.id.to_string(), id);
+    assert_eq!(t.options.comment, "c");
+    let rows = h
+        .select(
+            "SELECT id FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = 'with_id'",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        rows[0][0].as_deref(),
+        Some(&uuid::Uuid::parse_str(id).unwrap().as_bytes()[..])
+    );
+    // One id names one table.
+    let e = h
+        .err(
+            &format!("CREATE TABLE ks.other (a int PRIMARY KEY) WITH id = {id}"),
+            vec![],
+        )
+        .await;
+    assert_eq!(e.code(), ErrorCode::Invalid);
+    assert!(e.message.contains("already in use"), "{}", e.message);
+    let e = h
+        .err(
+            "CREATE TABLE ks.bad (a int PRIMARY KEY) WITH id = 'not-a-uuid'",
+            vec![],
+        )
+        .await;
+    assert_eq!(e.code(), ErrorCode::ConfigError, "{}", e.message);
+    let e = h
+        .err(&format!("ALTER TABLE ks.with_id WITH id = {id}"), vec![])
+        .await;
+    assert_eq!(e.code(), ErrorCode::Invalid);
 }

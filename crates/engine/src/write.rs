@@ -652,6 +652,27 @@ pub(crate) async fn execute_writes(
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
     }
+    let muts = match engine.replica_transport() {
+        // Boxed: a single node's write future stays as small as it was.
+        Some(transport) if engine.is_multi_node() => {
+            match Box::pin(crate::coordinator::replicate_writes(
+                engine,
+                transport,
+                entries,
+                muts,
+                consistency,
+                write_type,
+                ctx,
+            ))
+            .await?
+            {
+                // Every partition's only replica is this node: the local path below.
+                Some(muts) => muts,
+                None => return Ok(ResultMessage::Void),
+            }
+        }
+        _ => muts,
+    };
     if commit_assigns_timestamp(entries, batch_ts, &muts) {
         apply_with_assigned_timestamp(engine, entries, muts, default_ts, ctx.ack_barrier).await?;
         return Ok(ResultMessage::Void);
@@ -719,6 +740,16 @@ async fn apply(
     let batch = with_layouts(entries, muts)?;
     let ticket = engine.storage.apply(&batch).map_err(storage_error)?;
     wait_until_durable(engine, ticket, ack_barrier).await
+}
+
+/// Applies `muts` now (visible to reads) and returns the ticket to await durability with.
+pub(crate) fn apply_now(
+    engine: &Engine,
+    entries: &[(&WritePlan, &Binder<'_>)],
+    muts: Vec<Mutation>,
+) -> Result<sluice_storage::CommitTicket, DetailedError> {
+    let batch = with_layouts(entries, muts)?;
+    engine.storage.apply(&batch).map_err(storage_error)
 }
 
 /// Pairs each mutation with its table's layout.

@@ -136,6 +136,34 @@ pub enum DbError {
     FunctionFailure,
     /// Write_failure (0x1500), encoded with neutral counts.
     WriteFailure,
+    /// Read_failure (0x1300) from a coordinator, with its counts: `<cl><received><blockfor>
+    /// <numfailures><data_present>`.
+    ReplicaReadFailure {
+        /// Consistency.
+        consistency: Consistency,
+        /// Responses received.
+        received: i32,
+        /// Responses required.
+        block_for: i32,
+        /// Replicas that answered with a failure.
+        failures: i32,
+        /// Whether the data replica answered.
+        data_present: bool,
+    },
+    /// Write_failure (0x1500) from a coordinator, with its counts: `<cl><received><blockfor>
+    /// <numfailures><writeType>`.
+    ReplicaWriteFailure {
+        /// Consistency.
+        consistency: Consistency,
+        /// Acks received.
+        received: i32,
+        /// Acks required.
+        block_for: i32,
+        /// Replicas that answered with a failure.
+        failures: i32,
+        /// Write type.
+        write_type: WriteType,
+    },
     /// Syntax_error (0x2000).
     SyntaxError,
     /// Unauthorized (0x2100).
@@ -178,6 +206,8 @@ impl DbError {
             DbError::ReadFailure => ErrorCode::ReadFailure,
             DbError::FunctionFailure => ErrorCode::FunctionFailure,
             DbError::WriteFailure => ErrorCode::WriteFailure,
+            DbError::ReplicaReadFailure { .. } => ErrorCode::ReadFailure,
+            DbError::ReplicaWriteFailure { .. } => ErrorCode::WriteFailure,
             DbError::SyntaxError => ErrorCode::SyntaxError,
             DbError::Unauthorized => ErrorCode::Unauthorized,
             DbError::Invalid => ErrorCode::Invalid,

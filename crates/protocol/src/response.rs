@@ -466,6 +466,32 @@ fn put_error_fields(buf: &mut BytesMut, error: &DbError, already_exists: Option<
             put_int(buf, 0);
             put_string(buf, WriteType::Simple.as_str());
         }
+        DbError::ReplicaReadFailure {
+            consistency,
+            received,
+            block_for,
+            failures,
+            data_present,
+        } => {
+            put_consistency(buf, consistency);
+            put_int(buf, received);
+            put_int(buf, block_for);
+            put_int(buf, failures);
+            buf.put_u8(u8::from(data_present));
+        }
+        DbError::ReplicaWriteFailure {
+            consistency,
+            received,
+            block_for,
+            failures,
+            write_type,
+        } => {
+            put_consistency(buf, consistency);
+            put_int(buf, received);
+            put_int(buf, block_for);
+            put_int(buf, failures);
+            put_string(buf, write_type.as_str());
+        }
         DbError::FunctionFailure => {
             put_string(buf, "");
             put_string(buf, "");
@@ -953,6 +979,43 @@ mod tests {
         assert_eq!((r.read_int().unwrap(), r.read_int().unwrap()), (0, 1));
         assert_eq!(r.read_int().unwrap(), 0);
         assert_eq!(r.read_string().unwrap(), "SIMPLE");
+        assert_eq!(r.remaining(), 0);
+    }
+
+    #[test]
+    fn replica_failures_carry_their_counts() {
+        let error = DbError::ReplicaWriteFailure {
+            consistency: Consistency::Quorum,
+            received: 1,
+            block_for: 2,
+            failures: 2,
+            write_type: WriteType::UnloggedBatch,
+        };
+        let body = error_body(&ErrorResponse::new(error, "w"));
+        let mut r = Reader::new(&body);
+        assert_eq!(r.read_int().unwrap(), 0x1500);
+        r.read_string().unwrap();
+        assert_eq!(r.read_consistency().unwrap(), Consistency::Quorum);
+        assert_eq!((r.read_int().unwrap(), r.read_int().unwrap()), (1, 2));
+        assert_eq!(r.read_int().unwrap(), 2);
+        assert_eq!(r.read_string().unwrap(), "UNLOGGED_BATCH");
+        assert_eq!(r.remaining(), 0);
+
+        let error = DbError::ReplicaReadFailure {
+            consistency: Consistency::All,
+            received: 2,
+            block_for: 3,
+            failures: 1,
+            data_present: true,
+        };
+        let body = error_body(&ErrorResponse::new(error, "r"));
+        let mut r = Reader::new(&body);
+        assert_eq!(r.read_int().unwrap(), 0x1300);
+        r.read_string().unwrap();
+        assert_eq!(r.read_consistency().unwrap(), Consistency::All);
+        assert_eq!((r.read_int().unwrap(), r.read_int().unwrap()), (2, 3));
+        assert_eq!(r.read_int().unwrap(), 1);
+        assert_eq!(r.read_u8().unwrap(), 1);
         assert_eq!(r.remaining(), 0);
     }
 

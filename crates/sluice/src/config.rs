@@ -271,6 +271,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_TRANSPARENT_HUGE_PAGES", value_name = "on|off")]
     pub transparent_huge_pages: Option<String>,
 
+    /// In a cluster, keep the writes a replica misses while it is down (in memory, bounded
+    /// in bytes and age) and replay them when it is back, as Cassandra's
+    /// `hinted_handoff_enabled` [default: on].
+    #[arg(long, env = "SLUICE_HINTED_HANDOFF", value_name = "on|off")]
+    pub hinted_handoff: Option<String>,
+
     /// TEST ONLY: service time added to every execution, to make slow work real in
     /// overload tests. Never set in production.
     #[arg(
@@ -391,6 +397,7 @@ struct FileConfig {
     admission_pace_windows: Option<String>,
     admission_lifo: Option<String>,
     transparent_huge_pages: Option<String>,
+    hinted_handoff: Option<String>,
     log: Option<String>,
     authenticator: Option<AuthenticatorArg>,
     authorizer: Option<AuthorizerArg>,
@@ -453,6 +460,8 @@ pub struct ResolvedConfig {
     pub admission: Option<AdmissionSettings>,
     /// Transparent huge pages allowed for the process.
     pub transparent_huge_pages: bool,
+    /// Hints for replicas that are down.
+    pub hinted_handoff: bool,
     /// TEST ONLY: service time added to every execution.
     pub test_only_service_delay: Option<Duration>,
     /// TEST ONLY: addresses of pretended peers.
@@ -820,6 +829,12 @@ impl ServeArgs {
                 &self.transparent_huge_pages,
                 &file.transparent_huge_pages,
                 false,
+            )?,
+            hinted_handoff: on_off(
+                "hinted-handoff",
+                &self.hinted_handoff,
+                &file.hinted_handoff,
+                true,
             )?,
             test_only_service_delay,
             test_only_fake_peers: self.test_only_fake_peers.clone(),
@@ -1198,6 +1213,7 @@ mod tests {
         assert_eq!(c.other_timeout, Duration::from_secs(10));
         assert!(c.shards >= 1);
         assert!(!c.transparent_huge_pages, "off unless asked for");
+        assert!(c.hinted_handoff, "on unless turned off");
         assert_eq!(c.tombstone_failure_threshold, 100_000);
         assert_eq!(c.cache_bytes, 256 << 20);
         assert_eq!(c.max_value_bytes, 16 << 20);
@@ -1300,7 +1316,7 @@ mod tests {
             &path,
             "listen = \"127.0.0.1:9999\"\nshards = 3\nmax_frame_bytes = \"1MiB\"\n\
              shard_aware_port = \"off\"\nmetrics_listen = \"off\"\nwrite_timeout = \"750ms\"\n\
-             durability = \"periodic\"\ntransparent_huge_pages = \"on\"\n",
+             durability = \"periodic\"\ntransparent_huge_pages = \"on\"\nhinted_handoff = \"off\"\n",
         )
         .unwrap();
         let args = ServeArgs {
@@ -1317,6 +1333,7 @@ mod tests {
         assert_eq!(c.write_timeout, Duration::from_millis(750));
         assert_eq!(c.durability, DurabilityArg::Periodic);
         assert!(c.transparent_huge_pages);
+        assert!(!c.hinted_handoff);
         let flag_off = ServeArgs {
             transparent_huge_pages: Some("off".into()),
             ..args.clone()

@@ -183,6 +183,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("cannot open the engine: {e:?}"))?;
     engine.set_lwt_serialize_through_durability(cfg.lwt_serialize_through_durability);
+    engine.set_hinted_handoff(cfg.hinted_handoff);
     // The schema is the group's before any client can reach this node; DDL goes through it.
     schema_link::connect(&engine, &cluster, cluster_runtime.handle())?;
     cluster
@@ -193,16 +194,23 @@ fn serve(args: ServeArgs) -> Result<()> {
             cfg.data_dir.join("db"),
         )));
     engine.transactions().set_limited(cfg.txn_adaptive_limit);
-    if !cfg.test_only_fake_peers.is_empty() {
+    let coordination = if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(
             engine.node(),
             &cfg.test_only_fake_peers,
         )?));
+        None
     } else {
         // Peers, tokens and events follow the topology group's ring from now on.
         cluster_runtime.spawn(sluice_engine::follow_ring(engine.clone(), cluster.ring()));
-    }
+        // Statements of replicated keyspaces go to their replicas; peers' requests run here.
+        let _runtime = cluster_runtime.enter();
+        Some(
+            sluice_cluster::replica::Coordination::start(&cluster, engine.clone())
+                .context("cannot start the coordinator")?,
+        )
+    };
     // A joining node serves once it has the data of its ranges.
     let streamed = cluster_runtime
         .block_on(cluster.lifecycle().finish_join())
@@ -240,6 +248,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     server.shutdown();
     if let Err(e) = cluster_runtime.block_on(cluster.stop()) {
         warn!("the metadata group did not stop cleanly: {e}");
+    }
+    if let Some(coordination) = coordination {
+        coordination.join();
     }
     drop(engine);
     match storage.close() {

@@ -38,8 +38,8 @@ pub use storage::{
     AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage, TxnOutcome,
 };
 pub use store::{
-    ConditionRead, RangeChunk, RawRecord, TxnError, TxnPartition, TxnRead,
-    DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES,
+    ConditionRead, RangeChunk, RawPartition, RawRecord, TxnError, TxnPartition, TxnRead,
+    DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_RAW_PARTITION_BYTES, MAX_READ_BYTES,
 };
 
 use bytes::Bytes;

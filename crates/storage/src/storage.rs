@@ -16,8 +16,8 @@
 use crate::limits::{DiskSpace, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::store::{
-    commit_transaction, take_batchlog_len, ConditionRead, Prepared, Store, TxnEnv, TxnError,
-    TxnPartition, TxnRead,
+    commit_transaction, take_batchlog_len, ConditionRead, Prepared, RawPartition, Store, TxnEnv,
+    TxnError, TxnPartition, TxnRead,
 };
 use crate::{ScanPage, ScanStart, StorageConfig, StorageError};
 use bytes::Bytes;
@@ -613,6 +613,34 @@ impl Storage {
         )
     }
 
+    /// Every stored entry of one partition (header and rows, deletions included), for
+    /// comparing and repairing replicas; refused past [`crate::MAX_RAW_PARTITION_BYTES`].
+    pub fn read_raw_partition(
+        &self,
+        table: TableId,
+        token: i64,
+        partition_key: &[u8],
+    ) -> Result<RawPartition, StorageError> {
+        self.store(token)
+            .read_raw_partition(&table, token, partition_key)
+    }
+
+    /// Merges another replica's raw partition into this one's, last write wins per cell and
+    /// deletions applied, as a write would; await durability with `wait_durable`.
+    pub fn apply_raw_partition(
+        &self,
+        layout: &TableLayout,
+        token: i64,
+        partition_key: &[u8],
+        raw: &RawPartition,
+    ) -> Result<CommitTicket, StorageError> {
+        self.inner.disk.check()?;
+        let prepared = Store::prepare_raw_partition(layout, token, partition_key, raw)?;
+        let store = self.store_of(token);
+        let seq = self.inner.stores[store].commit(prepared, None)?;
+        Ok(CommitTicket(Ticket::One { store, seq }))
+    }
+
     /// Token-ordered scan of a table from `start` up to `end` (token bound), returning at most
     /// `row_limit` rows in total (a partition with only a static row counts as 1) and where to resume.
     ///
@@ -699,7 +727,7 @@ impl Storage {
         }
         let prepared = by_store
             .iter()
-            .map(|records| Store::prepare_raw(table, records))
+            .map(|records| Store::prepare_raw_records(table, records))
             .collect::<Result<Vec<_>, _>>()?;
         let mut tickets = Vec::new();
         for (store, prepared) in prepared.into_iter().enumerate() {

@@ -2476,3 +2476,54 @@ fn a_write_over_the_configured_limits_is_refused_before_anything_is_written() {
     assert_eq!(read_all(&s, &l, 7, "p", 0).rows.len(), 1);
     assert!(read_all(&s, &l, 8, "q", 0).rows.is_empty());
 }
+
+#[test]
+fn raw_partitions_carry_tombstones_and_converge_replicas() {
+    let (_da, a) = open(periodic());
+    let (_db, b) = open(periodic());
+    let l = layout();
+    // Replica a has two rows written at 1; replica b missed them but has a newer deletion
+    // of one of them and a row of its own.
+    let mut m = mutation(T1, 7, "p");
+    m.rows
+        .push(insert_row(ck(0, "a"), vec![cell(1, "old", 1)], 1));
+    m.rows
+        .push(insert_row(ck(1, "b"), vec![cell(1, "kept", 1)], 1));
+    a.apply(&[(&l, m)]).unwrap();
+    let mut m = mutation(T1, 7, "p");
+    m.rows.push(RowMutation {
+        clustering: ck(0, "a"),
+        deletion: Some(5),
+        ..Default::default()
+    });
+    m.rows
+        .push(insert_row(ck(2, "c"), vec![cell(1, "only b", 3)], 3));
+    b.apply(&[(&l, m)]).unwrap();
+
+    let raw_a = a.read_raw_partition(T1, 7, b"p").unwrap();
+    let raw_b = b.read_raw_partition(T1, 7, b"p").unwrap();
+    assert_eq!(raw_a.rows.len(), 2);
+    // The deleted row is in b's raw partition although no read returns it.
+    assert_eq!(raw_b.rows.len(), 2);
+    assert_eq!(keys(&read_all(&b, &l, 7, "p", 0)), vec![ck(2, "c")]);
+    assert_ne!(raw_a, raw_b);
+
+    a.apply_raw_partition(&l, 7, b"p", &raw_b).unwrap();
+    b.apply_raw_partition(&l, 7, b"p", &raw_a).unwrap();
+    // The newer tombstone wins on both: the deleted row is not resurrected.
+    let want = vec![ck(1, "b"), ck(2, "c")];
+    assert_eq!(keys(&read_all(&a, &l, 7, "p", 0)), want);
+    assert_eq!(keys(&read_all(&b, &l, 7, "p", 0)), want);
+    assert_eq!(
+        a.read_raw_partition(T1, 7, b"p").unwrap(),
+        b.read_raw_partition(T1, 7, b"p").unwrap()
+    );
+    // A partition never written is empty, and a malformed entry is refused, not applied.
+    assert!(a.read_raw_partition(T1, 8, b"q").unwrap().is_empty());
+    let bad = RawPartition {
+        header: None,
+        rows: vec![Bytes::from_static(&[0xff, 1, 2])],
+    };
+    assert!(a.apply_raw_partition(&l, 7, b"p", &bad).is_err());
+    assert_eq!(keys(&read_all(&a, &l, 7, "p", 0)), want);
+}

@@ -44,6 +44,7 @@ mod conditional;
 mod gc;
 mod merge;
 mod purge;
+mod raw;
 mod read;
 mod scan;
 mod stream;
@@ -57,6 +58,7 @@ pub(crate) use commit::Prepared;
 pub use conditional::ConditionRead;
 #[cfg(test)]
 pub(crate) use purge::{PurgeHold, PURGE_QUEUE_JOBS};
+pub use raw::{RawPartition, MAX_RAW_PARTITION_BYTES};
 pub use read::{DEFAULT_TOMBSTONE_FAILURE_THRESHOLD, MAX_READ_BYTES};
 pub use stream::{RangeChunk, RawRecord};
 use sync::{CommitShared, DurableState, SyncRequest};

@@ -89,7 +89,7 @@ impl Store {
 
     /// Converts raw records of `table` (all of this store's partitions) to a commit, checking
     /// that each key and value decodes. No lock held.
-    pub(crate) fn prepare_raw(
+    pub(crate) fn prepare_raw_records(
         table: TableId,
         records: &[&RawRecord],
     ) -> Result<Prepared, StorageError> {

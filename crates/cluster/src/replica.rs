@@ -1,0 +1,555 @@
+//! The coordinator's hop between nodes: [`MessengerTransport`] carries the engine's replica
+//! requests on the Requests class (replies on Responses); [`ReplicaService`] runs the ones
+//! other coordinators send here, behind deadline-aware admission; [`follow_liveness`] feeds
+//! the failure detector's verdicts to the engine, which sends nothing to a replica it
+//! believes down (a hint instead) and answers Unavailable from them; [`replay_hints`] delivers
+//! the hints once the replica is back.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sluice_engine::coordinator::{
+    Replica, ReplicaError, ReplicaFuture, ReplicaRefusal, ReplicaTransport, ReplicaVerb,
+};
+use sluice_engine::Engine;
+use sluice_internode::{
+    CallError, ConnectionClass, FailureDetector, FailureDetectorConfig, InboundMessage,
+    InboundQueue, Liveness, Messenger, Status,
+};
+use sluice_ring::{NodeState, TokenMetadata};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR};
+
+/// Replica requests this node runs at once; more are refused at arrival.
+pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
+
+/// Bulk-class requests (replayed hints) this node runs at once.
+pub const MAX_BULK_IN_FLIGHT: usize = 64;
+
+/// How often the hints of replicas that are back are replayed.
+const HINT_REPLAY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long one replayed hint may take.
+const HINT_REPLAY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a peer is first watched a silence means down: the failure detector
+/// reports a peer down only after it was once up, so one never heard from is marked down here.
+const NEVER_HEARD_GRACE: Duration = Duration::from_secs(2);
+
+/// How often liveness is reconciled besides the detector's events.
+const LIVENESS_RECHECK: Duration = Duration::from_millis(500);
+
+/// Sends the engine's replica requests through the node's messenger.
+pub struct MessengerTransport {
+    messenger: Arc<Messenger>,
+}
+
+impl MessengerTransport {
+    /// A transport over `messenger`.
+    pub fn new(messenger: Arc<Messenger>) -> MessengerTransport {
+        MessengerTransport { messenger }
+    }
+}
+
+/// The internode verb of a replica request.
+pub const fn verb_of(verb: ReplicaVerb) -> u16 {
+    match verb {
+        ReplicaVerb::Mutation => VERB_MUTATION,
+        ReplicaVerb::Read => VERB_READ,
+        ReplicaVerb::Repair => VERB_REPAIR,
+    }
+}
+
+/// How the coordinator counts a failed call: a refusal or an unreachable peer is a failed
+/// replica at once; only silence waits for the deadline.
+pub const fn replica_error(e: CallError) -> ReplicaError {
+    match e {
+        CallError::Timeout => ReplicaError::Timeout,
+        CallError::Overloaded | CallError::Expired | CallError::Failed | CallError::UnknownVerb => {
+            ReplicaError::Refused
+        }
+        CallError::QueueFull
+        | CallError::PeerDown
+        | CallError::TooManyInFlight
+        | CallError::TooLarge
+        | CallError::ReservedVerb
+        | CallError::WrongClass
+        | CallError::ShuttingDown => ReplicaError::Unreachable,
+    }
+}
+
+impl ReplicaTransport for MessengerTransport {
+    fn send(
+        &self,
+        to: Replica,
+        verb: ReplicaVerb,
+        body: Bytes,
+        deadline: Instant,
+    ) -> ReplicaFuture {
+        let messenger = Arc::clone(&self.messenger);
+        Box::pin(async move {
+            messenger
+                .call(
+                    to.internode,
+                    ConnectionClass::Requests,
+                    verb_of(verb),
+                    body,
+                    deadline,
+                )
+                .await
+                .map_err(|e| {
+                    tracing::debug!(error = %e, peer = %to.internode, ?verb, "replica call failed");
+                    replica_error(e)
+                })
+        })
+    }
+}
+
+/// Deadline-aware admission of replica requests: a request is turned away at arrival when
+/// the cap of requests in flight is reached, or when its remaining budget cannot cover the
+/// time requests of its verb have recently taken (so a saturated replica says so at once
+/// instead of running work whose coordinator has given up).
+#[derive(Debug)]
+pub struct ReplicaAdmission {
+    in_flight: usize,
+    cap: usize,
+    /// Smoothed service time per verb (mutation, read, repair), in nanoseconds.
+    service_nanos: [f64; 3],
+}
+
+/// Weight of a new sample in the smoothed service time.
+const SERVICE_EWMA_WEIGHT: f64 = 0.1;
+
+fn verb_index(verb: u16) -> Option<usize> {
+    match verb {
+        VERB_MUTATION => Some(0),
+        VERB_READ => Some(1),
+        VERB_REPAIR => Some(2),
+        _ => None,
+    }
+}
+
+impl ReplicaAdmission {
+    /// Admission with at most `cap` requests in flight.
+    pub fn new(cap: usize) -> ReplicaAdmission {
+        ReplicaAdmission {
+            in_flight: 0,
+            cap: cap.max(1),
+            service_nanos: [0.0; 3],
+        }
+    }
+
+    /// Requests admitted and not yet done.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The time a request of `verb` is expected to take now.
+    pub fn expected(&self, verb: u16) -> Duration {
+        let nanos = verb_index(verb).map_or(0.0, |i| self.service_nanos[i]);
+        Duration::from_nanos(nanos as u64)
+    }
+
+    /// Admits a request with `remaining` budget, or says why not (a status to answer).
+    pub fn try_admit(&mut self, verb: u16, remaining: Duration) -> Result<(), Status> {
+        if self.in_flight >= self.cap {
+            return Err(Status::Overloaded);
+        }
+        if remaining.is_zero() {
+            return Err(Status::Expired);
+        }
+        if remaining < self.expected(verb) {
+            return Err(Status::Overloaded);
+        }
+        self.in_flight += 1;
+        debug_assert!(self.in_flight <= self.cap);
+        Ok(())
+    }
+
+    /// Releases an admitted request that ran for `took`.
+    pub fn release(&mut self, verb: u16, took: Duration) {
+        debug_assert!(self.in_flight > 0, "released more than admitted");
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(i) = verb_index(verb) {
+            let sample = took.as_nanos() as f64;
+            let old = self.service_nanos[i];
+            self.service_nanos[i] = if old == 0.0 {
+                sample
+            } else {
+                old + SERVICE_EWMA_WEIGHT * (sample - old)
+            };
+        }
+    }
+}
+
+/// Counters of the replica side.
+#[derive(Debug, Default)]
+pub struct ReplicaCounters {
+    /// Requests run.
+    pub served: std::sync::atomic::AtomicU64,
+    /// Requests turned away by admission.
+    pub refused: std::sync::atomic::AtomicU64,
+}
+
+/// The thread that runs replica requests from other coordinators.
+pub struct ReplicaService {
+    thread: Option<std::thread::JoinHandle<()>>,
+    counters: Arc<ReplicaCounters>,
+}
+
+impl ReplicaService {
+    /// Starts serving `requests` (the messenger's Requests queue) on a thread of its own,
+    /// so that storage work never runs on the thread of Raft and the failure detector.
+    /// It stops when the messenger shuts down.
+    /// `bulk`, when given, is the Bulk queue: hints replayed by other nodes, served the same
+    /// way with a cap of its own.
+    pub fn start(
+        requests: InboundQueue,
+        bulk: Option<InboundQueue>,
+        engine: Arc<Engine>,
+        cap: usize,
+    ) -> std::io::Result<ReplicaService> {
+        debug_assert_eq!(requests.class(), ConnectionClass::Requests);
+        let counters = Arc::new(ReplicaCounters::default());
+        let thread_counters = Arc::clone(&counters);
+        let thread = std::thread::Builder::new()
+            .name("sluice-replica".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the replica runtime");
+                        return;
+                    }
+                };
+                let local = tokio::task::LocalSet::new();
+                if let Some(bulk) = bulk {
+                    local.spawn_local(serve(
+                        bulk,
+                        Arc::clone(&engine),
+                        MAX_BULK_IN_FLIGHT,
+                        Arc::clone(&thread_counters),
+                    ));
+                }
+                local.block_on(&runtime, serve(requests, engine, cap, thread_counters));
+            })?;
+        Ok(ReplicaService {
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    /// The service's counters.
+    pub fn counters(&self) -> &ReplicaCounters {
+        &self.counters
+    }
+
+    /// Waits for the thread to end (after the messenger shut down).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve(
+    mut requests: InboundQueue,
+    engine: Arc<Engine>,
+    cap: usize,
+    counters: Arc<ReplicaCounters>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let admission = std::rc::Rc::new(std::cell::RefCell::new(ReplicaAdmission::new(cap)));
+    while let Some(message) = requests.recv().await {
+        let verb = message.verb;
+        let remaining = message.deadline().saturating_duration_since(Instant::now());
+        if let Err(status) = admission.borrow_mut().try_admit(verb, remaining) {
+            counters.refused.fetch_add(1, Relaxed);
+            message.reply_status(status);
+            continue;
+        }
+        counters.served.fetch_add(1, Relaxed);
+        let engine = Arc::clone(&engine);
+        let admission = std::rc::Rc::clone(&admission);
+        tokio::task::spawn_local(async move {
+            let started = Instant::now();
+            handle(&engine, message).await;
+            admission.borrow_mut().release(verb, started.elapsed());
+        });
+    }
+}
+
+/// Runs one replica request and answers it.
+async fn handle(engine: &Engine, message: InboundMessage) {
+    let deadline = message.deadline();
+    let result = match message.verb {
+        VERB_MUTATION => engine
+            .apply_replica_mutations(&message.body, deadline)
+            .await
+            .map(|()| Bytes::new()),
+        VERB_READ => engine.replica_read(&message.body, deadline),
+        VERB_REPAIR => engine
+            .apply_replica_repair(&message.body, deadline)
+            .await
+            .map(|()| Bytes::new()),
+        _ => {
+            message.reply_status(Status::UnknownVerb);
+            return;
+        }
+    };
+    match result {
+        Ok(reply) => message.reply(reply),
+        Err(ReplicaRefusal::Expired) => message.reply_status(Status::Expired),
+        Err(refusal) => {
+            tracing::debug!(?refusal, from = %message.from, "replica request refused");
+            message.reply_status(Status::Failed);
+        }
+    }
+}
+
+/// Watches every peer of the ring with a failure detector and reports each liveness
+/// change through `set_up(host_id, up)` (the engine's `set_node_up`). Runs until the ring's
+/// sender is dropped; call it on the messenger's runtime.
+pub async fn follow_liveness(
+    messenger: Arc<Messenger>,
+    mut ring: watch::Receiver<Arc<TokenMetadata>>,
+    me: Uuid,
+    config: FailureDetectorConfig,
+    set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync>,
+) {
+    let detector = FailureDetector::start(&messenger, config);
+    let mut events = detector.subscribe();
+    let peers: Mutex<HashMap<SocketAddr, (Uuid, Instant)>> = Mutex::new(HashMap::new());
+    let sync_peers = |current: &TokenMetadata| {
+        let mut peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let wanted: Vec<(SocketAddr, Uuid)> = current
+            .nodes()
+            .iter()
+            .filter(|n| n.host_id != me && n.state != NodeState::Left)
+            .map(|n| (n.internode_address, n.host_id))
+            .collect();
+        peers.retain(|addr, _| {
+            let keep = wanted.iter().any(|(a, _)| a == addr);
+            if !keep {
+                detector.unwatch(*addr);
+            }
+            keep
+        });
+        for (addr, host) in wanted {
+            peers.entry(addr).or_insert_with(|| {
+                detector.watch(addr);
+                (host, now)
+            });
+        }
+    };
+    let reconcile = || {
+        let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+        for (addr, (host, since)) in peers.iter() {
+            let up = detector.is_up(*addr);
+            if up || since.elapsed() >= NEVER_HEARD_GRACE {
+                set_up(*host, up);
+            }
+        }
+    };
+    sync_peers(&ring.borrow_and_update());
+    let mut recheck = tokio::time::interval(LIVENESS_RECHECK);
+    loop {
+        tokio::select! {
+            changed = ring.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let current = Arc::clone(&ring.borrow_and_update());
+                sync_peers(&current);
+            }
+            event = events.recv() => {
+                match event {
+                    Ok(change) => {
+                        let host = peers
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get(&change.peer)
+                            .map(|(h, _)| *h);
+                        if let Some(host) = host {
+                            set_up(host, change.liveness == Liveness::Up);
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => reconcile(),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+            _ = recheck.tick() => reconcile(),
+        }
+    }
+}
+
+/// Replays the engine's hints, one at a time on the Bulk class (whose byte rate the messenger
+/// budgets), to each replica the engine believes up; what cannot be delivered waits for the
+/// next round. Runs until aborted; call it on the messenger's runtime.
+pub async fn replay_hints(
+    messenger: Arc<Messenger>,
+    engine: Arc<Engine>,
+    ring: watch::Receiver<Arc<TokenMetadata>>,
+) {
+    let mut tick = tokio::time::interval(HINT_REPLAY_INTERVAL);
+    loop {
+        tick.tick().await;
+        for host in engine.hinted_hosts() {
+            if !engine.is_node_up(host) {
+                continue;
+            }
+            let address = {
+                let ring = ring.borrow();
+                ring.index_of(host).map(|i| ring.node(i).internode_address)
+            };
+            // A node gone from the ring: its hints age out of the window.
+            let Some(address) = address else {
+                continue;
+            };
+            let mut hints = engine.take_hints(host);
+            let mut delivered = 0;
+            for (_, body) in &hints {
+                let deadline = Instant::now() + HINT_REPLAY_TIMEOUT;
+                match messenger
+                    .call(
+                        address,
+                        ConnectionClass::Bulk,
+                        VERB_MUTATION,
+                        body.clone(),
+                        deadline,
+                    )
+                    .await
+                {
+                    Ok(_) => delivered += 1,
+                    Err(e) => {
+                        tracing::debug!(error = %e, %host, "hint replay stopped");
+                        break;
+                    }
+                }
+            }
+            let rest = hints.split_off(delivered);
+            if !rest.is_empty() {
+                engine.return_hints(host, rest);
+            }
+            if delivered > 0 {
+                tracing::info!(%host, delivered, "hints replayed");
+            }
+        }
+    }
+}
+
+/// The coordinator wired into a node: the engine sends through the messenger, this node
+/// serves other coordinators' requests, and liveness follows the failure detector.
+pub struct Coordination {
+    service: ReplicaService,
+    liveness: tokio::task::JoinHandle<()>,
+    hints: tokio::task::JoinHandle<()>,
+}
+
+impl Coordination {
+    /// Makes `engine` a coordinator over `node`'s messenger. Call it from within the
+    /// messenger's runtime (the failure detector and its follower run there).
+    pub fn start(node: &crate::ClusterNode, engine: Arc<Engine>) -> std::io::Result<Coordination> {
+        let messenger = Arc::clone(node.messenger());
+        engine.set_replica_transport(Arc::new(MessengerTransport::new(Arc::clone(&messenger))));
+        let requests = messenger
+            .take_inbound(ConnectionClass::Requests)
+            .ok_or_else(|| std::io::Error::other("the Requests queue is already served"))?;
+        let bulk = messenger.take_inbound(ConnectionClass::Bulk);
+        let service =
+            ReplicaService::start(requests, bulk, Arc::clone(&engine), MAX_REPLICA_IN_FLIGHT)?;
+        let hints = tokio::spawn(replay_hints(
+            Arc::clone(&messenger),
+            Arc::clone(&engine),
+            node.ring(),
+        ));
+        let set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync> = Arc::new(move |host, up| {
+            engine.set_node_up(host, up);
+        });
+        let liveness = tokio::spawn(follow_liveness(
+            messenger,
+            node.ring(),
+            node.host_id(),
+            FailureDetectorConfig::default(),
+            set_up,
+        ));
+        Ok(Coordination {
+            service,
+            liveness,
+            hints,
+        })
+    }
+
+    /// The replica side's counters.
+    pub fn counters(&self) -> &ReplicaCounters {
+        self.service.counters()
+    }
+
+    /// Stops following liveness and waits for the replica thread, which ends once the
+    /// messenger has shut down (`ClusterNode::stop`).
+    pub fn join(self) {
+        self.liveness.abort();
+        self.hints.abort();
+        self.service.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_caps_in_flight_and_refuses_what_cannot_finish() {
+        let mut a = ReplicaAdmission::new(2);
+        let budget = Duration::from_millis(100);
+        assert_eq!(a.try_admit(VERB_MUTATION, budget), Ok(()));
+        assert_eq!(a.try_admit(VERB_MUTATION, budget), Ok(()));
+        // Full: refused at once, whatever the budget.
+        assert_eq!(
+            a.try_admit(VERB_MUTATION, Duration::from_secs(10)),
+            Err(Status::Overloaded)
+        );
+        a.release(VERB_MUTATION, Duration::from_millis(50));
+        assert_eq!(a.in_flight(), 1);
+        // Mutations now take about 50 ms: 20 ms left cannot be enough, 80 ms can.
+        assert_eq!(
+            a.try_admit(VERB_MUTATION, Duration::from_millis(20)),
+            Err(Status::Overloaded)
+        );
+        assert_eq!(
+            a.try_admit(VERB_MUTATION, Duration::from_millis(80)),
+            Ok(())
+        );
+        // Reads have their own history; nothing left is expired work.
+        a.release(VERB_MUTATION, Duration::from_millis(50));
+        assert_eq!(a.try_admit(VERB_READ, Duration::from_millis(1)), Ok(()));
+        a.release(VERB_READ, Duration::from_micros(10));
+        assert_eq!(a.try_admit(VERB_READ, Duration::ZERO), Err(Status::Expired));
+        a.release(VERB_MUTATION, Duration::from_millis(50));
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn call_errors_map_to_failures_or_timeouts() {
+        assert_eq!(replica_error(CallError::Timeout), ReplicaError::Timeout);
+        for refused in [CallError::Overloaded, CallError::Expired, CallError::Failed] {
+            assert_eq!(replica_error(refused), ReplicaError::Refused);
+        }
+        for unreachable in [
+            CallError::QueueFull,
+            CallError::PeerDown,
+            CallError::TooManyInFlight,
+        ] {
+            assert_eq!(replica_error(unreachable), ReplicaError::Unreachable);
+        }
+    }
+}

@@ -1,0 +1,790 @@
+//! The coordinator over a fake transport: three engines in one process, the first one
+//! coordinating, the others reached through a transport that can refuse, drop or answer.
+
+use super::*;
+use crate::coordinator::{
+    requirement, Replica, ReplicaError, ReplicaFuture, ReplicaTransport, ReplicaVerb, Requirement,
+    Tally, TargetState,
+};
+use proptest::prelude::*;
+use sluice_ring::{Node, NodeState, Replication, Token, TokenMetadata};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+use uuid::Uuid;
+
+const TABLE_ID: &str = "7d3c5d36-1f4e-4e55-9f3c-2b0d8f7e6a11";
+
+/// What a fake replica does with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Behaviour {
+    /// Runs it on its engine and answers.
+    Serve,
+    /// Answers at once that it refuses.
+    Refuse,
+    /// Never answers (the call times out at its deadline).
+    Drop,
+}
+
+#[derive(Default)]
+struct FakeTransport {
+    replicas: Mutex<HashMap<Uuid, (Arc<Engine>, Behaviour)>>,
+    /// (to, verb) of every request sent.
+    sent: Mutex<Vec<(Uuid, ReplicaVerb)>>,
+}
+
+impl FakeTransport {
+    fn set(&self, host: Uuid, behaviour: Behaviour) {
+        if let Some(r) = self.replicas.lock().unwrap().get_mut(&host) {
+            r.1 = behaviour;
+        }
+    }
+
+    fn sent_to(&self, host: Uuid) -> usize {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(h, _)| *h == host)
+            .count()
+    }
+}
+
+impl ReplicaTransport for FakeTransport {
+    fn send(
+        &self,
+        to: Replica,
+        verb: ReplicaVerb,
+        body: Bytes,
+        deadline: Instant,
+    ) -> ReplicaFuture {
+        self.sent.lock().unwrap().push((to.host_id, verb));
+        let Some((engine, behaviour)) = self.replicas.lock().unwrap().get(&to.host_id).cloned()
+        else {
+            return Box::pin(async { Err(ReplicaError::Unreachable) });
+        };
+        Box::pin(async move {
+            match behaviour {
+                Behaviour::Refuse => Err(ReplicaError::Refused),
+                Behaviour::Drop => {
+                    tokio::time::sleep_until(deadline.into()).await;
+                    Err(ReplicaError::Timeout)
+                }
+                Behaviour::Serve => {
+                    let result = match verb {
+                        ReplicaVerb::Mutation => engine
+                            .apply_replica_mutations(&body, deadline)
+                            .await
+                            .map(|()| Bytes::new()),
+                        ReplicaVerb::Read => engine.replica_read(&body, deadline),
+                        ReplicaVerb::Repair => engine
+                            .apply_replica_repair(&body, deadline)
+                            .await
+                            .map(|()| Bytes::new()),
+                    };
+                    result.map_err(|_| ReplicaError::Refused)
+                }
+            }
+        })
+    }
+}
+
+fn host(i: u8) -> Uuid {
+    Uuid::from_u128(0x1000 + u128::from(i))
+}
+
+fn ring_node(i: u8) -> Node {
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, i));
+    Node {
+        host_id: host(i),
+        cql_address: std::net::SocketAddr::new(ip, 9042),
+        internode_address: std::net::SocketAddr::new(ip, 7000),
+        dc: "datacenter1".into(),
+        rack: format!("rack{i}"),
+        tokens: vec![Token(i64::from(i) * (i64::MAX / 8))],
+        state: NodeState::Normal,
+    }
+}
+
+/// Three engines sharing one schema (same table id); the first coordinates.
+struct Trio {
+    nodes: Vec<H>,
+    transport: Arc<FakeTransport>,
+}
+
+impl Trio {
+    async fn new() -> Trio {
+        let transport = Arc::new(FakeTransport::default());
+        let mut nodes = Vec::new();
+        for i in 1..=3u8 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut info = NodeInfo::single(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 9042, host(i));
+            info.tokens = ring_node(i).tokens.iter().map(|t| t.0).collect();
+            let engine = Engine::open(open_storage(dir.path()), info).unwrap();
+            let mut h = H {
+                engine,
+                session: Session::default(),
+                dir,
+                now: None,
+            };
+            h.ok("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}").await;
+            h.ok(&format!(
+                "CREATE TABLE ks.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {TABLE_ID}"
+            ))
+            .await;
+            if i > 1 {
+                transport
+                    .replicas
+                    .lock()
+                    .unwrap()
+                    .insert(host(i), (h.engine.clone(), Behaviour::Serve));
+            }
+            nodes.push(h);
+        }
+        let ring = TokenMetadata::new((1..=3).map(ring_node).collect()).unwrap();
+        nodes[0].engine.set_ring(Arc::new(ring));
+        assert!(nodes[0].engine.set_replica_transport(transport.clone()));
+        Trio { nodes, transport }
+    }
+
+    async fn run(
+        &mut self,
+        node: usize,
+        q: &str,
+        cl: Consistency,
+    ) -> Result<ResultMessage, DetailedError> {
+        self.run_with_deadline(node, q, cl, Duration::from_secs(5))
+            .await
+    }
+
+    async fn run_with_deadline(
+        &mut self,
+        node: usize,
+        q: &str,
+        cl: Consistency,
+        budget: Duration,
+    ) -> Result<ResultMessage, DetailedError> {
+        let h = &mut self.nodes[node];
+        let p = h.engine.prepare(None, q)?;
+        let mut ctx = h.ctx();
+        ctx.deadline = Some(Instant::now() + budget);
+        let params = QueryParameters {
+            consistency: cl,
+            ..QueryParameters::default()
+        };
+        h.engine.execute(&mut h.session, &p, &params, &ctx).await
+    }
+
+    /// The rows of `ks.t` partition 1 on one node, read locally at ONE.
+    async fn local_rows(&mut self, node: usize) -> Vec<Vec<Option<Bytes>>> {
+        self.nodes[node]
+            .select("SELECT ck, v FROM ks.t WHERE pk = 1", vec![])
+            .await
+    }
+}
+
+fn error_of(r: Result<ResultMessage, DetailedError>) -> DbError {
+    match r {
+        Err(e) => e.error,
+        Ok(r) => panic!("expected an error, got {r:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_write_reaches_every_replica_with_one_timestamp() {
+    let mut trio = Trio::new().await;
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    let mut writetimes = Vec::new();
+    for node in 0..3 {
+        let rows = trio.nodes[node]
+            .select(
+                "SELECT v, writetime(v) FROM ks.t WHERE pk = 1 AND ck = 1",
+                vec![],
+            )
+            .await;
+        assert_eq!(ctext(&rows[0][0]), "a", "node {node}");
+        writetimes.push(cbig(&rows[0][1]));
+    }
+    assert!(
+        writetimes.iter().all(|&w| w == writetimes[0]),
+        "{writetimes:?}"
+    );
+    assert_eq!(trio.transport.sent_to(host(2)), 1);
+    assert_eq!(trio.transport.sent_to(host(3)), 1);
+}
+
+#[tokio::test]
+async fn refusals_fail_fast_and_silence_times_out_with_the_counts() {
+    let mut trio = Trio::new().await;
+    let insert = "INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'b')";
+    // One refusal leaves a quorum.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    trio.run(0, insert, Consistency::Quorum).await.unwrap();
+    // Two refusals make QUORUM impossible: Write_failure at once, not a timeout.
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let started = Instant::now();
+    let e = error_of(trio.run(0, insert, Consistency::Quorum).await);
+    assert_eq!(
+        e,
+        DbError::ReplicaWriteFailure {
+            consistency: Consistency::Quorum,
+            received: 1,
+            block_for: 2,
+            failures: 2,
+            write_type: sluice_protocol::WriteType::Simple,
+        }
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // A replica that never answers: Write_timeout at the deadline with what was received.
+    trio.transport.set(host(2), Behaviour::Serve);
+    trio.transport.set(host(3), Behaviour::Drop);
+    let started = Instant::now();
+    let e = error_of(
+        trio.run_with_deadline(0, insert, Consistency::All, Duration::from_millis(300))
+            .await,
+    );
+    assert_eq!(
+        e,
+        DbError::WriteTimeout {
+            consistency: Consistency::All,
+            received: 2,
+            block_for: 3,
+            write_type: sluice_protocol::WriteType::Simple,
+        }
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // A batch's write type travels in its errors.
+    let batch = "BEGIN UNLOGGED BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 3, 'c'); \
+                 INSERT INTO ks.t (pk, ck, v) VALUES (2, 3, 'c'); APPLY BATCH";
+    let e = error_of(
+        trio.run_with_deadline(0, batch, Consistency::All, Duration::from_millis(200))
+            .await,
+    );
+    assert!(
+        matches!(
+            e,
+            DbError::WriteTimeout {
+                write_type: sluice_protocol::WriteType::UnloggedBatch,
+                received: 2,
+                block_for: 3,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_marked_down_gets_nothing_and_too_few_is_unavailable() {
+    let mut trio = Trio::new().await;
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let insert = "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')";
+    let e = error_of(trio.run(0, insert, Consistency::All).await);
+    assert_eq!(
+        e,
+        DbError::Unavailable {
+            consistency: Consistency::All,
+            required: 3,
+            alive: 2,
+        }
+    );
+    // Nothing was sent, and nothing was written locally either.
+    assert_eq!(trio.transport.sent.lock().unwrap().len(), 0);
+    assert!(trio.local_rows(0).await.is_empty());
+    trio.run(0, insert, Consistency::Quorum).await.unwrap();
+    assert_eq!(trio.transport.sent_to(host(3)), 0);
+    assert_eq!(trio.local_rows(1).await.len(), 1);
+    assert!(trio.local_rows(2).await.is_empty());
+    // Reads: ALL is unavailable, QUORUM reads this node and node 2.
+    let e = error_of(
+        trio.run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::All)
+            .await,
+    );
+    assert!(
+        matches!(
+            e,
+            DbError::Unavailable {
+                required: 3,
+                alive: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    trio.run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::Quorum)
+        .await
+        .unwrap();
+    // ANY is for writes only.
+    let e = trio
+        .run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::Any)
+        .await
+        .unwrap_err();
+    assert_eq!(e.error, DbError::Invalid);
+    assert!(e.message.contains("ANY"), "{}", e.message);
+}
+
+#[tokio::test]
+async fn read_repair_keeps_the_newest_including_a_newer_tombstone() {
+    let mut trio = Trio::new().await;
+    // Everyone has (1, 1) = 'old' at 10.
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'old') USING TIMESTAMP 10",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    // Node 2 alone deletes it at 20; node 1 alone updates it at 15 and adds (1, 2).
+    trio.nodes[1]
+        .ok("DELETE FROM ks.t USING TIMESTAMP 20 WHERE pk = 1 AND ck = 1")
+        .await;
+    trio.transport.set(host(2), Behaviour::Refuse);
+    trio.transport.set(host(3), Behaviour::Refuse);
+    trio.run(
+        0,
+        "BEGIN UNLOGGED BATCH USING TIMESTAMP 15 \
+         UPDATE ks.t SET v = 'newer' WHERE pk = 1 AND ck = 1; \
+         INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'only on 1'); APPLY BATCH",
+        Consistency::One,
+    )
+    .await
+    .unwrap();
+    trio.transport.set(host(2), Behaviour::Serve);
+    trio.transport.set(host(3), Behaviour::Serve);
+    // Node 3 is down, so a QUORUM read compares nodes 1 and 2.
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let rows = match trio
+        .run(
+            0,
+            "SELECT ck, v FROM ks.t WHERE pk = 1",
+            Consistency::Quorum,
+        )
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => cells(&r),
+        other => panic!("{other:?}"),
+    };
+    // The tombstone at 20 beats the update at 15: not resurrected.
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(cint(&rows[0][0]), 2);
+    assert_eq!(trio.nodes[0].engine.read_repairs(), 1);
+    // Both replicas now hold the same partition; node 3 was not touched.
+    let raw = |h: &H| {
+        h.engine
+            .storage()
+            .read_raw_partition(
+                *uuid::Uuid::parse_str(TABLE_ID).unwrap().as_bytes(),
+                sluice_types::token::murmur3_token(&1i32.to_be_bytes()),
+                &1i32.to_be_bytes(),
+            )
+            .unwrap()
+    };
+    assert_eq!(raw(&trio.nodes[0]), raw(&trio.nodes[1]));
+    assert_eq!(trio.local_rows(1).await.len(), 1);
+    assert_eq!(trio.local_rows(2).await.len(), 1);
+    // A second read finds them equal: no further repair.
+    trio.run(
+        0,
+        "SELECT ck, v FROM ks.t WHERE pk = 1",
+        Consistency::Quorum,
+    )
+    .await
+    .unwrap();
+    assert_eq!(trio.nodes[0].engine.read_repairs(), 1);
+    // A refusing replica makes the read fail fast; a silent one times out.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    let e = error_of(
+        trio.run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::Quorum)
+            .await,
+    );
+    assert_eq!(
+        e,
+        DbError::ReplicaReadFailure {
+            consistency: Consistency::Quorum,
+            received: 1,
+            block_for: 2,
+            failures: 1,
+            data_present: true,
+        }
+    );
+    trio.transport.set(host(2), Behaviour::Drop);
+    let e = error_of(
+        trio.run_with_deadline(
+            0,
+            "SELECT v FROM ks.t WHERE pk = 1",
+            Consistency::Quorum,
+            Duration::from_millis(200),
+        )
+        .await,
+    );
+    assert_eq!(
+        e,
+        DbError::ReadTimeout {
+            consistency: Consistency::Quorum,
+            received: 1,
+            block_for: 2,
+            data_present: true,
+        }
+    );
+    // ONE reads locally with no message.
+    let before = trio.transport.sent.lock().unwrap().len();
+    trio.run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::One)
+        .await
+        .unwrap();
+    assert_eq!(trio.transport.sent.lock().unwrap().len(), before);
+}
+
+#[tokio::test]
+async fn replicas_refuse_malformed_bodies_unknown_tables_and_expired_work() {
+    let trio = Trio::new().await;
+    let engine = &trio.nodes[1].engine;
+    let later = Instant::now() + Duration::from_secs(5);
+    assert!(matches!(
+        engine
+            .apply_replica_mutations(&Bytes::from_static(b"\x01\xff"), later)
+            .await,
+        Err(crate::coordinator::ReplicaRefusal::Malformed(_))
+    ));
+    let m = sluice_storage::Mutation {
+        table: [9; 16],
+        token: 0,
+        partition_key: Bytes::from_static(b"k"),
+        partition_deletion: Some(1),
+        range_deletions: vec![],
+        static_row: None,
+        rows: vec![],
+    };
+    let body = crate::replica_msg::encode_mutations(&[&m]);
+    assert_eq!(
+        engine.apply_replica_mutations(&body, later).await,
+        Err(crate::coordinator::ReplicaRefusal::UnknownTable)
+    );
+    let mut m = m;
+    m.table = *uuid::Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
+    let body = crate::replica_msg::encode_mutations(&[&m]);
+    assert_eq!(
+        engine.apply_replica_mutations(&body, Instant::now()).await,
+        Err(crate::coordinator::ReplicaRefusal::Expired)
+    );
+}
+
+fn simple_ring(nodes: u8) -> TokenMetadata {
+    TokenMetadata::new((1..=nodes).map(ring_node).collect()).unwrap()
+}
+
+proptest! {
+    /// blockFor as Cassandra's, for every level and factor of a SimpleStrategy keyspace.
+    #[test]
+    fn block_for_follows_cassandra(rf in 1u32..8) {
+        let ring = simple_ring(3);
+        let replication = Replication::Simple { factor: rf };
+        let bf = |cl| requirement(cl, &replication, &ring, "datacenter1", true).unwrap().block_for;
+        prop_assert_eq!(bf(Consistency::One), 1);
+        prop_assert_eq!(bf(Consistency::Any), 1);
+        prop_assert_eq!(bf(Consistency::LocalOne), 1);
+        prop_assert_eq!(bf(Consistency::Two), 2);
+        prop_assert_eq!(bf(Consistency::Three), 3);
+        prop_assert_eq!(bf(Consistency::Quorum), rf / 2 + 1);
+        prop_assert_eq!(bf(Consistency::LocalQuorum), rf / 2 + 1);
+        prop_assert_eq!(bf(Consistency::EachQuorum), rf / 2 + 1);
+        prop_assert_eq!(bf(Consistency::All), rf);
+        prop_assert!(requirement(Consistency::Serial, &replication, &ring, "datacenter1", true).is_err());
+    }
+
+    /// A tally is met once blockFor targets acknowledged, impossible once
+    /// `blockfor + failed > total`, and never both.
+    #[test]
+    fn tally_met_and_impossible(total in 1usize..7, bf in 1u32..7, acks in 0usize..7, fails in 0usize..7) {
+        prop_assume!(acks + fails <= total);
+        let mut targets = vec![(0u16, TargetState::Pending); total];
+        for t in targets.iter_mut().take(acks) { t.1 = TargetState::Acked; }
+        for t in targets.iter_mut().skip(acks).take(fails) { t.1 = TargetState::Failed; }
+        let tally = Tally {
+            req: Requirement { consistency: Consistency::Quorum, block_for: bf, only_dc: None, per_dc: vec![] },
+            targets,
+        };
+        prop_assert_eq!(tally.met(), acks as u32 >= bf);
+        prop_assert_eq!(tally.impossible(), bf + fails as u32 > total as u32);
+        prop_assert_eq!(tally.received(), acks as u32);
+        prop_assert_eq!(tally.failures(), fails as u32);
+        if (bf as usize) <= total { prop_assert!(!(tally.met() && tally.impossible())); }
+    }
+}
+
+#[test]
+fn network_topology_levels_count_their_data_centers() {
+    let mut nodes: Vec<Node> = (1..=6).map(ring_node).collect();
+    for n in nodes.iter_mut().skip(3) {
+        n.dc = "dc2".into();
+    }
+    for n in nodes.iter_mut().take(3) {
+        n.dc = "dc1".into();
+    }
+    let ring = TokenMetadata::new(nodes).unwrap();
+    let replication = Replication::NetworkTopology {
+        factors: vec![("dc1".into(), 3), ("dc2".into(), 2)],
+    };
+    let req = |cl| requirement(cl, &replication, &ring, "dc1", true).unwrap();
+    assert_eq!(req(Consistency::Quorum).block_for, 3);
+    assert_eq!(req(Consistency::All).block_for, 5);
+    let local = req(Consistency::LocalQuorum);
+    assert_eq!((local.block_for, local.only_dc), (2, ring.dc_named("dc1")));
+    let each = req(Consistency::EachQuorum);
+    assert_eq!(each.block_for, 4);
+    // dc1 has all three up, dc2 one of two: EACH_QUORUM reports dc2's counts.
+    let dc1 = ring.dc_named("dc1").unwrap();
+    let dc2 = ring.dc_named("dc2").unwrap();
+    let alive = [
+        (dc1, true),
+        (dc1, true),
+        (dc1, true),
+        (dc2, true),
+        (dc2, false),
+    ];
+    assert_eq!(
+        each.check_alive(&alive),
+        Err(DbError::Unavailable {
+            consistency: Consistency::EachQuorum,
+            required: 2,
+            alive: 1
+        })
+    );
+    assert_eq!(local.check_alive(&alive), Ok(()));
+    // LOCAL_QUORUM counts only dc1's acknowledgements.
+    let tally = Tally {
+        req: local,
+        targets: vec![
+            (dc1, TargetState::Acked),
+            (dc2, TargetState::Acked),
+            (dc2, TargetState::Acked),
+        ],
+    };
+    assert!(!tally.met());
+}
+
+#[tokio::test]
+async fn a_read_target_that_fails_fast_is_replaced_by_a_spare() {
+    let mut trio = Trio::new().await;
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    // Both others are up as far as this node knows, but node 2 refuses everything.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = error_of(
+        trio.run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::Quorum)
+            .await,
+    );
+    assert!(
+        matches!(
+            e,
+            DbError::ReplicaReadFailure {
+                received: 1,
+                block_for: 2,
+                failures: 2,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    trio.transport.set(host(3), Behaviour::Serve);
+    let before = trio.transport.sent_to(host(3));
+    let rows = match trio
+        .run(0, "SELECT v FROM ks.t WHERE pk = 1", Consistency::Quorum)
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => cells(&r),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(ctext(&rows[0][0]), "a");
+    assert!(trio.transport.sent_to(host(3)) > before);
+}
+
+#[tokio::test]
+async fn a_replica_that_is_down_gets_a_hint_that_replays_its_writes() {
+    let mut trio = Trio::new().await;
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')",
+        Consistency::Quorum,
+    )
+    .await
+    .unwrap();
+    assert_eq!(trio.transport.sent_to(host(3)), 0);
+    let stats = trio.nodes[0].engine.hint_stats();
+    assert_eq!((stats.held, stats.stored), (1, 1));
+    assert_eq!(trio.nodes[0].engine.hinted_hosts(), vec![host(3)]);
+    assert!(trio.local_rows(2).await.is_empty());
+    // The hint is the MUTATION node 3 would have got: replayed, node 3 has the row.
+    let hints = trio.nodes[0].engine.take_hints(host(3));
+    assert_eq!(hints.len(), 1);
+    let later = Instant::now() + Duration::from_secs(5);
+    trio.nodes[2]
+        .engine
+        .apply_replica_mutations(&hints[0].1, later)
+        .await
+        .unwrap();
+    assert_eq!(trio.local_rows(2).await.len(), 1);
+    assert_eq!(trio.nodes[0].engine.hint_stats().held, 0);
+    // Hints off: nothing is kept.
+    trio.nodes[0].engine.set_hinted_handoff(false);
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 'b')",
+        Consistency::Quorum,
+    )
+    .await
+    .unwrap();
+    assert_eq!(trio.nodes[0].engine.hint_stats().held, 0);
+}
+
+#[test]
+fn hints_are_bounded_in_bytes_and_age() {
+    let store = crate::coordinator::HintStore::new(10, Duration::from_secs(60));
+    let t0 = Instant::now();
+    let body = |n: usize| Bytes::from(vec![0u8; n]);
+    assert!(store.store(host(2), body(6), t0));
+    assert!(!store.store(host(2), body(6), t0), "over the byte bound");
+    assert!(store.store(host(3), body(4), t0));
+    let s = store.stats();
+    assert_eq!((s.held, s.bytes, s.stored, s.dropped), (2, 10, 2, 1));
+    // Past the window, hints are dropped, not replayed.
+    let late = t0 + Duration::from_secs(61);
+    assert!(store.take(host(2), late).is_empty());
+    let s = store.stats();
+    assert_eq!((s.held, s.bytes, s.dropped), (0, 0, 3));
+    // A failed replay puts its hints back ahead of newer ones.
+    assert!(store.store(host(2), body(2), late));
+    store.put_back(host(2), vec![(t0 + Duration::from_secs(30), body(1))]);
+    let back = store.take(host(2), late);
+    assert_eq!(
+        back.iter().map(|(_, b)| b.len()).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+#[tokio::test]
+async fn a_slow_read_target_is_overtaken_by_a_speculative_one() {
+    let mut trio = Trio::new().await;
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    let read = "SELECT v FROM ks.t WHERE pk = 1";
+    // Replicas answering teach the coordinator their usual latency.
+    for _ in 0..5 {
+        trio.run(0, read, Consistency::Quorum).await.unwrap();
+    }
+    assert_eq!(trio.nodes[0].engine.speculative_reads(), 0);
+    // One silent replica at a time (still up for the failure detector): whichever is asked
+    // first, the read answers long before its 2 s deadline.
+    for (silent, serving) in [(host(2), host(3)), (host(3), host(2))] {
+        trio.transport.set(silent, Behaviour::Drop);
+        trio.transport.set(serving, Behaviour::Serve);
+        let started = Instant::now();
+        let rows = match trio
+            .run_with_deadline(0, read, Consistency::Quorum, Duration::from_secs(2))
+            .await
+            .unwrap()
+        {
+            ResultMessage::Rows(r) => cells(&r),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ctext(&rows[0][0]), "a");
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(trio.nodes[0].engine.speculative_reads(), 1);
+}
+
+#[test]
+fn speculation_stays_within_its_budget_and_waits_for_slowness() {
+    let s = crate::coordinator::Speculation::default();
+    let sent = Instant::now();
+    let deadline = sent + Duration::from_secs(2);
+    // No latency known yet: half the budget.
+    assert_eq!(s.point(sent, deadline), sent + Duration::from_secs(1));
+    s.note_latency(Duration::from_millis(10));
+    assert_eq!(s.point(sent, deadline), sent + Duration::from_millis(20));
+    // Each sample moves the smoothed latency by an eighth: fast replicas bring it down.
+    s.note_latency(Duration::from_micros(10));
+    assert_eq!(
+        s.point(sent, deadline) - sent,
+        Duration::from_nanos(17_502_500)
+    );
+    for _ in 0..100 {
+        s.note_latency(Duration::from_micros(10));
+    }
+    assert_eq!(
+        s.point(sent, deadline) - sent,
+        Duration::from_millis(2),
+        "never earlier than the floor"
+    );
+    // A burst of ten, then one per ten reads.
+    let taken = (0..20).filter(|_| s.take()).count();
+    assert_eq!(taken, 10);
+    for _ in 0..100 {
+        s.count_read();
+    }
+    let taken = (0..20).filter(|_| s.take()).count();
+    assert_eq!(taken, 10);
+    assert_eq!(s.speculated(), 20);
+}
+
+#[tokio::test]
+async fn counters_are_compared_but_never_merged_twice() {
+    let mut trio = Trio::new().await;
+    for h in &mut trio.nodes {
+        h.ok("CREATE TABLE ks.c (pk int PRIMARY KEY, n counter) WITH id = 6e1f0a52-8d3b-4c07-a1e2-5b9d4c3f2e10")
+            .await;
+    }
+    trio.run(
+        0,
+        "UPDATE ks.c SET n = n + 1 WHERE pk = 1",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    // Node 2 alone counts one more: the replicas differ.
+    trio.nodes[1]
+        .ok("UPDATE ks.c SET n = n + 1 WHERE pk = 1")
+        .await;
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let rows = match trio
+        .run(0, "SELECT n FROM ks.c WHERE pk = 1", Consistency::Quorum)
+        .await
+        .unwrap()
+    {
+        ResultMessage::Rows(r) => cells(&r),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(cbig(&rows[0][0]), 1);
+    assert_eq!(trio.nodes[0].engine.read_repairs(), 0);
+    let on_two = trio.nodes[1]
+        .select("SELECT n FROM ks.c WHERE pk = 1", vec![])
+        .await;
+    assert_eq!(
+        cbig(&on_two[0][0]),
+        2,
+        "node 2's count is not merged into itself again"
+    );
+}
