@@ -1,8 +1,12 @@
 package linearizability
 
 import (
+	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 )
 
 // Eight clients, six keys: inserts if not exists, compare-and-sets and SERIAL reads.
@@ -34,4 +38,62 @@ func TestTransactionalModeFullPlainWritesAndLWTAreLinearizable(t *testing.T) {
 		clients: 8, keys: 6, duration: 6 * time.Second, plainWritesSameKeys: true,
 		tableOptions: "WITH transactional_mode = 'full'",
 	})
+}
+
+// With transactional_mode = 'off' (the default) plain writes keep the client's timestamp and
+// last-write-wins: a plain write acknowledged after a conditional write can lose to it. Run
+// only on request (LINZ_NEGATIVE=1); it reports what porcupine found without asserting it.
+func TestTransactionalModeOffPlainWritesRacingLWT(t *testing.T) {
+	if os.Getenv("LINZ_NEGATIVE") != "1" {
+		t.Skip("set LINZ_NEGATIVE=1 to run the transactional_mode 'off' control")
+	}
+	res := record(t, workload{clients: 8, keys: 6, duration: 6 * time.Second, plainWritesSameKeys: true})
+	summarize(t, res)
+	result, path, info := check(t, res.history)
+	t.Logf("transactional_mode 'off', plain writes racing LWT on the same keys: porcupine %s %s", result, path)
+	for _, line := range explainViolation(res.history, info) {
+		t.Log(line)
+	}
+	if result == porcupine.Ok {
+		t.Errorf("porcupine accepted the history: no lost plain write this run")
+	}
+}
+
+// explainViolation describes, for each key with no full linearization, the end of porcupine's
+// longest partial linearization and the earliest-returning operation it could not place.
+func explainViolation(history []porcupine.Operation, info porcupine.LinearizationInfo) []string {
+	var lines []string
+	partials := info.PartialLinearizationsOperations()
+	for p, part := range partitionByKey(history) {
+		if p >= len(partials) {
+			break
+		}
+		var longest []porcupine.Operation
+		for _, lin := range partials[p] {
+			if len(lin) > len(longest) {
+				longest = lin
+			}
+		}
+		if len(longest) == len(part) {
+			continue
+		}
+		placed := map[[2]int64]bool{}
+		for _, op := range longest {
+			placed[[2]int64{op.Call, int64(op.ClientId)}] = true
+		}
+		var stuck *porcupine.Operation
+		for i, op := range part {
+			if !placed[[2]int64{op.Call, int64(op.ClientId)}] && (stuck == nil || op.Return < stuck.Return) {
+				stuck = &part[i]
+			}
+		}
+		lines = append(lines, fmt.Sprintf("key %d: %d of %d operations linearized; the last ones:", part[0].Input.(Input).Key, len(longest), len(part)))
+		for _, op := range longest[max(0, len(longest)-3):] {
+			lines = append(lines, fmt.Sprintf("  %s [%d..%d ns]", describeOperation(op.Input, op.Output), op.Call, op.Return))
+		}
+		if stuck != nil {
+			lines = append(lines, fmt.Sprintf("  cannot place next: %s [%d..%d ns]", describeOperation(stuck.Input, stuck.Output), stuck.Call, stuck.Return))
+		}
+	}
+	return lines
 }

@@ -70,6 +70,10 @@ func (r *recorder) add(op porcupine.Operation) {
 
 func (r *recorder) noteError(err error) {
 	msg := err.Error()
+	// Socket errors name the client's ephemeral port; keep their cause only, so they add up.
+	if i := strings.LastIndex(msg, ": "); i >= 0 && strings.Contains(msg, " tcp ") {
+		msg = msg[i+2:]
+	}
 	if len(msg) > 80 {
 		msg = msg[:80]
 	}
@@ -364,18 +368,18 @@ func visualizationPath(t *testing.T) string {
 
 // check runs porcupine on the history; on anything but Ok it writes the visualization and
 // returns its path.
-func check(t *testing.T, history []porcupine.Operation) (porcupine.CheckResult, string) {
+func check(t *testing.T, history []porcupine.Operation) (porcupine.CheckResult, string, porcupine.LinearizationInfo) {
 	began := time.Now()
 	result, info := porcupine.CheckOperationsVerbose(RegisterModel, history, 60*time.Second)
 	t.Logf("porcupine: %s in %v", result, time.Since(began).Round(time.Millisecond))
 	if result == porcupine.Ok {
-		return result, ""
+		return result, "", info
 	}
 	path := visualizationPath(t)
 	if err := porcupine.VisualizePath(RegisterModel, info, path); err != nil {
 		t.Errorf("writing the visualization: %v", err)
 	}
-	return result, path
+	return result, path, info
 }
 
 // requireLinearizable records a run and fails the test unless porcupine finds it linearizable.
@@ -385,7 +389,7 @@ func requireLinearizable(t *testing.T, w workload) runResult {
 	if len(res.history) < 100 {
 		t.Fatalf("only %d operations recorded: the run checked too little", len(res.history))
 	}
-	result, path := check(t, res.history)
+	result, path, _ := check(t, res.history)
 	if result != porcupine.Ok {
 		t.Fatalf("history is not linearizable (porcupine: %s); visualization: %s", result, path)
 	}
