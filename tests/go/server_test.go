@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -58,8 +59,10 @@ func freePort() int {
 }
 
 // startServer starts sluice with `--durability batch` (acknowledged writes are fsynced) and
-// stops it and removes its data when the test ends.
+// stops it and removes its data when the test ends. LINZ_SERVER_FLAGS adds flags to every
+// server, to run the same checks against other settings.
 func startServer(t *testing.T, extra ...string) *server {
+	extra = append(extra, strings.Fields(os.Getenv("LINZ_SERVER_FLAGS"))...)
 	s := &server{t: t, bin: sluiceBin(t), dataDir: t.TempDir(), extra: extra}
 	s.logPath = filepath.Join(s.dataDir, "server.log")
 	var err error
