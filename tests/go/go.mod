@@ -4,11 +4,7 @@ go 1.26
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
-	github.com/gocql/gocql v1.7.0
+	github.com/apache/cassandra-gocql-driver/v2 v2.1.2
 )
 
-require (
-	github.com/golang/snappy v0.0.3 // indirect
-	github.com/hailocab/go-hostpool v0.0.0-20160125115350-e80d13ce29ed // indirect
-	gopkg.in/inf.v0 v0.9.1 // indirect
-)
+require gopkg.in/inf.v0 v0.9.1 // indirect

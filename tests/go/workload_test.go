@@ -3,8 +3,6 @@ package linearizability
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -16,14 +14,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/gocql/gocql"
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
 )
-
-func init() {
-	// The driver logs every failed reconnection while the server is killed; the test reports
-	// errors itself.
-	gocql.Logger = log.New(io.Discard, "", 0)
-}
 
 // workload describes one recorded run.
 type workload struct {
