@@ -30,7 +30,6 @@ type workload struct {
 	// plainWritesSameKeys makes clients also issue plain writes to the checked keys.
 	plainWritesSameKeys bool
 	tableOptions        string // e.g. "WITH transactional_mode = 'full'"
-	serverFlags         []string
 }
 
 // recorder collects completed operations with times from one monotonic clock.
@@ -300,7 +299,7 @@ func runPlainWriter(s *server, first int, count *atomic.Int64, end time.Time) {
 // record starts a server, runs the workload (with its kill, if any) and returns the history,
 // which ends with one SERIAL read of every key by a fresh client.
 func record(t *testing.T, w workload) runResult {
-	s := startServer(t, w.serverFlags...)
+	s := startServer(t)
 	createTable(t, s, w.tableOptions)
 	rec := &recorder{start: time.Now(), errs: map[string]int{}}
 	end := rec.start.Add(w.duration)
