@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test of the project, from a fresh Debian machine with Rust and Python 3.11:
+# Every test of the project, from a fresh Debian machine with Rust, Python 3.11 and Go 1.26:
 #   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree) -> pytest (both drivers)
-#   -> the differential test against Cassandra 5.0 (tests/oracle).
+#   -> the LWT linearizability check (tests/go, Go) -> the differential test against Cassandra 5.0 (tests/oracle).
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +54,13 @@ step "pytest: cqlsh + cassandra-driver"
 
 step "pytest: scylla-driver"
 .venv/scylla/bin/python -m pytest -q tests/python/scylla
+
+# LWT histories recorded against the binary (with a kill -9 and restart) and checked with the
+# porcupine linearizability checker; `go test` fetches the pinned modules (tests/go/go.sum).
+# -count=1: the binary under test is outside Go's test cache key.
+step "go test: LWT linearizability (tests/go)"
+GO=$(command -v go || echo /usr/local/go/bin/go)
+(cd tests/go && "$GO" test -count=1 ./...)
 
 # The differential test against the reference Cassandra 5.0 (tests/oracle): the anchor script
 # installs Java 17 and Maven from Debian and the jars from Maven Central. A bounded run here;
