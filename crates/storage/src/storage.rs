@@ -484,6 +484,17 @@ impl Storage {
             .sum()
     }
 
+    /// Test hook: a table's data blocks loaded and disk tables skipped by a filter so far,
+    /// over every store.
+    #[cfg(test)]
+    pub(crate) fn read_filter_metrics(&self, table: TableId) -> (usize, usize) {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.read_filter_metrics(table))
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    }
+
     /// Test hook: holds every sync thread before its next fsync while the guards live.
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {

@@ -130,10 +130,12 @@ impl Store {
         }
 
         // The header key sorts just before the partition's first row: a forward read that
-        // starts there takes the header from its own range instead of a second lookup
+        // starts there, and the read of a table without clustering columns (one row, just
+        // after the header), take the header from their own range instead of a second lookup
         // (which would search every memtable and consult every table's filter again).
-        let header_in_range =
-            !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
+        let single_row = matches!(ranges.as_slice(), [(_, Some(k))] if k.is_empty());
+        let header_in_range = single_row
+            || (!slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none()));
         let header_key = keycodec::header_key(&prefix);
         let mut header = if header_in_range {
             PartitionHeader::default()
@@ -154,7 +156,7 @@ impl Store {
             let iter: Box<
                 dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
             > = match point {
-                Some(k) => {
+                Some(k) if !with_header => {
                     let mut key = row_prefix.clone();
                     key.extend_from_slice(k);
                     let found = snapshot.get(data, &key).map_err(io)?;
@@ -164,15 +166,24 @@ impl Store {
                             .into_iter(),
                     )
                 }
-                None => {
-                    let (mut lo, hi) = full_range(&row_prefix, range);
+                _ => {
+                    let (mut lo, hi) = match point {
+                        Some(k) => {
+                            let mut key = row_prefix.clone();
+                            key.extend_from_slice(k);
+                            (Bound::Included(key.clone()), Bound::Included(key))
+                        }
+                        None => full_range(&row_prefix, range),
+                    };
                     if with_header {
                         lo = Bound::Included(header_key.clone());
                     }
+                    // Within one partition prefix: the tables' prefix filters skip the
+                    // disk tables that do not hold the partition.
                     let iter = snapshot
                         .range(data, (lo, hi))
                         .map(|g| g.into_inner().map_err(io));
-                    if slice.reversed {
+                    if slice.reversed && point.is_none() {
                         Box::new(iter.rev())
                     } else {
                         Box::new(iter)
