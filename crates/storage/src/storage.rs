@@ -514,6 +514,16 @@ impl Storage {
         self.inner.stores.iter().map(Store::data_table_count).sum()
     }
 
+    /// Disk tables of user data in level 0 (written by a flush, not yet compacted), over
+    /// every store (tools and benchmarks): each may hold any partition.
+    pub fn l0_disk_table_count(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::l0_data_table_count)
+            .sum()
+    }
+
     /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after
     /// `after` (a full clustering key) when given, at most `limit` rows. TTL-expired cells and
     /// rows are not returned (`now_secs` = now as epoch seconds).

@@ -103,21 +103,29 @@ impl TreeIter {
         prefix_extractor: Option<&dyn crate::prefix::PrefixExtractor>,
     ) -> Self {
         // Sluice patch: a range within one key prefix skips the tables whose filter lacks it.
-        let prefix_filter = prefix_extractor.and_then(|extractor| {
-            let prefix = crate::prefix::range_prefix(
-                extractor,
-                range.start_bound().map(AsRef::as_ref),
-                range.end_bound().map(AsRef::as_ref),
-            )?;
-            let hash = crate::table::filter::standard_bloom::Builder::get_hash(prefix);
-            Some((extractor.name(), prefix, hash))
-        });
-        let may_hold_prefix = |table: &crate::Table| match prefix_filter {
-            // An error reading the filter is the range read's to report.
-            Some((name, prefix, hash)) => table
-                .maybe_contains_prefix(name, prefix, hash)
-                .unwrap_or(true),
-            None => true,
+        // The prefix and its hash are found at the first table, so that a read from the
+        // memtables alone pays nothing for them.
+        let prefix_filter = std::cell::OnceCell::new();
+        let may_hold_prefix = |table: &crate::Table| {
+            let Some(extractor) = prefix_extractor else {
+                return true;
+            };
+            let found = prefix_filter.get_or_init(|| {
+                let prefix = crate::prefix::range_prefix(
+                    extractor,
+                    range.start_bound().map(AsRef::as_ref),
+                    range.end_bound().map(AsRef::as_ref),
+                )?;
+                let hash = crate::table::filter::standard_bloom::Builder::get_hash(prefix);
+                Some((prefix, hash))
+            });
+            match found {
+                // An error reading the filter is the range read's to report.
+                Some((prefix, hash)) => table
+                    .maybe_contains_prefix(extractor.name(), prefix, *hash)
+                    .unwrap_or(true),
+                None => true,
+            }
         };
 
         Self::new(guard, |lock| {
@@ -201,7 +209,7 @@ impl TreeIter {
                     _ => {
                         // Sluice patch: skip the run if no table of it that overlaps the
                         // range may hold the range's prefix.
-                        if prefix_filter.is_some() {
+                        if prefix_extractor.is_some() {
                             let bounds = (
                                 range.start_bound().map(|x| &x.user_key).cloned(),
                                 range.end_bound().map(|x| &x.user_key).cloned(),

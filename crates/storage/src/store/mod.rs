@@ -409,6 +409,15 @@ impl Store {
             .sum()
     }
 
+    /// The number of level-0 disk tables over every table keyspace.
+    pub(crate) fn l0_data_table_count(&self) -> usize {
+        self.tables
+            .read()
+            .keyspaces()
+            .map(|k| k.l0_table_count())
+            .sum()
+    }
+
     /// Truncated or dropped tables' keyspaces whose files are not removed yet.
     pub(crate) fn pending_table_deletions(&self) -> usize {
         self.tables.pending_deletions()
