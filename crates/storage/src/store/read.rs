@@ -81,7 +81,9 @@ impl Store {
         };
         for (start, end) in &slice.ranges {
             // A full primary key (or a table without clustering columns) is a point read:
-            // a `get` uses the bloom filters and skips building a range iterator.
+            // a `get` uses the bloom filters and skips building a range iterator. Its header
+            // is a second `get`: two cost less than one range over both (see
+            // docs/decisions/2026-11-26-point-reads-in-one-seek.md).
             let point = match (start, end) {
                 (Bound::Included(a), Bound::Included(b))
                     if a == b && a.len() == layout.clustering.len() && !a.is_empty() =>
@@ -130,12 +132,10 @@ impl Store {
         }
 
         // The header key sorts just before the partition's first row: a forward read that
-        // starts there, and the read of a table without clustering columns (one row, just
-        // after the header), take the header from their own range instead of a second lookup
+        // starts there takes the header from its own range instead of a second lookup
         // (which would search every memtable and consult every table's filter again).
-        let single_row = matches!(ranges.as_slice(), [(_, Some(k))] if k.is_empty());
-        let header_in_range = single_row
-            || (!slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none()));
+        let header_in_range =
+            !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
         let header_key = keycodec::header_key(&prefix);
         let mut header = if header_in_range {
             PartitionHeader::default()
@@ -156,7 +156,7 @@ impl Store {
             let iter: Box<
                 dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
             > = match point {
-                Some(k) if !with_header => {
+                Some(k) => {
                     let mut key = row_prefix.clone();
                     key.extend_from_slice(k);
                     let found = snapshot.get(data, &key).map_err(io)?;
@@ -166,24 +166,17 @@ impl Store {
                             .into_iter(),
                     )
                 }
-                _ => {
-                    let (mut lo, hi) = match point {
-                        Some(k) => {
-                            let mut key = row_prefix.clone();
-                            key.extend_from_slice(k);
-                            (Bound::Included(key.clone()), Bound::Included(key))
-                        }
-                        None => full_range(&row_prefix, range),
-                    };
+                None => {
+                    // Within one partition's prefix: the disk tables whose prefix filter
+                    // lacks the partition are skipped.
+                    let (mut lo, hi) = full_range(&row_prefix, range);
                     if with_header {
                         lo = Bound::Included(header_key.clone());
                     }
-                    // Within one partition prefix: the tables' prefix filters skip the
-                    // disk tables that do not hold the partition.
                     let iter = snapshot
                         .range(data, (lo, hi))
                         .map(|g| g.into_inner().map_err(io));
-                    if slice.reversed && point.is_none() {
+                    if slice.reversed {
                         Box::new(iter.rev())
                     } else {
                         Box::new(iter)
