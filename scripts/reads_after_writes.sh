@@ -7,7 +7,8 @@
 # reports are kept under WORK.
 #
 # Usage: scripts/reads_after_writes.sh   (needs target/release/sluice, latte in PATH, and no
-# other Cassandra running; env: WORK, SLUICE_PORT, CQL_PORT, READ_SECS, WRITE_SECS, ANCHOR_DIR)
+# other Cassandra running; env: WORK, SLUICE_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, READ_SECS,
+# WRITE_SECS, ANCHOR_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/sluice-reads-after-writes}
@@ -18,9 +19,11 @@ WRITE_SECS=${WRITE_SECS:-60}
 ANCHOR_DIR=${ANCHOR_DIR:-/work/shared/anchors/cassandra}
 BIN=target/release/sluice
 WORKLOADS=$(ls -d "$HOME"/.cargo/registry/src/*/latte-cli-*/workloads/basic | tail -1)
-export ANCHOR=$WORK/cassandra CQL_PORT
+# Ports of their own, away from other nodes' defaults (7000, 7199).
+export ANCHOR=$WORK/cassandra CQL_PORT STORAGE_PORT=${STORAGE_PORT:-7142} JMX_PORT=${JMX_PORT:-7143}
 
 mkdir -p "$WORK"
+export LATTE_LOG_DIR=$WORK
 rm -rf "$WORK/sluice-data"
 SLUICE_PID=
 CASSANDRA_PID=
