@@ -96,6 +96,7 @@ impl DoubleEndedIterator for TreeIter {
 }
 
 impl TreeIter {
+    #[expect(clippy::too_many_lines, reason = "Sluice patch: the prefix filter")]
     pub fn create_range<K: AsRef<[u8]>, R: RangeBounds<K>>(
         guard: IterState,
         range: R,

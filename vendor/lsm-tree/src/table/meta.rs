@@ -217,7 +217,6 @@ impl ParsedMeta {
             .filter(|name| !name.is_empty());
 
         Ok(Self {
-            prefix_extractor,
             id,
             created_at,
             data_block_count,
@@ -231,6 +230,7 @@ impl ParsedMeta {
             weak_tombstone_reclaimable,
             data_block_compression,
             index_block_compression,
+            prefix_extractor,
         })
     }
 }
