@@ -9,7 +9,9 @@
 # served_auth is the served write with the password authenticator and the Cassandra
 # authorizer on, by a role granted MODIFY (issue 28: <= 2% more than served).
 # read and read_tables are single-partition reads of 10,000 partitions, from the memtable and
-# from 4 disk tables: what a read costs, for changes to the read path.
+# from 4 disk tables: what a read costs, for changes to the read path. read_spread reads from
+# 4 disk tables that each hold a quarter of the partitions; read_narrow and read_narrow_spread
+# are read and read_spread on a table without clustering columns.
 #
 # With CACHE=1 it also simulates the caches (callgrind --cache-sim=yes, this machine's cache
 # sizes) and prints the first-level and last-level data-cache misses per request: a skiplist
@@ -18,7 +20,7 @@
 # Usage: [PATHS="served read ..."] [CACHE=1] scripts/insns.sh [N]   (default 2000; needs valgrind)
 set -euo pipefail
 N=${1:-2000}
-PATHS=${PATHS:-served served_limited served_auth overloaded rate_limited expired write read read_tables}
+PATHS=${PATHS:-served served_limited served_auth overloaded rate_limited expired write read read_tables read_spread read_narrow read_narrow_spread}
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --quiet --release -p sluice-server --example request_path_insns

@@ -6,7 +6,7 @@
 //! The driver lives in `tests/support/request_path.rs`, shared with the test that proves
 //! the rejections allocate nothing.
 //!
-//! Usage: `request_path_insns <served|served_limited|served_auth|overloaded|rate_limited|expired|write|read|read_tables> <N>`.
+//! Usage: `request_path_insns <served|served_limited|served_auth|overloaded|rate_limited|expired|write|read|read_tables|read_spread|read_narrow|read_narrow_spread> <N>`.
 
 #[path = "../tests/support/request_path.rs"]
 mod support;

@@ -126,17 +126,38 @@ pub fn split_data_key(key: &[u8]) -> Result<(i64, Vec<u8>, u8, &[u8]), StorageEr
 /// The kind byte of a data key ([`KIND_HEADER`] or [`KIND_ROW`]), found without copying the
 /// partition key; None for a malformed key.
 pub fn data_key_kind(key: &[u8]) -> Option<u8> {
+    key.get(partition_prefix_len(key)?).copied()
+}
+
+/// The length of a data key's partition prefix ([`partition_prefix`]: the token and the
+/// escaped partition key), None for a malformed key.
+pub fn partition_prefix_len(key: &[u8]) -> Option<usize> {
     let rest = key.get(TOKEN_LEN..)?;
     let mut i = 0;
     loop {
         match rest.get(i)? {
             0 => match rest.get(i + 1)? {
                 0xFF => i += 2,
-                0x01 => return rest.get(i + 2).copied(),
+                0x01 => return Some(TOKEN_LEN + i + 2),
                 _ => return None,
             },
             _ => i += 1,
         }
+    }
+}
+
+/// The partition prefix of data keys, which the table keyspaces' Bloom filters also hold:
+/// a partition read is a range within one prefix, and skips the disk tables that lack it.
+pub struct PartitionPrefixExtractor;
+
+impl fjall::prefix::PrefixExtractor for PartitionPrefixExtractor {
+    fn name(&self) -> &str {
+        // Names the prefix format: a new one needs a new name.
+        "sluice.partition.v1"
+    }
+
+    fn prefix_len(&self, key: &[u8]) -> Option<usize> {
+        partition_prefix_len(key)
     }
 }
 
@@ -581,6 +602,26 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn partition_prefix_len_finds_the_partition_prefix(
+            token: i64,
+            pk in proptest::collection::vec(any::<u8>(), 0..12),
+            clustering in proptest::collection::vec(any::<u8>(), 0..12),
+        ) {
+            let prefix = partition_prefix(token, &pk);
+            let header = header_key(&prefix);
+            let mut row = prefix.clone();
+            row.push(KIND_ROW);
+            row.extend_from_slice(&clustering);
+            for key in [&header, &row] {
+                prop_assert_eq!(partition_prefix_len(key), Some(prefix.len()));
+            }
+            prop_assert_eq!(data_key_kind(&header), Some(KIND_HEADER));
+            prop_assert_eq!(data_key_kind(&row), Some(KIND_ROW));
+            // Cut inside the partition key: no prefix.
+            prop_assert_eq!(partition_prefix_len(&prefix[..prefix.len() - 1]), None);
+        }
+
         #[test]
         fn ints_order(a: i32, b: i32) {
             check_order(&nat(NativeType::Int), &a.to_be_bytes(), &b.to_be_bytes(), a.cmp(&b));

@@ -17,6 +17,8 @@ pub mod keycodec;
 mod limits;
 mod memtable_reaper;
 pub mod model;
+#[cfg(test)]
+mod prefix_filter_tests;
 mod row;
 mod storage;
 mod store;

@@ -569,6 +569,17 @@ impl Storage {
             .sum()
     }
 
+    /// Test hook: a table's data blocks loaded and disk tables skipped by a filter so far,
+    /// over every store.
+    #[cfg(test)]
+    pub(crate) fn read_filter_metrics(&self, table: TableId) -> (usize, usize) {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.read_filter_metrics(table))
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    }
+
     /// Test hook: holds every sync thread before its next fsync while the guards live.
     #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
@@ -586,6 +597,16 @@ impl Storage {
     /// Disk tables of user data, over every store (tools and benchmarks).
     pub fn disk_table_count(&self) -> usize {
         self.inner.stores.iter().map(Store::data_table_count).sum()
+    }
+
+    /// Disk tables of user data in level 0 (written by a flush, not yet compacted), over
+    /// every store (tools and benchmarks): each may hold any partition.
+    pub fn l0_disk_table_count(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::l0_data_table_count)
+            .sum()
     }
 
     /// Reads one partition: rows in `slice` (reversed if asked), resuming strictly after

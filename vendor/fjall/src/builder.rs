@@ -2,7 +2,10 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use crate::{db_config::CompactionFilterAssigner, Config};
+use crate::{
+    db_config::{CompactionFilterAssigner, PrefixExtractorAssigner},
+    Config,
+};
 use lsm_tree::{Cache, CompressionType, DescriptorTable};
 use std::{marker::PhantomData, path::Path, sync::Arc};
 
@@ -191,6 +194,15 @@ impl<O: Openable> Builder<O> {
     /// ```
     pub fn with_compaction_filter_factories(mut self, f: CompactionFilterAssigner) -> Self {
         self.inner.compaction_filter_factory_assigner = Some(f);
+        self
+    }
+
+    /// Sluice patch: assigns keyspaces a prefix extractor by their name, so that their
+    /// tables' Bloom filters also hold key prefixes and a range read within one prefix
+    /// skips the tables that lack it. Not persisted: give the same assigner at every open.
+    #[must_use]
+    pub fn with_prefix_extractors(mut self, f: PrefixExtractorAssigner) -> Self {
+        self.inner.prefix_extractor_assigner = Some(f);
         self
     }
 }

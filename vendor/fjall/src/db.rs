@@ -495,6 +495,14 @@ impl Database {
                 opts = opts.with_compaction_filter_factory(f);
             }
 
+            // Sluice patch: the prefix extractor, which is not persisted.
+            let extractor = self
+                .config
+                .prefix_extractor_assigner
+                .as_ref()
+                .and_then(|f| f(&name));
+            opts = opts.with_prefix_extractor(extractor);
+
             let handle = Keyspace::create_new(keyspace_id, self, name.clone(), opts)?;
 
             self.meta_keyspace

@@ -12,6 +12,11 @@ use std::{
 pub type CompactionFilterAssigner =
     Arc<dyn Fn(&str) -> Option<Arc<dyn lsm_tree::compaction::filter::Factory>> + Send + Sync>;
 
+/// Sluice patch: picks a keyspace's prefix extractor by its name (see lsm-tree's
+/// `prefix` module), at creation and at recovery.
+pub type PrefixExtractorAssigner =
+    Arc<dyn Fn(&str) -> Option<lsm_tree::prefix::SharedPrefixExtractor> + Send + Sync>;
+
 /// Global database configuration
 #[derive(Clone)]
 pub struct Config {
@@ -48,6 +53,9 @@ pub struct Config {
     // pub(crate) journal_recovery_mode: RecoveryMode,
     //
     pub(crate) compaction_filter_factory_assigner: Option<CompactionFilterAssigner>,
+
+    /// Sluice patch: the keyspaces' prefix extractors.
+    pub(crate) prefix_extractor_assigner: Option<PrefixExtractorAssigner>,
 }
 
 const DEFAULT_CPU_CORES: usize = 4;
@@ -90,6 +98,8 @@ impl Config {
             cache: Arc::new(Cache::with_capacity_bytes(/* 32 MiB */ 32 * 1_024 * 1_024)),
 
             compaction_filter_factory_assigner: None,
+
+            prefix_extractor_assigner: None,
         }
     }
 }

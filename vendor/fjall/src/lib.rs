@@ -171,6 +171,11 @@ pub use tx::optimistic::{
 #[doc(hidden)]
 pub use lsm_tree::{AbstractTree, AnyTree, Error as LsmError, TreeType};
 
+/// Sluice patch: prefix Bloom filters (see [`DatabaseBuilder::with_prefix_extractors`]).
+pub mod prefix {
+    pub use lsm_tree::prefix::{PrefixExtractor, SharedPrefixExtractor};
+}
+
 pub use lsm_tree::{
     CompressionType, KvPair, KvSeparationOptions, SeqNo, Slice, UserKey, UserValue,
 };

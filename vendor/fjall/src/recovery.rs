@@ -85,6 +85,14 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
             recovered_config = recovered_config.with_compaction_filter_factory(f);
         }
 
+        // Sluice patch: the prefix extractor, which is not persisted.
+        let extractor = db
+            .config
+            .prefix_extractor_assigner
+            .as_ref()
+            .and_then(|f| f(&keyspace_name));
+        recovered_config = recovered_config.with_prefix_extractor(extractor);
+
         let base_config = lsm_tree::Config::new(
             path,
             db.supervisor.seqno.clone(),

@@ -122,6 +122,9 @@ pub mod mvcc_stream;
 
 mod path;
 
+/// Sluice patch: prefix Bloom filters for range reads within one prefix.
+pub mod prefix;
+
 #[doc(hidden)]
 pub mod range;
 

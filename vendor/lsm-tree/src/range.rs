@@ -96,11 +96,39 @@ impl DoubleEndedIterator for TreeIter {
 }
 
 impl TreeIter {
+    #[expect(clippy::too_many_lines, reason = "Sluice patch: the prefix filter")]
     pub fn create_range<K: AsRef<[u8]>, R: RangeBounds<K>>(
         guard: IterState,
         range: R,
         seqno: SeqNo,
+        prefix_extractor: Option<&dyn crate::prefix::PrefixExtractor>,
     ) -> Self {
+        // Sluice patch: a range within one key prefix skips the tables whose filter lacks it.
+        // The prefix and its hash are found at the first table, so that a read from the
+        // memtables alone pays nothing for them.
+        let prefix_filter = std::cell::OnceCell::new();
+        let may_hold_prefix = |table: &crate::Table| {
+            let Some(extractor) = prefix_extractor else {
+                return true;
+            };
+            let found = prefix_filter.get_or_init(|| {
+                let prefix = crate::prefix::range_prefix(
+                    extractor,
+                    range.start_bound().map(AsRef::as_ref),
+                    range.end_bound().map(AsRef::as_ref),
+                )?;
+                let hash = crate::table::filter::standard_bloom::Builder::get_hash(prefix);
+                Some((prefix, hash))
+            });
+            match found {
+                // An error reading the filter is the range read's to report.
+                Some((prefix, hash)) => table
+                    .maybe_contains_prefix(extractor.name(), prefix, *hash)
+                    .unwrap_or(true),
+                None => true,
+            }
+        };
+
         Self::new(guard, |lock| {
             let lo = match range.start_bound() {
                 // NOTE: See memtable.rs for range explanation
@@ -164,7 +192,8 @@ impl TreeIter {
                         if table.check_key_range_overlap(&(
                             range.start_bound().map(|x| &*x.user_key),
                             range.end_bound().map(|x| &*x.user_key),
-                        )) {
+                        )) && may_hold_prefix(table)
+                        {
                             let reader = table
                                 .range((
                                     range.start_bound().map(|x| &x.user_key).cloned(),
@@ -179,6 +208,21 @@ impl TreeIter {
                         }
                     }
                     _ => {
+                        // Sluice patch: skip the run if no table of it that overlaps the
+                        // range may hold the range's prefix.
+                        if prefix_extractor.is_some() {
+                            let bounds = (
+                                range.start_bound().map(|x| &x.user_key).cloned(),
+                                range.end_bound().map(|x| &x.user_key).cloned(),
+                            );
+                            let overlapping = run
+                                .range_overlap_indexes(&bounds)
+                                .and_then(|(lo, hi)| run.get(lo..=hi))
+                                .unwrap_or_default();
+                            if !overlapping.iter().any(may_hold_prefix) {
+                                continue;
+                            }
+                        }
                         if let Some(reader) = RunReader::new(
                             run.clone(),
                             (

@@ -25,6 +25,11 @@
 //!   the memtable, read in a scattered order.
 //! - `read_tables`: `read` with the data in [`DISK_TABLES`] disk tables instead (each
 //!   partition written, then flushed, that many times), and an empty memtable.
+//! - `read_spread`: `read` from [`DISK_TABLES`] disk tables that each hold a quarter of the
+//!   partitions (every table's key range covers them all), and an empty memtable: as after
+//!   writes of new keys, where a partition lives in one of several tables.
+//! - `read_narrow`, `read_narrow_spread`: `read` and `read_spread` on a table without
+//!   clustering columns (k bigint PRIMARY KEY, v blob), one 64-byte row per partition.
 //! - `write`: `served` for the benchmarks' write: one 64-byte row into the `read` table, over
 //!   its [`PARTITIONS`] partitions in a scattered order, each already in the memtable (the
 //!   memtable's search is part of the cost, as it is under load).
@@ -64,6 +69,26 @@ pub const DISK_TABLES: usize = 4;
 
 /// The value of every row of `ks.wide` (the benchmarks write 64-byte values).
 const WIDE_VALUE: [u8; 64] = [0x5a; 64];
+
+/// The table a read path reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ReadTable {
+    /// `ks.wide` (k bigint, c int, v blob, PRIMARY KEY (k, c)).
+    Wide,
+    /// `ks.narrow` (k bigint PRIMARY KEY, v blob).
+    Narrow,
+}
+
+/// Where a read path's partitions are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// All in the memtable.
+    Memtable,
+    /// Each in every one of [`DISK_TABLES`] disk tables.
+    EveryTable,
+    /// Each in one of [`DISK_TABLES`] disk tables.
+    Spread,
+}
 
 /// Every partition key of `ks.wide` once, each far from the one before: a stride coprime
 /// with [`PARTITIONS`].
@@ -323,6 +348,7 @@ pub fn bench_with_auth(
         "CREATE TABLE ks.limited (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1}",
         "CREATE TABLE ks.roomy (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 1000000000}",
         "CREATE TABLE ks.wide (k bigint, c int, v blob, PRIMARY KEY (k, c))",
+        "CREATE TABLE ks.narrow (k bigint PRIMARY KEY, v blob)",
     ]
     .iter()
     .enumerate()
@@ -364,12 +390,20 @@ pub fn setup(path: &str) -> (Bench, tempfile::TempDir, Vec<Vec<u8>>, u8) {
         }
         b.wire.conn.session.borrow_mut().user = Some(user("app"));
     }
-    if path == "read" || path == "read_tables" {
-        let frames = b.read_frames(path == "read_tables");
+    let read = match path {
+        "read" => Some((ReadTable::Wide, Placement::Memtable)),
+        "read_tables" => Some((ReadTable::Wide, Placement::EveryTable)),
+        "read_spread" => Some((ReadTable::Wide, Placement::Spread)),
+        "read_narrow" => Some((ReadTable::Narrow, Placement::Memtable)),
+        "read_narrow_spread" => Some((ReadTable::Narrow, Placement::Spread)),
+        _ => None,
+    };
+    if let Some((table, placement)) = read {
+        let frames = b.read_frames(table, placement);
         return (b, dir, frames, Opcode::Result as u8);
     }
     if path == "write" {
-        let insert = b.populate_wide(false);
+        let insert = b.populate(ReadTable::Wide, Placement::Memtable);
         let frames = scattered_partitions()
             .map(|k| {
                 execute_frame_with(
@@ -426,42 +460,51 @@ impl Bench {
         self.wire.shard.engine.storage().disk_table_count()
     }
 
-    /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
-    /// and returns the id of the prepared INSERT.
-    fn populate_wide(&mut self, on_disk: bool) -> [u8; 16] {
+    /// Writes every partition of `table` where `placement` says and returns the id of the
+    /// prepared INSERT.
+    fn populate(&mut self, table: ReadTable, placement: Placement) -> [u8; 16] {
         let engine = self.wire.shard.engine.clone();
-        let insert = engine
-            .prepare(None, "INSERT INTO ks.wide (k, c, v) VALUES (?, ?, ?)")
-            .expect("prepare");
-        for _ in 0..if on_disk { DISK_TABLES } else { 1 } {
+        let text = match table {
+            ReadTable::Wide => "INSERT INTO ks.wide (k, c, v) VALUES (?, ?, ?)",
+            ReadTable::Narrow => "INSERT INTO ks.narrow (k, v) VALUES (?, ?)",
+        };
+        let insert = engine.prepare(None, text).expect("prepare");
+        let rounds = match placement {
+            Placement::Memtable => 1,
+            Placement::EveryTable | Placement::Spread => DISK_TABLES,
+        };
+        for round in 0..rounds {
             for k in 0..PARTITIONS {
-                let f = execute_frame_with(
-                    1,
-                    &insert.id,
-                    &[&k.to_be_bytes(), &0i32.to_be_bytes(), &WIDE_VALUE],
-                );
+                if placement == Placement::Spread && k as usize % DISK_TABLES != round {
+                    continue;
+                }
+                let key = k.to_be_bytes();
+                let values: &[&[u8]] = match table {
+                    ReadTable::Wide => &[&key, &0i32.to_be_bytes(), &WIDE_VALUE],
+                    ReadTable::Narrow => &[&key, &WIDE_VALUE],
+                };
+                let f = execute_frame_with(1, &insert.id, values);
                 assert_eq!(self.one(&f), Opcode::Result as u8);
             }
-            if on_disk {
+            if placement != Placement::Memtable {
                 engine.storage().flush_memtables(Duration::from_secs(60));
             }
         }
-        if on_disk {
+        if placement != Placement::Memtable {
             assert_eq!(engine.storage().disk_table_count(), DISK_TABLES);
         }
         insert.id
     }
 
-    /// Writes every partition of `ks.wide` (into [`DISK_TABLES`] disk tables if `on_disk`)
-    /// and returns a read frame per partition, in a scattered order.
-    fn read_frames(&mut self, on_disk: bool) -> Vec<Vec<u8>> {
-        self.populate_wide(on_disk);
-        let select = self
-            .wire
-            .shard
-            .engine
-            .prepare(None, "SELECT k, c, v FROM ks.wide WHERE k = ?")
-            .expect("prepare");
+    /// Writes every partition of `table` where `placement` says and returns a read frame
+    /// per partition, in a scattered order.
+    fn read_frames(&mut self, table: ReadTable, placement: Placement) -> Vec<Vec<u8>> {
+        self.populate(table, placement);
+        let text = match table {
+            ReadTable::Wide => "SELECT k, c, v FROM ks.wide WHERE k = ?",
+            ReadTable::Narrow => "SELECT k, v FROM ks.narrow WHERE k = ?",
+        };
+        let select = self.wire.shard.engine.prepare(None, text).expect("prepare");
         let frames: Vec<Vec<u8>> = scattered_partitions()
             .map(|k| execute_frame_with(2, &select.id, &[&k.to_be_bytes()]))
             .collect();

@@ -203,6 +203,14 @@ impl Store {
                     )) as Arc<dyn fjall::compaction::filter::Factory>
                 })
             }))
+            // A partition read is a range within one partition prefix: the tables' filters
+            // hold those prefixes, so that it skips the disk tables without the partition.
+            .with_prefix_extractors(Arc::new(|name: &str| {
+                tables::is_table_keyspace(name).then(|| {
+                    Arc::new(crate::keycodec::PartitionPrefixExtractor)
+                        as fjall::prefix::SharedPrefixExtractor
+                })
+            }))
             .open()
             .map_err(io)?;
         if db.keyspace_exists(SHARED_DATA_KEYSPACE) {
@@ -385,6 +393,16 @@ impl Store {
         keyspace.approximate_len()
     }
 
+    /// Test hook: a table's data blocks loaded and disk tables skipped by a filter so far.
+    #[cfg(test)]
+    pub(crate) fn read_filter_metrics(&self, table: TableId) -> (usize, usize) {
+        let registry = self.tables.read();
+        registry.keyspace(&table).map_or((0, 0), |k| {
+            let m = k.metrics();
+            (m.data_block_load_count(), m.io_skipped_by_filter())
+        })
+    }
+
     /// Test hook: memtables the sync thread sealed because the journal grew.
     #[cfg(test)]
     pub(crate) fn memtables_sealed_for_journal(&self) -> u64 {
@@ -397,6 +415,15 @@ impl Store {
             .read()
             .keyspaces()
             .map(|k| k.table_count())
+            .sum()
+    }
+
+    /// The number of level-0 disk tables over every table keyspace.
+    pub(crate) fn l0_data_table_count(&self) -> usize {
+        self.tables
+            .read()
+            .keyspaces()
+            .map(|k| k.l0_table_count())
             .sum()
     }
 

@@ -81,7 +81,9 @@ impl Store {
         };
         for (start, end) in &slice.ranges {
             // A full primary key (or a table without clustering columns) is a point read:
-            // a `get` uses the bloom filters and skips building a range iterator.
+            // a `get` uses the bloom filters and skips building a range iterator. Its header
+            // is a second `get`: two cost less than one range over both (see
+            // docs/decisions/2026-11-26-point-reads-in-one-seek.md).
             let point = match (start, end) {
                 (Bound::Included(a), Bound::Included(b))
                     if a == b && a.len() == layout.clustering.len() && !a.is_empty() =>
@@ -165,6 +167,8 @@ impl Store {
                     )
                 }
                 None => {
+                    // Within one partition's prefix: the disk tables whose prefix filter
+                    // lacks the partition are skipped.
                     let (mut lo, hi) = full_range(&row_prefix, range);
                     if with_header {
                         lo = Bound::Included(header_key.clone());

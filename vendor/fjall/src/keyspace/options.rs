@@ -79,6 +79,9 @@ pub struct CreateOptions {
     pub kv_separation_opts: Option<KvSeparationOptions>,
 
     pub(crate) compaction_filter_factory: Option<Arc<dyn CompactionFilterFactory>>,
+
+    /// Sluice patch: the keyspace's prefix extractor (not persisted).
+    pub(crate) prefix_extractor: Option<lsm_tree::prefix::SharedPrefixExtractor>,
 }
 
 impl Default for CreateOptions {
@@ -127,6 +130,8 @@ impl Default for CreateOptions {
             kv_separation_opts: None,
 
             compaction_filter_factory: None,
+
+            prefix_extractor: None,
         }
     }
 }
@@ -139,6 +144,15 @@ macro_rules! policy {
 }
 
 impl CreateOptions {
+    /// Sluice patch: installs a prefix extractor.
+    pub(crate) fn with_prefix_extractor(
+        mut self,
+        extractor: Option<lsm_tree::prefix::SharedPrefixExtractor>,
+    ) -> Self {
+        self.prefix_extractor = extractor;
+        self
+    }
+
     /// Installs a compaction filter factory.
     pub(crate) fn with_compaction_filter_factory(
         mut self,
@@ -373,6 +387,8 @@ impl CreateOptions {
             kv_separation_opts: blob_opts.transpose()?,
 
             compaction_filter_factory: None,
+
+            prefix_extractor: None,
         })
     }
 

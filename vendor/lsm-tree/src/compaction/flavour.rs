@@ -97,6 +97,8 @@ pub(super) fn prepare_table_writer(
         .use_data_block_size(data_block_size)
         .use_data_block_hash_ratio(data_block_hash_ratio)
         .use_index_block_compression(index_block_compression)
+        // Sluice patch: prefix filters (see `crate::prefix`).
+        .use_prefix_extractor(opts.config.prefix_extractor.clone())
         .use_bloom_policy({
             use crate::config::FilterPolicyEntry::{Bloom, None};
             use crate::table::filter::BloomConstructionPolicy;

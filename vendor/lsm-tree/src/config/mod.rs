@@ -229,6 +229,10 @@ pub struct Config {
     /// Compaction filter factory
     pub compaction_filter_factory: Option<Arc<dyn Factory>>,
 
+    /// Sluice patch: the prefix that tables' Bloom filters also hold, for range reads
+    /// within one prefix (none: filters hold full keys only).
+    pub prefix_extractor: Option<crate::prefix::SharedPrefixExtractor>,
+
     #[doc(hidden)]
     pub kv_separation_opts: Option<KvSeparationOptions>,
 
@@ -290,6 +294,8 @@ impl Default for Config {
             )),
 
             compaction_filter_factory: None,
+
+            prefix_extractor: None,
 
             expect_point_read_hits: false,
 
@@ -464,6 +470,16 @@ impl Config {
     #[must_use]
     pub fn with_compaction_filter_factory(mut self, factory: Option<Arc<dyn Factory>>) -> Self {
         self.compaction_filter_factory = factory;
+        self
+    }
+
+    /// Sluice patch: installs a prefix extractor (see [`crate::prefix`]).
+    #[must_use]
+    pub fn with_prefix_extractor(
+        mut self,
+        extractor: Option<crate::prefix::SharedPrefixExtractor>,
+    ) -> Self {
+        self.prefix_extractor = extractor;
         self
     }
 

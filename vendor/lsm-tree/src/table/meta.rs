@@ -50,6 +50,9 @@ pub struct ParsedMeta {
 
     pub data_block_compression: CompressionType,
     pub index_block_compression: CompressionType,
+
+    /// Sluice patch: the name of the prefix extractor whose prefixes the filter holds.
+    pub prefix_extractor: Option<crate::Slice>,
 }
 
 macro_rules! read_u8 {
@@ -207,6 +210,12 @@ impl ParsedMeta {
             CompressionType::decode_from(&mut bytes)?
         };
 
+        // Sluice patch: absent in tables written before it, empty when there was none.
+        let prefix_extractor = block
+            .point_read(b"prefix_extractor", SeqNo::MAX)
+            .map(|item| item.value)
+            .filter(|name| !name.is_empty());
+
         Ok(Self {
             id,
             created_at,
@@ -221,6 +230,7 @@ impl ParsedMeta {
             weak_tombstone_reclaimable,
             data_block_compression,
             index_block_compression,
+            prefix_extractor,
         })
     }
 }

@@ -242,40 +242,7 @@ impl Table {
             return Ok(None);
         }
 
-        let filter_block = if let Some(block) = &self.pinned_filter_block {
-            Some(Cow::Borrowed(block))
-        } else if let Some(filter_idx) = &self.pinned_filter_index {
-            let mut iter = filter_idx.iter();
-            iter.seek(key, seqno);
-
-            if let Some(filter_block_handle) = iter.next() {
-                let filter_block_handle = filter_block_handle.materialize(filter_idx.as_slice());
-
-                let block = self.load_block(
-                    &filter_block_handle.into_inner(),
-                    BlockType::Filter,
-                    CompressionType::None, // NOTE: We never write a filter block with compression
-                )?;
-                let block = FilterBlock::new(block);
-
-                Some(Cow::Owned(block))
-            } else {
-                None
-            }
-        } else if let Some(_filter_tli_handle) = &self.regions.filter_tli {
-            unimplemented!("unpinned filter TLI not supported");
-        } else if let Some(filter_block_handle) = &self.regions.filter {
-            let block = self.load_block(
-                filter_block_handle,
-                BlockType::Filter,
-                CompressionType::None, // NOTE: We never write a filter block with compression
-            )?;
-            let block = FilterBlock::new(block);
-
-            Some(Cow::Owned(block))
-        } else {
-            None
-        };
+        let filter_block = self.filter_block_for(key, seqno)?;
 
         if let Some(filter_block) = &filter_block {
             if !filter_block.maybe_contains_hash(key_hash)? {
@@ -308,6 +275,79 @@ impl Table {
                 }
             })
         }
+    }
+
+    /// The filter block that holds `key`'s hash, if the table has a filter (Sluice patch:
+    /// taken out of `get` for [`Table::maybe_contains_prefix`]).
+    fn filter_block_for(
+        &self,
+        key: &[u8],
+        seqno: SeqNo,
+    ) -> crate::Result<Option<Cow<'_, FilterBlock>>> {
+        Ok(if let Some(block) = &self.pinned_filter_block {
+            Some(Cow::Borrowed(block))
+        } else if let Some(filter_idx) = &self.pinned_filter_index {
+            let mut iter = filter_idx.iter();
+            iter.seek(key, seqno);
+
+            if let Some(filter_block_handle) = iter.next() {
+                let filter_block_handle = filter_block_handle.materialize(filter_idx.as_slice());
+
+                let block = self.load_block(
+                    &filter_block_handle.into_inner(),
+                    BlockType::Filter,
+                    CompressionType::None, // NOTE: We never write a filter block with compression
+                )?;
+                let block = FilterBlock::new(block);
+
+                Some(Cow::Owned(block))
+            } else {
+                None
+            }
+        } else if let Some(_filter_tli_handle) = &self.regions.filter_tli {
+            unimplemented!("unpinned filter TLI not supported");
+        } else if let Some(filter_block_handle) = &self.regions.filter {
+            let block = self.load_block(
+                filter_block_handle,
+                BlockType::Filter,
+                CompressionType::None, // NOTE: We never write a filter block with compression
+            )?;
+            let block = FilterBlock::new(block);
+
+            Some(Cow::Owned(block))
+        } else {
+            None
+        })
+    }
+
+    /// Sluice patch: false when the table holds no key that starts with `prefix` (its filter,
+    /// written with the extractor named `extractor`, lacks `prefix_hash`); true when it may,
+    /// or when its filter holds no prefixes of that extractor.
+    pub fn maybe_contains_prefix(
+        &self,
+        extractor: &str,
+        prefix: &[u8],
+        prefix_hash: u64,
+    ) -> crate::Result<bool> {
+        if self.metadata.prefix_extractor.as_deref() != Some(extractor.as_bytes()) {
+            return Ok(true);
+        }
+        // A partitioned filter holds a prefix's hash in the partition of the first key
+        // that has it: the first whose end key is at or past the prefix.
+        let maybe = match self.filter_block_for(prefix, SeqNo::MAX)? {
+            Some(block) => block.maybe_contains_hash(prefix_hash)?,
+            None => true,
+        };
+
+        #[cfg(feature = "metrics")]
+        if !maybe {
+            use std::sync::atomic::Ordering::Relaxed;
+
+            self.metrics.filter_queries.fetch_add(1, Relaxed);
+            self.metrics.io_skipped_by_filter.fetch_add(1, Relaxed);
+        }
+
+        Ok(maybe)
     }
 
     // TODO: maybe we can skip Fuse costs of the user key

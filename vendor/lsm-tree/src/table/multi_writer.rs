@@ -48,6 +48,9 @@ pub struct MultiWriter {
 
     /// Level the tables are written to
     initial_level: u8,
+
+    /// Sluice patch: key prefixes the filters also hold (see [`crate::prefix`]).
+    prefix_extractor: Option<crate::prefix::SharedPrefixExtractor>,
 }
 
 impl MultiWriter {
@@ -91,7 +94,20 @@ impl MultiWriter {
             current_key: None,
 
             linked_blobs: HashMap::default(),
+
+            prefix_extractor: None,
         })
+    }
+
+    /// Sluice patch: every table's filter also holds every key's prefix.
+    #[must_use]
+    pub fn use_prefix_extractor(
+        mut self,
+        extractor: Option<crate::prefix::SharedPrefixExtractor>,
+    ) -> Self {
+        self.prefix_extractor.clone_from(&extractor);
+        self.writer = self.writer.use_prefix_extractor(extractor);
+        self
     }
 
     pub fn register_blob(&mut self, indirection: BlobIndirection) {
@@ -191,7 +207,8 @@ impl MultiWriter {
             .use_data_block_restart_interval(self.data_block_restart_interval)
             .use_index_block_restart_interval(self.index_block_restart_interval)
             .use_bloom_policy(self.bloom_policy)
-            .use_data_block_hash_ratio(self.data_block_hash_ratio);
+            .use_data_block_hash_ratio(self.data_block_hash_ratio)
+            .use_prefix_extractor(self.prefix_extractor.clone());
 
         if self.use_partitioned_index {
             new_writer = new_writer.use_partitioned_index();

@@ -384,6 +384,8 @@ impl AbstractTree for Tree {
         .use_index_block_compression(index_block_compression)
         .use_data_block_size(data_block_size)
         .use_data_block_hash_ratio(data_block_hash_ratio)
+        // Sluice patch: prefix filters (see `crate::prefix`).
+        .use_prefix_extractor(self.config.prefix_extractor.clone())
         .use_bloom_policy({
             use crate::config::FilterPolicyEntry::{Bloom, None};
             use crate::table::filter::BloomConstructionPolicy;
@@ -696,6 +698,8 @@ impl Tree {
         range: &'a R,
         seqno: SeqNo,
         ephemeral: Option<(Arc<Memtable>, SeqNo)>,
+        // Sluice patch: tables are filtered on the range's prefix, if it has one.
+        prefix_extractor: Option<&dyn crate::prefix::PrefixExtractor>,
     ) -> impl DoubleEndedIterator<Item = crate::Result<InternalValue>> + 'static {
         use crate::range::{IterState, TreeIter};
         use std::ops::Bound::{self, Excluded, Included, Unbounded};
@@ -716,7 +720,7 @@ impl Tree {
 
         let iter_state = { IterState { version, ephemeral } };
 
-        TreeIter::create_range(iter_state, bounds, seqno)
+        TreeIter::create_range(iter_state, bounds, seqno, prefix_extractor)
     }
 
     pub(crate) fn get_internal_entry_from_version(
@@ -904,7 +908,14 @@ impl Tree {
             .expect("lock is poisoned")
             .get_version_for_snapshot(seqno);
 
-        Self::create_internal_range(super_version, range, seqno, ephemeral).map(|item| match item {
+        Self::create_internal_range(
+            super_version,
+            range,
+            seqno,
+            ephemeral,
+            self.config.prefix_extractor.as_deref(),
+        )
+        .map(|item| match item {
             Ok(kv) => Ok((kv.key.user_key, kv.value)),
             Err(e) => Err(e),
         })

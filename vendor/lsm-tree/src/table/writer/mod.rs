@@ -10,6 +10,7 @@ use super::{
     block::Header as BlockHeader, filter::BloomConstructionPolicy, Block, BlockOffset, DataBlock,
     KeyedBlockHandle,
 };
+use crate::prefix::SharedPrefixExtractor;
 use crate::{
     checksum::{ChecksumType, ChecksummedWriter},
     coding::Encode,
@@ -92,6 +93,9 @@ pub struct Writer {
     linked_blob_files: Vec<LinkedFile>,
 
     initial_level: u8,
+
+    /// Sluice patch: key prefixes the filter also holds (see [`crate::prefix`]).
+    prefix_extractor: Option<SharedPrefixExtractor>,
 }
 
 impl Writer {
@@ -140,7 +144,16 @@ impl Writer {
             previous_item: None,
 
             linked_blob_files: Vec::new(),
+
+            prefix_extractor: None,
         })
+    }
+
+    /// Sluice patch: the filter also holds every key's prefix.
+    #[must_use]
+    pub fn use_prefix_extractor(mut self, extractor: Option<SharedPrefixExtractor>) -> Self {
+        self.prefix_extractor = extractor;
+        self
     }
 
     pub fn link_blob_file(
@@ -266,13 +279,30 @@ impl Writer {
         // NOTE: Check if we visit a new key
         if Some(&user_key) != self.current_key.as_ref() {
             self.meta.key_count += 1;
-            self.current_key = Some(user_key.clone());
+            let previous_key = self.current_key.replace(user_key.clone());
 
             // IMPORTANT: Do not buffer *every* item's key
             // because there may be multiple versions
             // of the same key
 
             if self.bloom_policy.is_active() {
+                // Sluice patch: the hash of a prefix once, before the first key that has it.
+                if let Some(extractor) = &self.prefix_extractor {
+                    if let Some(prefix) = extractor
+                        .prefix_len(&user_key)
+                        .and_then(|n| user_key.get(..n))
+                    {
+                        let seen = previous_key
+                            .as_ref()
+                            .is_some_and(|prev| prev.starts_with(prefix));
+                        if !seen {
+                            self.filter_writer.register_hash(
+                                crate::table::filter::standard_bloom::Builder::get_hash(prefix),
+                            );
+                        }
+                    }
+                }
+
                 self.filter_writer.register_key(&user_key)?;
             }
         }
@@ -464,6 +494,14 @@ impl Writer {
                     self.meta.first_key.as_ref().expect("should exist"),
                 ),
                 meta("key_count", &(self.meta.key_count as u64).to_le_bytes()),
+                // Sluice patch: the extractor whose prefixes the filter holds.
+                meta(
+                    "prefix_extractor",
+                    self.prefix_extractor
+                        .as_ref()
+                        .filter(|_| self.bloom_policy.is_active())
+                        .map_or(&b""[..], |e| e.name().as_bytes()),
+                ),
                 meta("prefix_truncation#data", &[1]), // NOTE: currently prefix truncation can not be disabled
                 meta("prefix_truncation#index", &[1]), // NOTE: currently prefix truncation can not be disabled
                 meta(

@@ -19,6 +19,11 @@ pub trait FilterWriter<W: std::io::Write> {
     /// Registers a key in the block index.
     fn register_key(&mut self, key: &UserKey) -> crate::Result<()>;
 
+    /// Sluice patch: adds a hash to the filter without a key of its own (a key prefix's,
+    /// registered just before the first key that has it, so that it lands in that key's
+    /// partition).
+    fn register_hash(&mut self, hash: u64);
+
     /// Writes the filter to a file.
     ///
     /// Returns the number of filter blocks written (always 1 in case of full filter block).

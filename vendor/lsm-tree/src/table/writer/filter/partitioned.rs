@@ -160,6 +160,10 @@ impl<W: std::io::Write + std::io::Seek> FilterWriter<W> for PartitionedFilterWri
         self
     }
 
+    fn register_hash(&mut self, hash: u64) {
+        self.bloom_hash_buffer.push(hash);
+    }
+
     fn register_key(&mut self, key: &UserKey) -> crate::Result<()> {
         self.bloom_hash_buffer.push(Builder::get_hash(key));
 
