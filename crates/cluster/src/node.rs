@@ -26,7 +26,7 @@ use crate::lifecycle::Lifecycle;
 use crate::raft_transport::{PeerDirectory, RaftTransport};
 use crate::schema::{SchemaCommand, SchemaFollower, SchemaResponse};
 use crate::state::ClusterState;
-use crate::streaming::{serve_bulk, DataSlot};
+use crate::streaming::{serve_bulk, DataSlot, HintSlot};
 use crate::topology::{
     uuid_text, Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch,
     WireState, TOPOLOGY_VERSION_BYTE,
@@ -232,6 +232,8 @@ pub struct ClusterNode {
     lifecycle: Lifecycle,
     service: JoinHandle<()>,
     bulk_service: JoinHandle<()>,
+    /// Where the Bulk class hands replayed hints to the replica service.
+    hints: HintSlot,
     directory_task: JoinHandle<()>,
 }
 
@@ -277,7 +279,8 @@ impl ClusterNode {
             unreachable!("a new messenger's Bulk queue is not taken");
         };
         let data = DataSlot::default();
-        let bulk_service = serve_bulk(bulk, Arc::clone(&data));
+        let hints = HintSlot::default();
+        let bulk_service = serve_bulk(bulk, Arc::clone(&data), Arc::clone(&hints));
         let lifecycle = Lifecycle::new(
             config.host_id,
             Arc::clone(&messenger),
@@ -329,6 +332,7 @@ impl ClusterNode {
             lifecycle,
             service,
             bulk_service,
+            hints,
             directory_task,
         };
         match node.enter_ring(&config, internode_addr).await {
@@ -440,6 +444,15 @@ impl ClusterNode {
     /// The node's join, decommission and removal operations, and its status.
     pub fn lifecycle(&self) -> &Lifecycle {
         &self.lifecycle
+    }
+
+    /// Hands the Bulk class's replayed hints (MUTATION messages) to `replica` from now on.
+    /// Set once; a second call answers false and changes nothing.
+    pub fn attach_hint_receiver(
+        &self,
+        replica: tokio::sync::mpsc::Sender<sluice_internode::InboundMessage>,
+    ) -> bool {
+        self.hints.set(replica).is_ok()
     }
 
     /// This node's host id.

@@ -20,13 +20,17 @@ use sluice_internode::{
     InboundQueue, Liveness, Messenger, Status,
 };
 use sluice_ring::{NodeState, TokenMetadata};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
+
+/// Replayed hints waiting for the replica service; more are answered Overloaded and replayed
+/// again later by their sender.
+const MAX_QUEUED_HINTS: usize = 256;
 
 /// Bulk-class requests (replayed hints) this node runs at once.
 pub const MAX_BULK_IN_FLIGHT: usize = 64;
@@ -206,11 +210,12 @@ impl ReplicaService {
     /// Starts serving `requests` (the messenger's Requests queue) on a thread of its own,
     /// so that storage work never runs on the thread of Raft and the failure detector.
     /// It stops when the messenger shuts down.
-    /// `bulk`, when given, is the Bulk queue: hints replayed by other nodes, served the same
-    /// way with a cap of its own.
+    /// `hints`, when given, receives the hints other nodes replay (the Bulk class's MUTATION
+    /// messages, which the streaming server forwards), served the same way with a cap of its
+    /// own.
     pub fn start(
         requests: InboundQueue,
-        bulk: Option<InboundQueue>,
+        hints: Option<mpsc::Receiver<InboundMessage>>,
         engine: Arc<Engine>,
         cap: usize,
     ) -> std::io::Result<ReplicaService> {
@@ -231,9 +236,9 @@ impl ReplicaService {
                     }
                 };
                 let local = tokio::task::LocalSet::new();
-                if let Some(bulk) = bulk {
+                if let Some(hints) = hints {
                     local.spawn_local(serve(
-                        bulk,
+                        hints,
                         Arc::clone(&engine),
                         MAX_BULK_IN_FLIGHT,
                         Arc::clone(&thread_counters),
@@ -260,15 +265,40 @@ impl ReplicaService {
     }
 }
 
+/// A queue of replica requests: the messenger's Requests queue, or the hints the Bulk class
+/// forwards.
+trait ReplicaRequests {
+    /// The next request still within its deadline; `None` once the source is gone.
+    async fn next(&mut self) -> Option<InboundMessage>;
+}
+
+impl ReplicaRequests for InboundQueue {
+    async fn next(&mut self) -> Option<InboundMessage> {
+        self.recv().await
+    }
+}
+
+impl ReplicaRequests for mpsc::Receiver<InboundMessage> {
+    async fn next(&mut self) -> Option<InboundMessage> {
+        loop {
+            let message = self.recv().await?;
+            if Instant::now() < message.deadline() {
+                return Some(message);
+            }
+            message.reply_status(Status::Expired);
+        }
+    }
+}
+
 async fn serve(
-    mut requests: InboundQueue,
+    mut requests: impl ReplicaRequests,
     engine: Arc<Engine>,
     cap: usize,
     counters: Arc<ReplicaCounters>,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     let admission = std::rc::Rc::new(std::cell::RefCell::new(ReplicaAdmission::new(cap)));
-    while let Some(message) = requests.recv().await {
+    while let Some(message) = requests.next().await {
         let verb = message.verb;
         let remaining = message.deadline().saturating_duration_since(Instant::now());
         if let Err(status) = admission.borrow_mut().try_admit(verb, remaining) {
@@ -464,9 +494,14 @@ impl Coordination {
         let requests = messenger
             .take_inbound(ConnectionClass::Requests)
             .ok_or_else(|| std::io::Error::other("the Requests queue is already served"))?;
-        let bulk = messenger.take_inbound(ConnectionClass::Bulk);
-        let service =
-            ReplicaService::start(requests, bulk, Arc::clone(&engine), MAX_REPLICA_IN_FLIGHT)?;
+        let (hint_sender, hints) = mpsc::channel(MAX_QUEUED_HINTS);
+        node.attach_hint_receiver(hint_sender);
+        let service = ReplicaService::start(
+            requests,
+            Some(hints),
+            Arc::clone(&engine),
+            MAX_REPLICA_IN_FLIGHT,
+        )?;
         let hints = tokio::spawn(replay_hints(
             Arc::clone(&messenger),
             Arc::clone(&engine),

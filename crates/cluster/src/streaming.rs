@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use crate::verbs::VERB_STREAM_FETCH;
+use crate::verbs::{VERB_MUTATION, VERB_STREAM_FETCH};
 
 /// Most key and value bytes one streamed chunk carries (plus at most one record over).
 pub const MAX_CHUNK_BYTES: usize = 1 << 20;
@@ -336,13 +336,32 @@ async fn pull(
     Err((stats, last))
 }
 
-/// Serves the Bulk inbound queue: fetch requests for ranges of this node's data. Messages
-/// before the data is attached are answered `Failed`.
-pub fn serve_bulk(mut bulk: InboundQueue, data: DataSlot) -> JoinHandle<()> {
+/// Where the Bulk class's replayed hints go once the replica service runs: a bounded queue
+/// of the MUTATION messages other coordinators replay to this node.
+pub type HintSlot = Arc<OnceLock<tokio::sync::mpsc::Sender<InboundMessage>>>;
+
+/// Serves the Bulk inbound queue: fetch requests for ranges of this node's data, and replayed
+/// hints, handed to the replica service through `hints`. Messages before the data (or the
+/// replica service) is attached are answered `Failed`; a hint that finds the replica
+/// service's queue full is answered `Overloaded`, and its sender replays it later.
+pub fn serve_bulk(mut bulk: InboundQueue, data: DataSlot, hints: HintSlot) -> JoinHandle<()> {
     debug_assert_eq!(bulk.class(), ConnectionClass::Bulk);
     let running = Arc::new(Semaphore::new(MAX_FETCH_HANDLERS));
     tokio::spawn(async move {
         while let Some(message) = bulk.recv().await {
+            if message.verb == VERB_MUTATION {
+                match hints.get() {
+                    Some(replica) => {
+                        if let Err(full) = replica.try_send(message) {
+                            let (tokio::sync::mpsc::error::TrySendError::Full(message)
+                            | tokio::sync::mpsc::error::TrySendError::Closed(message)) = full;
+                            message.reply_status(Status::Overloaded);
+                        }
+                    }
+                    None => message.reply_status(Status::Failed),
+                }
+                continue;
+            }
             if message.verb != VERB_STREAM_FETCH {
                 message.reply_status(Status::UnknownVerb);
                 continue;
