@@ -499,7 +499,6 @@ impl Storage {
     pub fn durable_at_ack_barrier(&self, ticket: &CommitTicket, _held: AckBarrierHeld) -> bool {
         match ticket.0 {
             Ticket::One { store, .. } => self.inner.stores[store].journal_in_os_is_durable(),
-            // The barrier flushes only up to the tickets handed out, not a commit in flight.
             Ticket::Many { .. } | Ticket::Seen { .. } => false,
         }
     }

@@ -232,13 +232,14 @@ impl Store {
         matches!(self.durability, Durability::Periodic { .. })
     }
 
-    /// Periodic mode: moves the journal buffer to the OS if a write applied since the last
-    /// flush is not there yet (two atomic loads otherwise). Batch mode: nothing (the sync
-    /// thread flushes before each fsync, and answers wait for the fsync).
+    /// Periodic mode: moves the journal buffer to the OS if a write begun since the last
+    /// flush is not there yet (two atomic loads otherwise; `begun`, not `applied`, so that a
+    /// commit an answer read while its ticket was not handed out yet is flushed too). Batch
+    /// mode: nothing (the sync thread flushes before each fsync, and answers wait for the fsync).
     pub(crate) fn flush_journal_to_os(&self) -> Result<(), StorageError> {
         let commit = &self.commit;
         if !self.journal_in_os_is_durable()
-            || commit.in_os.load(Ordering::Acquire) >= commit.applied.load(Ordering::Acquire)
+            || commit.in_os.load(Ordering::SeqCst) >= commit.begun.load(Ordering::SeqCst)
         {
             return Ok(());
         }
