@@ -103,7 +103,7 @@ type runResult struct {
 // and conditional writes that did not apply) and began before the kill. Every write and every
 // operation after the restart stays, so the check still requires that acknowledged writes
 // survive and that the state after the restart is explained by them; it no longer requires
-// that what was observed before the kill survives (see TestLWTHistoryIsLinearizableAcrossKillAndRestart).
+// that what was observed before the kill survives (what TestLWTHistoryIsLinearizableAcrossKillAndRestart checks on a failure).
 func withoutObservationsBeforeKill(res runResult) ([]porcupine.Operation, int) {
 	var kept []porcupine.Operation
 	dropped := 0

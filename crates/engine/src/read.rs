@@ -645,8 +645,40 @@ fn stmt_hash(p: &Prepared) -> u64 {
     ])
 }
 
-/// Executes a SELECT.
+/// Executes a SELECT. A SERIAL or LOCAL_SERIAL one answers only once what it read is
+/// durable (a plain read may show writes not yet acknowledged, as Cassandra's can).
 pub(crate) async fn execute_select(
+    engine: &Engine,
+    p: &Prepared,
+    s: &SelectPlan,
+    b: &Binder<'_>,
+    params: &QueryParameters,
+    ctx: &RequestContext,
+) -> Result<ResultMessage, DetailedError> {
+    let result = select_applied(engine, p, s, b, params, ctx).await?;
+    let serial = matches!(
+        params.consistency,
+        sluice_protocol::Consistency::Serial | sluice_protocol::Consistency::LocalSerial
+    );
+    if serial && !s.table.is_virtual() {
+        // One partition: only its store's journal matters.
+        let token = match s.where_.pk_complete() {
+            true => match exec::partition_keys(b, &s.table, &s.where_)?.as_slice() {
+                [pk] => Some(pk.token),
+                _ => None,
+            },
+            false => None,
+        };
+        crate::write::wait_seen_durable(engine, token, ctx.deadline, || {
+            exec::read_timeout(params.consistency)
+        })
+        .await?;
+    }
+    Ok(result)
+}
+
+/// Executes a SELECT on the applied state.
+async fn select_applied(
     engine: &Engine,
     p: &Prepared,
     s: &SelectPlan,

@@ -2856,3 +2856,140 @@ async fn create_table_takes_an_id_and_alter_refuses_one() {
         .await;
     assert_eq!(e.code(), ErrorCode::Invalid);
 }
+
+/// Runs `q` on its own task with its own session, at `consistency`, with `deadline`.
+fn spawn_query(
+    engine: &Arc<Engine>,
+    q: &'static str,
+    consistency: Consistency,
+    deadline: Option<std::time::Instant>,
+) -> tokio::task::JoinHandle<Result<ResultMessage, DetailedError>> {
+    let engine = engine.clone();
+    tokio::spawn(async move {
+        let p = engine.prepare(None, q)?;
+        let params = QueryParameters {
+            consistency,
+            ..QueryParameters::default()
+        };
+        let mut ctx = RequestContext::now();
+        ctx.deadline = deadline;
+        engine
+            .execute(&mut Session::default(), &p, &params, &ctx)
+            .await
+    })
+}
+
+/// In `batch` durability, an answer that shows what a read saw (a SERIAL read, a
+/// conditional write whose condition is false) waits until that is durable: it never
+/// shows a write whose fsync has not finished, which a crash could still lose. A plain
+/// read does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lwt_answers_never_show_a_write_before_it_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(StorageConfig {
+        path: dir.path().to_path_buf(),
+        durability: Durability::Batch,
+        cache_bytes: 8 << 20,
+        stores: 2,
+    })
+    .unwrap();
+    let engine = Engine::open(storage.clone(), node()).unwrap();
+    let mut h = H {
+        engine: engine.clone(),
+        session: Session::default(),
+        dir,
+        now: None,
+    };
+    h.setup_kv().await;
+    h.rows_of(
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'first') IF NOT EXISTS",
+        vec![],
+    )
+    .await;
+    let hold = storage.hold_sync();
+    let one = Consistency::One;
+    let applied = spawn_query(
+        &engine,
+        "UPDATE ks.t SET v = 'second' WHERE pk = 1 AND ck = 1 IF v = 'first'",
+        one,
+        None,
+    );
+    // A plain read sees the applied (not yet durable) write at once, as before.
+    let plain = "SELECT v FROM ks.t WHERE pk = 1 AND ck = 1";
+    let mut seen = String::new();
+    for _ in 0..200 {
+        seen = ctext(&h.select(plain, vec![]).await[0][0]);
+        if seen == "second" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen, "second", "the conditional update applied");
+    let refused = spawn_query(
+        &engine,
+        "UPDATE ks.t SET v = 'third' WHERE pk = 1 AND ck = 1 IF v = 'first'",
+        one,
+        None,
+    );
+    let serial = spawn_query(&engine, plain, Consistency::Serial, None);
+    let soon = std::time::Instant::now() + Duration::from_millis(100);
+    let serial_timed_out = spawn_query(&engine, plain, Consistency::LocalSerial, Some(soon));
+    let refused_timed_out = spawn_query(
+        &engine,
+        "UPDATE ks.t SET v = 'third' WHERE pk = 1 AND ck = 1 IF v = 'first'",
+        Consistency::Quorum,
+        Some(soon),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (what, task) in [
+        ("the applied update", &applied),
+        ("the refused update", &refused),
+        ("the SERIAL read", &serial),
+    ] {
+        assert!(!task.is_finished(), "{what} answered before the fsync");
+    }
+    // Past their deadline, the waits answer timeouts of their kind.
+    match serial_timed_out.await.unwrap() {
+        Err(e) => assert!(
+            matches!(
+                e.error,
+                DbError::ReadTimeout {
+                    consistency: Consistency::LocalSerial,
+                    ..
+                }
+            ),
+            "{e:?}"
+        ),
+        Ok(r) => panic!("expected a read timeout, got {r:?}"),
+    }
+    match refused_timed_out.await.unwrap() {
+        Err(e) => assert!(
+            matches!(
+                e.error,
+                DbError::WriteTimeout {
+                    write_type: sluice_protocol::WriteType::Cas,
+                    ..
+                }
+            ),
+            "{e:?}"
+        ),
+        Ok(r) => panic!("expected a CAS write timeout, got {r:?}"),
+    }
+    drop(hold);
+    let applied = applied.await.unwrap().unwrap();
+    let ResultMessage::Rows(applied) = applied else {
+        panic!("{applied:?}")
+    };
+    assert_eq!(cells(&applied)[0][0].as_deref(), Some(&[1u8][..]));
+    let Ok(ResultMessage::Rows(refused)) = refused.await.unwrap() else {
+        panic!("the refused update failed")
+    };
+    let row = &cells(&refused)[0];
+    assert_eq!(row[0].as_deref(), Some(&[0u8][..]));
+    let vi = names(&refused).iter().position(|n| n == "v").unwrap();
+    assert_eq!(ctext(&row[vi]), "second");
+    let Ok(ResultMessage::Rows(serial)) = serial.await.unwrap() else {
+        panic!("the SERIAL read failed")
+    };
+    assert_eq!(ctext(&cells(&serial)[0][0]), "second");
+}

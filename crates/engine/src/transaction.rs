@@ -780,6 +780,12 @@ async fn run(
         }
         None => metrics.note_commit(false),
     }
+    // What it returns, or decided on, may come from writes not yet durable, in stores it
+    // did not write: answer only once they are.
+    if !plan.reads.is_empty() {
+        crate::write::wait_seen_durable(engine, None, ctx.deadline, || plan.timeout(consistency))
+            .await?;
+    }
     Ok(match &plan.returning {
         Returning::Nothing => ResultMessage::Void,
         Returning::References(refs) => {

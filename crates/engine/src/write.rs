@@ -787,6 +787,28 @@ pub(crate) async fn wait_until_durable(
         .map_err(storage_error)
 }
 
+/// Waits until everything a read that has returned could have seen (in the store of
+/// `token`, or in every store) is durable, so that an answer showing the read's result
+/// never shows a write a crash can still lose: at most one group fsync (in Periodic mode,
+/// until it is in the OS, what that mode acknowledges). Answers `timeout()` if `deadline`
+/// passes first. No lock is held while waiting.
+pub(crate) async fn wait_seen_durable(
+    engine: &Engine,
+    token: Option<i64>,
+    deadline: Option<std::time::Instant>,
+    timeout: impl FnOnce() -> DetailedError,
+) -> Result<(), DetailedError> {
+    let ticket = engine.storage.seen_ticket(token);
+    let wait = engine.storage.wait_durable(ticket);
+    let Some(deadline) = deadline else {
+        return wait.await.map_err(storage_error);
+    };
+    match tokio::time::timeout_at(deadline.into(), wait).await {
+        Ok(done) => done.map_err(storage_error),
+        Err(_) => Err(timeout()),
+    }
+}
+
 /// The single row a conditional statement checks: its clustering key (empty for the
 /// static row or tables without clustering columns).
 fn condition_row(w: &WritePlan, b: &Binder) -> Result<Vec<Bytes>, DetailedError> {
@@ -1022,6 +1044,12 @@ pub(crate) async fn execute_conditional(
             engine.note_write_timestamp(ts);
         }
         wait_until_durable(engine, ticket, ctx.ack_barrier).await?;
+    } else {
+        // The `[applied] = false` row shows the partition as the check read it.
+        wait_seen_durable(engine, Some(pk.token), ctx.deadline, || {
+            exec::write_timeout(consistency, WriteType::Cas)
+        })
+        .await?;
     }
     Ok(ResultMessage::Rows(rows.finish(
         specs.into(),

@@ -290,3 +290,77 @@ fn concurrent_conditional_writes_share_one_fsync() {
     let fsyncs = s.fsync_count() - before;
     assert!((1..=2).contains(&fsyncs), "{fsyncs} fsyncs");
 }
+
+/// Polls `wait` once: whether it is already resolved.
+fn resolved_now(wait: impl std::future::Future<Output = Result<(), StorageError>>) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(150), wait)
+            .await
+            .is_ok_and(|r| r.is_ok())
+    })
+}
+
+/// A conditional write that does not apply shows the row as it read it: its seen ticket is
+/// durable only once the write it saw is, so an answer that waits for it never shows a
+/// write that a crash can still lose.
+#[test]
+fn a_seen_ticket_waits_for_the_write_the_read_saw() {
+    let (_d, s) = open(Durability::Batch);
+    let l = layout();
+    let hold = s.hold_sync();
+    let first = [(&l, write(5, "p", &[(1, Bytes::from_static(b"a"))], 10))];
+    let reads = [whole_partition(&l)];
+    let out = s
+        .apply_conditional(5, b"p", &reads, 0, &first, Some(10), |r| {
+            r[0].rows.is_empty()
+        })
+        .unwrap();
+    let written = out.ticket.expect("applied");
+    let second = [(&l, write(5, "p", &[(1, Bytes::from_static(b"b"))], 20))];
+    let refused = s
+        .apply_conditional(5, b"p", &reads, 0, &second, Some(20), |r| {
+            r[0].rows.is_empty()
+        })
+        .unwrap();
+    assert!(!refused.applied());
+    assert_eq!(
+        cell_of(&refused.reads[0], 1).map(|(v, _)| v),
+        Some(Bytes::from_static(b"a")),
+        "the refused write read the first one"
+    );
+    let seen = s.seen_ticket(Some(5));
+    let seen_everywhere = s.seen_ticket(None);
+    assert!(!resolved_now(s.wait_durable(seen.clone())), "held");
+    assert!(!resolved_now(s.wait_durable(seen_everywhere.clone())));
+    drop(hold);
+    assert!(resolved_now(s.wait_durable(seen)));
+    assert!(resolved_now(s.wait_durable(seen_everywhere)));
+    assert!(resolved_now(s.wait_durable(written)));
+}
+
+/// With nothing pending, a seen ticket costs no fsync; in Periodic mode it waits only for
+/// the journal to be in the OS.
+#[test]
+fn a_seen_ticket_of_durable_state_needs_no_fsync() {
+    let (_d, s) = open(Durability::Batch);
+    let l = layout();
+    let m = [(&l, write(5, "p", &[(1, Bytes::from_static(b"a"))], 10))];
+    let ticket = s.apply(&m).unwrap();
+    assert!(resolved_now(s.wait_durable(ticket)));
+    let before = s.fsync_count();
+    let _hold = s.hold_sync();
+    assert!(resolved_now(s.wait_durable(s.seen_ticket(None))));
+    assert_eq!(s.fsync_count(), before);
+
+    let (_d, s) = open(periodic());
+    let _hold = s.hold_sync();
+    s.apply(&m).unwrap();
+    assert!(
+        resolved_now(s.wait_durable(s.seen_ticket(Some(5)))),
+        "in the OS without a timed fsync"
+    );
+}

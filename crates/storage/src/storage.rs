@@ -142,6 +142,8 @@ enum Ticket {
         parts: Vec<(usize, u64)>,
         key: Vec<u8>,
     },
+    /// Everything a read of these stores could have seen (see [`Storage::seen_ticket`]).
+    Seen { parts: Vec<(usize, u64)> },
 }
 
 impl CommitTicket {
@@ -156,6 +158,9 @@ impl CommitTicket {
             Ticket::Many { parts, key } => Ticket::Many {
                 parts: parts.iter().map(|&(store, seq)| (store, seq + 1)).collect(),
                 key: key.clone(),
+            },
+            Ticket::Seen { parts } => Ticket::Seen {
+                parts: parts.iter().map(|&(store, seq)| (store, seq + 1)).collect(),
             },
         })
     }
@@ -431,12 +436,41 @@ impl Storage {
             .collect()
     }
 
+    /// A ticket for every write a read that has returned could have seen: in the store of
+    /// `token`, or in every store (`None`). Take it after the read; once
+    /// [`wait_durable`](Self::wait_durable) resolves on it, nothing the read saw can be lost
+    /// by a crash (Batch mode) or by the process dying (Periodic mode), so an answer that
+    /// shows the read's result (a SERIAL read, a conditional write that did not apply) may
+    /// go out. Costs nothing when the journal is already durable that far, else at most one
+    /// group fsync per store.
+    pub fn seen_ticket(&self, token: Option<i64>) -> CommitTicket {
+        let stores = &self.inner.stores;
+        let parts = match token {
+            Some(token) => {
+                let store = self.store_of(token);
+                vec![(store, stores[store].seen_upto())]
+            }
+            None => stores
+                .iter()
+                .enumerate()
+                .map(|(store, s)| (store, s.seen_upto()))
+                .collect(),
+        };
+        CommitTicket(Ticket::Seen { parts })
+    }
+
     /// Resolves once the ticket's write is durable: in Batch mode after the group fsync; in
     /// Periodic mode once it is in the OS (the next timed fsync makes it durable).
     pub async fn wait_durable(&self, ticket: CommitTicket) -> Result<(), StorageError> {
         let stores = &self.inner.stores;
         match ticket.0 {
             Ticket::One { store, seq } => stores[store].wait_durable(seq).await,
+            Ticket::Seen { parts } => {
+                for (store, seq) in parts {
+                    stores[store].wait_durable(seq).await?;
+                }
+                Ok(())
+            }
             Ticket::Many { parts, key } => {
                 for &(store, seq) in &parts {
                     stores[store].wait_durable(seq).await?;
@@ -465,7 +499,7 @@ impl Storage {
     pub fn durable_at_ack_barrier(&self, ticket: &CommitTicket, _held: AckBarrierHeld) -> bool {
         match ticket.0 {
             Ticket::One { store, .. } => self.inner.stores[store].journal_in_os_is_durable(),
-            Ticket::Many { .. } => false,
+            Ticket::Many { .. } | Ticket::Seen { .. } => false,
         }
     }
 
@@ -580,9 +614,10 @@ impl Storage {
             .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     }
 
-    /// Test hook: holds every sync thread before its next fsync while the guards live.
-    #[cfg(test)]
-    pub(crate) fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
+    /// Test hook: holds every sync thread before its next fsync while the guards live, so
+    /// that tests (here and in other crates) can see what waits for durability.
+    #[doc(hidden)]
+    pub fn hold_sync(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
         self.inner.stores.iter().map(Store::hold_sync).collect()
     }
 

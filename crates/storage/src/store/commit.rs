@@ -204,7 +204,9 @@ impl Store {
                     newest_written = newest_written.saturating_add(shift);
                 }
                 if entries.is_empty() && batchlog.is_none() {
-                    return Ok(Some(self.commit.applied.load(Ordering::Acquire)));
+                    // Nothing to write, but the answer shows what the check read: a commit
+                    // it saw may not have its ticket yet.
+                    return Ok(Some(self.seen_upto()));
                 }
             }
             self.write_locked(
@@ -348,7 +350,18 @@ impl Store {
         if let Some((key, value)) = batchlog {
             batch.insert(&self.meta, key, value);
         }
-        self.commit_with_ceiling(batch, newest_written)?;
+        // Counted before the journal sees the batch, so that a read seeing it takes a ticket
+        // that covers it (`seen_upto`); a failed commit still takes its ticket, or a reader
+        // would wait for one that never comes.
+        self.commit.begun.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = self.commit_with_ceiling(batch, newest_written) {
+            self.finish_commit(Written {
+                purges: Vec::new(),
+                replaced: 0,
+                journal_bytes: 0,
+            });
+            return Err(e);
+        }
         for guard in guards.iter_mut() {
             guard.newest = guard.newest.max(newest_written);
         }
@@ -370,7 +383,8 @@ impl Store {
         self.commit
             .journal_bytes
             .fetch_add(written.journal_bytes, Ordering::Relaxed);
-        let ticket = self.commit.applied.fetch_add(1, Ordering::AcqRel) + 1;
+        let ticket = self.commit.applied.fetch_add(1, Ordering::SeqCst) + 1;
+        debug_assert!(ticket <= self.commit.begun.load(Ordering::SeqCst));
         if self.durability == Durability::Batch {
             self.commit.lock_request().pending = true;
             self.commit.wake.notify_one();

@@ -242,6 +242,7 @@ impl Store {
             journal_bytes_per_memtable,
             path: path.to_path_buf(),
             applied: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
             in_os: AtomicU64::new(0),
             buffer_flushes: AtomicU64::new(0),
             request: Mutex::new(SyncRequest::default()),
@@ -249,7 +250,6 @@ impl Store {
             durable,
             fsyncs: AtomicU64::new(0),
             memtables_sealed: AtomicU64::new(0),
-            #[cfg(test)]
             gate: std::sync::RwLock::new(()),
         });
         let thread_commit = commit.clone();
@@ -523,7 +523,6 @@ impl Store {
     }
 
     /// Test hook: holds the sync thread before its next fsync while the guard lives.
-    #[cfg(test)]
     pub(crate) fn hold_sync(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
         self.commit.gate.write().unwrap_or_else(|e| e.into_inner())
     }

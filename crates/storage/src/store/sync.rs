@@ -46,6 +46,10 @@ pub(super) struct CommitShared {
     pub(super) path: std::path::PathBuf,
     /// Last ticket handed out; a ticket is handed out only after its batch is in the journal.
     pub(super) applied: AtomicU64,
+    /// Commits begun: counted just before a batch goes to the journal, so it is never below
+    /// `applied`, and every commit a read could see is covered once `applied` reaches the
+    /// value it had after that read (see [`Store::seen_upto`]).
+    pub(super) begun: AtomicU64,
     /// Every ticket up to this one is in the OS (survives the process, not the machine).
     pub(super) in_os: AtomicU64,
     /// Journal buffer flushes (`write(2)` calls) made for waiting writers, for tests and metrics.
@@ -56,8 +60,8 @@ pub(super) struct CommitShared {
     pub(super) fsyncs: AtomicU64,
     /// Memtables sealed for journal growth (read by tests).
     pub(super) memtables_sealed: AtomicU64,
-    /// Test hook: a test holding the write side stops the sync thread before its next fsync.
-    #[cfg(test)]
+    /// Test hook: a test holding the write side stops the sync thread before its next fsync
+    /// (uncontended otherwise: one read lock per fsync).
     pub(super) gate: std::sync::RwLock<()>,
 }
 
@@ -68,7 +72,7 @@ impl CommitShared {
 
     /// Moves the journal buffer to the OS; every ticket handed out before it is then there.
     fn flush_buffer(&self) -> Result<(), StorageError> {
-        let upto = self.applied.load(Ordering::Acquire);
+        let upto = self.applied.load(Ordering::SeqCst);
         self.db.persist(PersistMode::Buffer).map_err(io)?;
         self.in_os.fetch_max(upto, Ordering::AcqRel);
         Ok(())
@@ -84,14 +88,13 @@ impl CommitShared {
 
     /// The newest ticket applied but not yet durable, if any (and the journal has not failed).
     pub(super) fn pending_upto(&self) -> Option<u64> {
-        let upto = self.applied.load(Ordering::Acquire);
+        let upto = self.applied.load(Ordering::SeqCst);
         let current = *self.durable.borrow();
         (!current.failed && upto > current.upto).then_some(upto)
     }
 
     /// Fsyncs the journal if tickets are pending and publishes the new durable point.
     fn sync_pending(&self, syncer: &mut JournalSyncer) {
-        #[cfg(test)]
         let _gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
         let Some(upto) = self.pending_upto() else {
             return;
@@ -195,6 +198,14 @@ impl CommitShared {
 }
 
 impl Store {
+    /// A ticket covering every commit a read that has already returned could have seen:
+    /// such a commit was in the journal before the read saw it, so it was begun by now and
+    /// its ticket is at most this one, or it is covered by an fsync that starts after the
+    /// read (which is what waiting for a ticket above every one handed out needs).
+    pub(crate) fn seen_upto(&self) -> u64 {
+        self.commit.begun.load(Ordering::SeqCst)
+    }
+
     /// Resolves once the ticket's write is durable: in Batch mode after the group fsync; in
     /// Periodic mode once it is in the OS (the next timed fsync makes it durable).
     pub(crate) async fn wait_durable(&self, ticket: u64) -> Result<(), StorageError> {
@@ -221,13 +232,14 @@ impl Store {
         matches!(self.durability, Durability::Periodic { .. })
     }
 
-    /// Periodic mode: moves the journal buffer to the OS if a write applied since the last
-    /// flush is not there yet (two atomic loads otherwise). Batch mode: nothing (the sync
-    /// thread flushes before each fsync, and answers wait for the fsync).
+    /// Periodic mode: moves the journal buffer to the OS if a write begun since the last
+    /// flush is not there yet (two atomic loads otherwise; `begun`, not `applied`, so that a
+    /// commit an answer read while its ticket was not handed out yet is flushed too). Batch
+    /// mode: nothing (the sync thread flushes before each fsync, and answers wait for the fsync).
     pub(crate) fn flush_journal_to_os(&self) -> Result<(), StorageError> {
         let commit = &self.commit;
         if !self.journal_in_os_is_durable()
-            || commit.in_os.load(Ordering::Acquire) >= commit.applied.load(Ordering::Acquire)
+            || commit.in_os.load(Ordering::SeqCst) >= commit.begun.load(Ordering::SeqCst)
         {
             return Ok(());
         }
