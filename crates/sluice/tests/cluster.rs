@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
-use common::cluster::{session_on, LocalCluster, Ports};
+use common::cluster::{session_on, token_replicas, LocalCluster, Ports};
 use scylla::client::session::Session;
 
 const NODES: u8 = 3;
@@ -24,21 +24,6 @@ async fn local_tokens(session: &Session) -> Vec<i64> {
         .unwrap();
     let (tokens,): (Vec<String>,) = rows.single_row().unwrap();
     tokens.iter().map(|t| t.parse().unwrap()).collect()
-}
-
-async fn replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
-    let rows = session
-        .query_unpaged(
-            "SELECT replicas FROM system_views.token_replicas \
-             WHERE keyspace_name = ? AND token_value = ?",
-            (ks, token),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
-    let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
-    replicas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,9 +73,12 @@ async fn three_local_nodes_share_one_ring() {
             let owner_ip = addrs[owner].ip();
             for token in tokens {
                 // With one replica, a node's own token is placed on that node alone.
-                assert_eq!(replicas(session, "ring_one", *token).await, vec![owner_ip]);
+                assert_eq!(
+                    token_replicas(session, "ring_one", *token).await,
+                    vec![owner_ip]
+                );
                 // With three, every node holds it, the owner first.
-                let three = replicas(session, "ring_three", *token).await;
+                let three = token_replicas(session, "ring_three", *token).await;
                 assert_eq!(three.first(), Some(&owner_ip));
                 assert_eq!(three.iter().copied().collect::<BTreeSet<_>>(), everyone);
                 compared += 1;

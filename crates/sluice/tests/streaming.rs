@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{ip, session_on, Ports, ServeNode};
+use common::cluster::{ip, session_on, token_replicas, Ports, ServeNode};
 use scylla::client::session::Session;
 
 /// Nodes at the start; a fourth joins and leaves.
@@ -90,27 +90,12 @@ fn wait_all_normal(ports: Ports, nodes: u8) -> Vec<(String, IpAddr, usize)> {
     }
 }
 
-async fn replicas_of(lookup_session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
-    let rows = lookup_session
-        .query_unpaged(
-            "SELECT replicas FROM system_views.token_replicas \
-             WHERE keyspace_name = ? AND token_value = ?",
-            (ks, token),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
-    let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
-    replicas
-}
-
 /// Writes rows `keys` of `ks.t` to each of their replicas, as node 1's ring names them.
 async fn write_rows(sessions: &[(IpAddr, Session)], ks: &str, keys: std::ops::Range<i32>) {
     let lookup = &sessions[0].1;
     for k in keys {
         let value = format!("{k:0>width$}", width = VALUE_BYTES);
-        for replica in replicas_of(lookup, ks, token_of(k)).await {
+        for replica in token_replicas(lookup, ks, token_of(k)).await {
             let (_, session) = sessions
                 .iter()
                 .find(|(ip, _)| *ip == replica)
@@ -158,7 +143,7 @@ async fn assert_on_replicas(sessions: &[(IpAddr, Session)], ks: &str, keys: &[i3
     let mut checked = 0;
     let mut missing = Vec::new();
     for &k in keys {
-        for replica in replicas_of(&sessions[0].1, ks, token_of(k)).await {
+        for replica in token_replicas(&sessions[0].1, ks, token_of(k)).await {
             let (_, held) = local
                 .iter()
                 .find(|(ip, _)| *ip == replica)

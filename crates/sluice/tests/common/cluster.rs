@@ -330,3 +330,20 @@ pub async fn session_on(addr: SocketAddr) -> Session {
         .await
         .expect("connect")
 }
+
+/// The replicas `session`'s node places `token` of keyspace `ks` on
+/// (`system_views.token_replicas`).
+pub async fn token_replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
+    let rows = session
+        .query_unpaged(
+            "SELECT replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = ? AND token_value = ?",
+            (ks, token),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
+    replicas
+}
