@@ -44,6 +44,65 @@ def sluice_bin():
     raise RuntimeError("build sluice first (cargo build -p sluice) or set SLUICE_BIN")
 
 
+def port_free_on_every_ip(nodes):
+    """A port free on 127.0.0.1 up to 127.0.0.`nodes` (each node binds it on its own IP)."""
+    for _ in range(100):
+        port = free_port()
+        ok = True
+        for i in range(1, nodes + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind((f"127.0.0.{i}", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return port
+    raise RuntimeError("no port free on every node's address")
+
+
+LOCAL_CLUSTER_NODES = 3
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """`sluice cluster --nodes 3` on 127.0.0.1-3 (eight tokens each, periodic durability), in a
+    temporary directory removed afterwards; yields the CQL port every node listens on."""
+    nodes = LOCAL_CLUSTER_NODES
+    directory = tempfile.mkdtemp(prefix="sluice-pytest-cluster-")
+    cql = port_free_on_every_ip(nodes)
+    out_path = os.path.join(directory, "cluster.out")
+    out = open(out_path, "wb")
+    proc = subprocess.Popen(
+        [sluice_bin(), "cluster", "--nodes", str(nodes), "--dir", directory,
+         "--cql-port", str(cql),
+         "--shard-aware-port", str(port_free_on_every_ip(nodes)),
+         "--internode-port", str(port_free_on_every_ip(nodes)),
+         "--metrics-port", "off", "--num-tokens", "8",
+         "--serve-arg=--durability=periodic"],
+        stdout=out, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while b"connect with" not in open(out_path, "rb").read():
+            output = open(out_path, "rb").read().decode(errors="replace")
+            if proc.poll() is not None:
+                raise RuntimeError(f"sluice cluster exited ({proc.returncode}):\n{output}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not start within 120 s:\n{output}")
+            time.sleep(0.1)
+        yield cql
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 class Node:
     def __init__(self, shards=2, extra=()):
         self.shards = shards

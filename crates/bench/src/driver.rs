@@ -281,6 +281,33 @@ impl Connection {
         })
     }
 
+    /// Connects to the one node `node` over `connections` connections, a 30 s client timeout
+    /// and no retries (the single-node benchmarks count every failure), and runs `ddl` in
+    /// order.
+    pub async fn open_one_node(
+        node: &str,
+        connections: usize,
+        ddl: &[String],
+    ) -> anyhow::Result<Self> {
+        let conn = Connection::open(&DriverOptions {
+            nodes: vec![node.to_owned()],
+            connections: connections.max(1),
+            client_timeout: Duration::from_secs(30),
+            retry: RetryMode::None,
+            retries: 0,
+            credentials: None,
+            ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(30))
+        })
+        .await?;
+        for statement in ddl {
+            conn.ddl(statement)
+                .await
+                .map_err(anyhow::Error::msg)
+                .with_context(|| statement.clone())?;
+        }
+        Ok(conn)
+    }
+
     /// Runs a schema statement with a generous timeout (schema changes are not measured).
     pub async fn ddl(&self, cql: &str) -> Result<(), String> {
         let mut st = scylla::statement::Statement::new(cql);

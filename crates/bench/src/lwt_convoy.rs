@@ -6,7 +6,7 @@
 //! durability (one per lock stripe per fsync when serialized through it, or many sharing
 //! one group fsync).
 
-use crate::driver::{Connection, DriverOptions, RetryMode};
+use crate::driver::Connection;
 use anyhow::{bail, Context};
 use scylla::statement::prepared::PreparedStatement;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -67,17 +67,7 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.seconds == 0 {
         bail!("--concurrency and --seconds must be at least 1");
     }
-    let conn = Connection::open(&DriverOptions {
-        nodes: vec![args.node.clone()],
-        connections: args.connections.max(1),
-        client_timeout: Duration::from_secs(30),
-        retry: RetryMode::None,
-        retries: 0,
-        credentials: None,
-        ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(30))
-    })
-    .await?;
-    for ddl in [
+    let ddl = [
         format!(
             "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
              {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
@@ -87,12 +77,8 @@ pub async fn run_convoy(args: ConvoyArgs) -> anyhow::Result<()> {
              WITH transactional_mode = '{mode}'",
             mode = args.transactional_mode
         ),
-    ] {
-        conn.ddl(&ddl)
-            .await
-            .map_err(anyhow::Error::msg)
-            .with_context(|| ddl.clone())?;
-    }
+    ];
+    let conn = Connection::open_one_node(&args.node, args.connections, &ddl).await?;
     let condition = if args.plain { "" } else { " IF NOT EXISTS" };
     let cql = format!(
         "INSERT INTO {KEYSPACE}.t_{mode} (k, v) VALUES (?, ?){condition}",

@@ -5,7 +5,7 @@
 //! most transactions the server ran at once during the step (its `sluice_txn_outstanding`
 //! gauge, sampled every 20 ms from `--metrics`), then checks that the sum is still 0.
 
-use crate::driver::{Connection, DriverOptions, RetryMode};
+use crate::driver::Connection;
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -76,28 +76,14 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
     if args.keys < 2 || args.seconds == 0 || counts.contains(&0) {
         bail!("--keys must be at least 2, --seconds and every client count at least 1");
     }
-    let conn = Connection::open(&DriverOptions {
-        nodes: vec![args.node.clone()],
-        connections: args.connections.max(1),
-        client_timeout: Duration::from_secs(30),
-        retry: RetryMode::None,
-        retries: 0,
-        credentials: None,
-        ..DriverOptions::new(Vec::new(), 1, Duration::from_secs(30))
-    })
-    .await?;
-    for ddl in [
+    let ddl = [
         format!(
             "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
              {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
         ),
         format!("CREATE TABLE IF NOT EXISTS {KEYSPACE}.acct (k int PRIMARY KEY, n bigint)"),
-    ] {
-        conn.ddl(&ddl)
-            .await
-            .map_err(anyhow::Error::msg)
-            .with_context(|| ddl.clone())?;
-    }
+    ];
+    let conn = Connection::open_one_node(&args.node, args.connections, &ddl).await?;
     let insert = conn
         .session
         .prepare(format!("INSERT INTO {KEYSPACE}.acct (k, n) VALUES (?, 0)"))

@@ -573,6 +573,13 @@ mod tests {
         }
     }
 
+    /// Each transfer's (start, end, sources), its table left out.
+    fn ranges_of(plan: Vec<Transfer>) -> Vec<(Option<i64>, i64, Vec<SocketAddr>)> {
+        plan.into_iter()
+            .map(|t| (t.start, t.end, t.sources))
+            .collect()
+    }
+
     #[test]
     fn a_joining_node_gains_the_ranges_before_its_tokens_from_their_old_owners() {
         let nodes = vec![
@@ -595,11 +602,7 @@ mod tests {
             }]
         );
         // With RF 2 it also takes (-100, 0], held before by nodes 2 and 3.
-        let plan = plan_gains(&[table(2)], &old, &new, me, None, None);
-        let ranges: Vec<(Option<i64>, i64, Vec<SocketAddr>)> = plan
-            .into_iter()
-            .map(|t| (t.start, t.end, t.sources))
-            .collect();
+        let ranges = ranges_of(plan_gains(&[table(2)], &old, &new, me, None, None));
         assert_eq!(
             ranges,
             vec![
@@ -617,11 +620,14 @@ mod tests {
         .unwrap();
         let five = Uuid::from_u128(5);
         let joined = ring_with_state(&wrapping, five, NodeState::Normal).unwrap();
-        let plan = plan_gains(&[table(1)], &wrapping, &joined, five, None, None);
-        let ranges: Vec<(Option<i64>, i64, Vec<SocketAddr>)> = plan
-            .into_iter()
-            .map(|t| (t.start, t.end, t.sources))
-            .collect();
+        let ranges = ranges_of(plan_gains(
+            &[table(1)],
+            &wrapping,
+            &joined,
+            five,
+            None,
+            None,
+        ));
         assert_eq!(
             ranges,
             vec![

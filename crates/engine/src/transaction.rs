@@ -577,56 +577,24 @@ fn integer_arithmetic(
     operand: &[u8],
     negate: bool,
 ) -> Option<Vec<u8>> {
-    fn op<T: Copy>(
-        a: T,
-        b: T,
-        negate: bool,
-        add: fn(T, T) -> Option<T>,
-        sub: fn(T, T) -> Option<T>,
-    ) -> Option<T> {
-        if negate {
-            sub(a, b)
-        } else {
-            add(a, b)
-        }
+    // Each integer type the same way: big-endian operands of its width, checked arithmetic.
+    macro_rules! checked {
+        ($int:ty) => {{
+            let a = <$int>::from_be_bytes(current.try_into().ok()?);
+            let b = <$int>::from_be_bytes(operand.try_into().ok()?);
+            let sum = if negate {
+                a.checked_sub(b)
+            } else {
+                a.checked_add(b)
+            };
+            sum?.to_be_bytes().to_vec()
+        }};
     }
     Some(match ty {
-        NativeType::Tinyint => {
-            let (a, b) = (
-                i8::from_be_bytes(current.try_into().ok()?),
-                i8::from_be_bytes(operand.try_into().ok()?),
-            );
-            op(a, b, negate, i8::checked_add, i8::checked_sub)?
-                .to_be_bytes()
-                .to_vec()
-        }
-        NativeType::Smallint => {
-            let (a, b) = (
-                i16::from_be_bytes(current.try_into().ok()?),
-                i16::from_be_bytes(operand.try_into().ok()?),
-            );
-            op(a, b, negate, i16::checked_add, i16::checked_sub)?
-                .to_be_bytes()
-                .to_vec()
-        }
-        NativeType::Int => {
-            let (a, b) = (
-                i32::from_be_bytes(current.try_into().ok()?),
-                i32::from_be_bytes(operand.try_into().ok()?),
-            );
-            op(a, b, negate, i32::checked_add, i32::checked_sub)?
-                .to_be_bytes()
-                .to_vec()
-        }
-        NativeType::Bigint => {
-            let (a, b) = (
-                i64::from_be_bytes(current.try_into().ok()?),
-                i64::from_be_bytes(operand.try_into().ok()?),
-            );
-            op(a, b, negate, i64::checked_add, i64::checked_sub)?
-                .to_be_bytes()
-                .to_vec()
-        }
+        NativeType::Tinyint => checked!(i8),
+        NativeType::Smallint => checked!(i16),
+        NativeType::Int => checked!(i32),
+        NativeType::Bigint => checked!(i64),
         _ => return None,
     })
 }

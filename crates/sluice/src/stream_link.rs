@@ -85,7 +85,16 @@ impl LocalData for EngineData {
 
     fn import(&self, table: TableKey, records: Vec<Record>) -> ImportFuture {
         let storage = self.storage.clone();
+        // The layout checks each record's clustering and gives the table's gc_grace_seconds.
+        let layout = self
+            .engine
+            .schema()
+            .tables
+            .values()
+            .find(|t| t.layout.id == table)
+            .map(|t| t.layout.clone());
         Box::pin(async move {
+            let layout = layout.ok_or("a streamed table is not in this node's schema")?;
             let records: Vec<RawRecord> = records
                 .into_iter()
                 .map(|(key, value)| RawRecord { key, value })
@@ -93,7 +102,7 @@ impl LocalData for EngineData {
             let writer = storage.clone();
             // A commit of up to a chunk merges under locks and may read: off the event loop.
             let tickets =
-                tokio::task::spawn_blocking(move || writer.import_records(table, &records))
+                tokio::task::spawn_blocking(move || writer.import_records(&layout, &records))
                     .await
                     .map_err(|_| "the import task failed")?
                     .map_err(storage_message)?;

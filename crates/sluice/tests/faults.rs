@@ -9,30 +9,15 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::cluster::{LocalCluster, Ports};
+
 const NODES: u8 = 3;
-/// Bound on the cluster's start (three starts and two joins on a debug build).
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on the bench run: 2 s before, 2 s stopped, 2 s after, the set-up and the final reads.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn ip(index: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
-}
-
-fn port_free_on_all_ips() -> u16 {
-    for _ in 0..100 {
-        let port = common::free_port();
-        if (1..=NODES).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on 127.0.0.1-{NODES} in 100 tries")
-}
 
 /// Kills the process on drop (the cluster takes its nodes with it).
 struct Killed(Child);
@@ -94,43 +79,11 @@ fn num(v: &serde_json::Value, key: &str) -> u64 {
 #[test]
 fn bench_faults_counts_every_request_through_a_sigstop() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (cql, shard_aware, internode) = (
-        port_free_on_all_ips(),
-        port_free_on_all_ips(),
-        port_free_on_all_ips(),
-    );
-    let out = dir.path().join("cluster.out");
-    let cluster = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["cluster", "--nodes", &NODES.to_string(), "--dir"])
-        .arg(dir.path())
-        .args(["--cql-port", &cql.to_string()])
-        .args(["--shard-aware-port", &shard_aware.to_string()])
-        .args(["--internode-port", &internode.to_string()])
-        .args(["--metrics-port", "off"])
-        .arg("--serve-arg=--durability=periodic")
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start sluice cluster");
-    let mut cluster = Killed(cluster);
-    let started = Instant::now();
-    while !std::fs::read_to_string(&out)
-        .unwrap_or_default()
-        .contains("connect with")
-    {
-        if let Ok(Some(st)) = cluster.0.try_wait() {
-            panic!("sluice cluster exited ({st}): {}", logs(dir.path()));
-        }
-        assert!(
-            started.elapsed() < START_TIMEOUT,
-            "the cluster did not start: {}",
-            logs(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let ports = Ports::free_on(NODES);
+    let cluster = LocalCluster::start(dir.path(), NODES, ports, "cluster.out", &[]);
     let node2 = dir.path().join("node2");
     let pid = pid_of_node(&node2).expect("the pid of node 2");
-    let nodes: Vec<String> = (1..=NODES).map(|k| format!("{}:{cql}", ip(k))).collect();
+    let nodes: Vec<String> = (1..=NODES).map(|k| ports.cql_of(k).to_string()).collect();
     let json: PathBuf = dir.path().join("faults.json");
     let mut bench = Command::new(env!("CARGO_BIN_EXE_sluice"));
     bench

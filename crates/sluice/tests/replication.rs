@@ -6,10 +6,11 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+use common::cluster::{Ports, ServeNode};
 
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -19,138 +20,9 @@ use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancing
 use scylla::policies::retry::FallthroughRetryPolicy;
 use scylla::statement::{Consistency, Statement};
 
-/// Bound on one node's start (a debug build, a join through the seed).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bound on the failure detector noticing a kill or a restart.
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
 const TABLE_ID: &str = "0b6f3b1e-4c1a-4f7e-9d55-26c0a1d2e3f4";
-
-fn ip(index: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
-}
-
-/// A port free on 127.0.0.1-3 (each node binds the same port on its own IP).
-fn port_free_on_all_ips() -> u16 {
-    for _ in 0..100 {
-        let port = common::free_port();
-        if (1..=3).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on 127.0.0.1-3 in 100 tries")
-}
-
-#[derive(Clone, Copy)]
-struct Ports {
-    cql: u16,
-    shard_aware: u16,
-    internode: u16,
-}
-
-/// One `sluice serve` process; SIGKILL on drop.
-struct ServeNode {
-    index: u8,
-    child: Option<Child>,
-    data: PathBuf,
-    log: PathBuf,
-    ports: Ports,
-    extra: &'static [&'static str],
-}
-
-impl ServeNode {
-    fn spawn(dir: &Path, index: u8, ports: Ports, extra: &'static [&'static str]) -> ServeNode {
-        let mut node = ServeNode {
-            index,
-            child: None,
-            data: dir.join(format!("node{index}")),
-            log: dir.join(format!("node{index}.log")),
-            ports,
-            extra,
-        };
-        node.start();
-        node
-    }
-
-    fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let own_ip = ip(self.index);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .arg("serve")
-            .args([
-                "--listen",
-                &SocketAddr::new(own_ip, self.ports.cql).to_string(),
-            ])
-            .args(["--shard-aware-port", &self.ports.shard_aware.to_string()])
-            .args([
-                "--internode-listen",
-                &SocketAddr::new(own_ip, self.ports.internode).to_string(),
-            ])
-            .args([
-                "--metrics-listen",
-                "off",
-                "--shards",
-                "1",
-                "--num-tokens",
-                "8",
-            ])
-            .args(["--durability", "periodic"])
-            .args(self.extra)
-            .arg("--data-dir")
-            .arg(&self.data);
-        if self.index > 1 {
-            command
-                .arg("--seeds")
-                .arg(SocketAddr::new(ip(1), self.ports.internode).to_string());
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start sluice serve");
-        self.child = Some(child);
-        let addr = self.cql();
-        let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("node {} exited ({status}): {}", self.index, self.output());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {} did not serve within {START_TIMEOUT:?}: {}",
-                self.index,
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn cql(&self) -> SocketAddr {
-        SocketAddr::new(ip(self.index), self.ports.cql)
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServeNode {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 /// A session whose every statement goes to `addr` and is never retried elsewhere.
 async fn connect_to_one(addr: SocketAddr) -> Session {
@@ -257,13 +129,9 @@ async fn until_unavailable(session: &Session, q: &str) -> ExecutionError {
 
 /// Three nodes with the schema, each seeing the whole ring, and a session to each.
 async fn three_nodes(dir: &Path, extra: &'static [&'static str]) -> (Vec<ServeNode>, Vec<Session>) {
-    let ports = Ports {
-        cql: port_free_on_all_ips(),
-        shard_aware: port_free_on_all_ips(),
-        internode: port_free_on_all_ips(),
-    };
+    let ports = Ports::free_on(3);
     let nodes: Vec<ServeNode> = (1..=3)
-        .map(|i| ServeNode::spawn(dir, i, ports, extra))
+        .map(|i| ServeNode::start(dir, i, ports, extra).0)
         .collect();
     let mut sessions = Vec::new();
     for node in &nodes {
@@ -386,7 +254,7 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
     );
 
     // Node 3 comes back: it missed both writes.
-    nodes[2].start();
+    nodes[2].restart();
     let node3 = connect_to_one(nodes[2].cql()).await;
     eventually("node 3 sees node 1 up", || async {
         write(
@@ -471,7 +339,7 @@ async fn hints_replay_what_a_killed_replica_missed() {
     )
     .await
     .unwrap();
-    nodes[2].start();
+    nodes[2].restart();
     let node3 = connect_to_one(nodes[2].cql()).await;
     eventually("node 3 got both writes from hints", || async {
         value(&node3, Consistency::One, 5)

@@ -6,166 +6,19 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use scylla::client::execution_profile::ExecutionProfile;
+use common::cluster::{session_on, Ports, ServeNode};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
-use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
 use uuid::Uuid;
 
 const NODES: u8 = 3;
-/// Bound on one node's start (a debug build on a shared machine).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The bound on a driver's schema-agreement wait.
 const AGREEMENT_BOUND: Duration = Duration::from_secs(1);
-
-fn ip(index: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
-}
-
-/// A port free on every node's IP (each node binds the same port on its own IP).
-fn port_free_on_all_ips() -> u16 {
-    for _ in 0..100 {
-        let port = common::free_port();
-        if (1..=NODES).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on 127.0.0.1-{NODES} in 100 tries")
-}
-
-#[derive(Clone, Copy)]
-struct Ports {
-    cql: u16,
-    shard_aware: u16,
-    internode: u16,
-}
-
-/// One `sluice serve` process; SIGKILL on drop.
-struct ServeNode {
-    index: u8,
-    child: Child,
-    log: PathBuf,
-}
-
-impl ServeNode {
-    fn cql(index: u8, ports: Ports) -> SocketAddr {
-        SocketAddr::new(ip(index), ports.cql)
-    }
-
-    /// Starts node `index` on `dir/node<index>` and returns once its CQL port accepts.
-    fn start(dir: &Path, index: u8, ports: Ports) -> (ServeNode, Duration) {
-        let log = dir.join(format!("node{index}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .arg("serve")
-            .args(["--listen", &ServeNode::cql(index, ports).to_string()])
-            .args(["--shard-aware-port", &ports.shard_aware.to_string()])
-            .args([
-                "--internode-listen",
-                &SocketAddr::new(ip(index), ports.internode).to_string(),
-            ])
-            .args([
-                "--metrics-listen",
-                "off",
-                "--shards",
-                "1",
-                "--num-tokens",
-                "8",
-            ])
-            .args(["--durability", "periodic"])
-            // DDL's deadline, so that a DDL without a quorum fails within the test's bounds.
-            .args(["--other-timeout", "3s"])
-            .arg("--data-dir")
-            .arg(dir.join(format!("node{index}")));
-        if index > 1 {
-            command.args([
-                "--seeds",
-                &SocketAddr::new(ip(1), ports.internode).to_string(),
-            ]);
-        }
-        let started = Instant::now();
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start sluice serve");
-        let mut node = ServeNode { index, child, log };
-        let addr = ServeNode::cql(index, ports);
-        loop {
-            if let Ok(Some(status)) = node.child.try_wait() {
-                panic!("node {index} exited ({status}): {}", node.output());
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                return (node, started.elapsed());
-            }
-            assert!(
-                started.elapsed() < START_TIMEOUT,
-                "node {index} did not open {addr} within {START_TIMEOUT:?}: {}",
-                node.output()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "node {}: {status}", self.index);
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {} did not stop",
-                self.index
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServeNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A session whose every statement goes to node `addr`; the driver still waits for schema
-/// agreement over every node it discovered.
-async fn session_on(addr: SocketAddr) -> Session {
-    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        // Fail fast rather than wait the default 60 s if the versions never agree.
-        .schema_agreement_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .expect("connect")
-}
+/// DDL's deadline, so that a DDL without a quorum fails within the test's bounds.
+const OTHER_TIMEOUT: &[&str] = &["--other-timeout", "3s"];
 
 async fn schema_version(session: &Session) -> Uuid {
     let rows = session
@@ -234,16 +87,12 @@ async fn create_burst(session: &Session) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ddl_goes_through_the_group_and_every_node_agrees() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        cql: port_free_on_all_ips(),
-        shard_aware: port_free_on_all_ips(),
-        internode: port_free_on_all_ips(),
-    };
+    let ports = Ports::free_on(NODES);
     let mut nodes = Vec::new();
     for index in 1..=NODES {
-        nodes.push(ServeNode::start(dir.path(), index, ports).0);
+        nodes.push(ServeNode::start(dir.path(), index, ports, OTHER_TIMEOUT).0);
     }
-    let addrs: Vec<SocketAddr> = (1..=NODES).map(|k| ServeNode::cql(k, ports)).collect();
+    let addrs: Vec<SocketAddr> = (1..=NODES).map(|k| ports.cql_of(k)).collect();
     let mut sessions = Vec::new();
     for addr in &addrs {
         sessions.push(session_on(*addr).await);
@@ -381,7 +230,7 @@ async fn ddl_goes_through_the_group_and_every_node_agrees() {
         .query_unpaged("ALTER TABLE ks.t ADD w int", &[])
         .await
         .unwrap();
-    let (node3, start_time) = ServeNode::start(dir.path(), 3, ports);
+    let (node3, start_time) = ServeNode::start(dir.path(), 3, ports, OTHER_TIMEOUT);
     println!("node 3 restarted and opened its CQL port in {start_time:?}");
     nodes.push(node3);
     let s3 = session_on(addrs[2]).await;
@@ -439,13 +288,9 @@ async fn ddl_goes_through_the_group_and_every_node_agrees() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_schema_becomes_the_groups_first() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        cql: port_free_on_all_ips(),
-        shard_aware: port_free_on_all_ips(),
-        internode: port_free_on_all_ips(),
-    };
-    let addr = ServeNode::cql(1, ports);
-    let (node, _) = ServeNode::start(dir.path(), 1, ports);
+    let ports = Ports::free_on(NODES);
+    let addr = ports.cql_of(1);
+    let (node, _) = ServeNode::start(dir.path(), 1, ports, OTHER_TIMEOUT);
     let session = session_on(addr).await;
     session
         .query_unpaged(
@@ -473,7 +318,7 @@ async fn a_local_schema_becomes_the_groups_first() {
     node.stop();
 
     std::fs::remove_dir_all(dir.path().join("node1").join("meta")).unwrap();
-    let (node, _) = ServeNode::start(dir.path(), 1, ports);
+    let (node, _) = ServeNode::start(dir.path(), 1, ports, OTHER_TIMEOUT);
     assert!(
         node.output().contains("proposed the local schema"),
         "{}",
@@ -494,7 +339,7 @@ async fn a_local_schema_becomes_the_groups_first() {
     session.query_unpaged("DROP TABLE ks.b", &[]).await.unwrap();
     drop(session);
     node.stop();
-    let (node, _) = ServeNode::start(dir.path(), 1, ports);
+    let (node, _) = ServeNode::start(dir.path(), 1, ports, OTHER_TIMEOUT);
     // The log is appended across starts: the schema was proposed once, not again.
     assert_eq!(
         node.output().matches("proposed the local schema").count(),

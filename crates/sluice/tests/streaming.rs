@@ -8,164 +8,17 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::IpAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use scylla::client::execution_profile::ExecutionProfile;
+use common::cluster::{ip, session_on, token_replicas, Ports, ServeNode};
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
-use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
 
 /// Nodes at the start; a fourth joins and leaves.
 const NODES: u8 = 3;
 /// Every IP a node of the test uses.
 const ALL_IPS: u8 = 4;
-/// Bound on one node's start (a debug build on a shared machine).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn ip(index: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
-}
-
-/// A port free on every node's IP (each node binds the same port on its own IP).
-fn port_free_on_all_ips() -> u16 {
-    for _ in 0..100 {
-        let port = common::free_port();
-        if (1..=ALL_IPS).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on 127.0.0.1-{ALL_IPS} in 100 tries")
-}
-
-#[derive(Clone, Copy)]
-struct Ports {
-    cql: u16,
-    shard_aware: u16,
-    internode: u16,
-}
-
-/// One `sluice serve` process; SIGKILL on drop.
-struct ServeNode {
-    index: u8,
-    child: Child,
-    log: PathBuf,
-}
-
-impl ServeNode {
-    fn cql(index: u8, ports: Ports) -> SocketAddr {
-        SocketAddr::new(ip(index), ports.cql)
-    }
-
-    /// Starts node `index` on `dir/node<index>` and returns once its CQL port accepts.
-    fn start(dir: &Path, index: u8, ports: Ports) -> (ServeNode, Duration) {
-        let log = dir.join(format!("node{index}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .arg("serve")
-            .args(["--listen", &ServeNode::cql(index, ports).to_string()])
-            .args(["--shard-aware-port", &ports.shard_aware.to_string()])
-            .args([
-                "--internode-listen",
-                &SocketAddr::new(ip(index), ports.internode).to_string(),
-            ])
-            .args([
-                "--metrics-listen",
-                "off",
-                "--shards",
-                "1",
-                "--num-tokens",
-                "8",
-            ])
-            .args(["--durability", "periodic"])
-            .arg("--data-dir")
-            .arg(dir.join(format!("node{index}")));
-        if index > 1 {
-            command.args([
-                "--seeds",
-                &SocketAddr::new(ip(1), ports.internode).to_string(),
-            ]);
-        }
-        let started = Instant::now();
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .expect("start sluice serve");
-        let mut node = ServeNode { index, child, log };
-        let addr = ServeNode::cql(index, ports);
-        loop {
-            if let Ok(Some(status)) = node.child.try_wait() {
-                panic!("node {index} exited ({status}): {}", node.output());
-            }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                return (node, started.elapsed());
-            }
-            assert!(
-                started.elapsed() < START_TIMEOUT,
-                "node {index} did not open {addr} within {START_TIMEOUT:?}: {}",
-                node.output()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "node {}: {status}", self.index);
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {} did not stop",
-                self.index
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServeNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A session whose every statement goes to node `addr`; the driver still waits for schema
-/// agreement over every node it discovered.
-async fn session_on(addr: SocketAddr) -> Session {
-    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        // Fail fast rather than wait the default 60 s if the versions never agree.
-        .schema_agreement_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .expect("connect")
-}
 
 /// Rows per keyspace and phase.
 const ROWS: i32 = 300;
@@ -173,10 +26,6 @@ const ROWS: i32 = 300;
 const VALUE_BYTES: usize = 512;
 /// Keyspaces: (name, replication factor).
 const KEYSPACES: [(&str, u32); 2] = [("rf1", 1), ("rf2", 2)];
-
-fn internode(index: u8, ports: Ports) -> SocketAddr {
-    SocketAddr::new(ip(index), ports.internode)
-}
 
 fn token_of(k: i32) -> i64 {
     sluice_ring::Token::of_key(&k.to_be_bytes()).0
@@ -188,7 +37,7 @@ fn nodetool(index: u8, ports: Ports, args: &[&str]) -> String {
         .arg("nodetool")
         .args([
             "--host",
-            &internode(index, ports).to_string(),
+            &ports.internode_of(index).to_string(),
             "--timeout",
             "120",
         ])
@@ -241,27 +90,12 @@ fn wait_all_normal(ports: Ports, nodes: u8) -> Vec<(String, IpAddr, usize)> {
     }
 }
 
-async fn replicas_of(lookup_session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
-    let rows = lookup_session
-        .query_unpaged(
-            "SELECT replicas FROM system_views.token_replicas \
-             WHERE keyspace_name = ? AND token_value = ?",
-            (ks, token),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
-    let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
-    replicas
-}
-
 /// Writes rows `keys` of `ks.t` to each of their replicas, as node 1's ring names them.
 async fn write_rows(sessions: &[(IpAddr, Session)], ks: &str, keys: std::ops::Range<i32>) {
     let lookup = &sessions[0].1;
     for k in keys {
         let value = format!("{k:0>width$}", width = VALUE_BYTES);
-        for replica in replicas_of(lookup, ks, token_of(k)).await {
+        for replica in token_replicas(lookup, ks, token_of(k)).await {
             let (_, session) = sessions
                 .iter()
                 .find(|(ip, _)| *ip == replica)
@@ -309,7 +143,7 @@ async fn assert_on_replicas(sessions: &[(IpAddr, Session)], ks: &str, keys: &[i3
     let mut checked = 0;
     let mut missing = Vec::new();
     for &k in keys {
-        for replica in replicas_of(&sessions[0].1, ks, token_of(k)).await {
+        for replica in token_replicas(&sessions[0].1, ks, token_of(k)).await {
             let (_, held) = local
                 .iter()
                 .find(|(ip, _)| *ip == replica)
@@ -332,20 +166,16 @@ async fn assert_on_replicas(sessions: &[(IpAddr, Session)], ks: &str, keys: &[i3
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_them_out() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        cql: port_free_on_all_ips(),
-        shard_aware: port_free_on_all_ips(),
-        internode: port_free_on_all_ips(),
-    };
+    let ports = Ports::free_on(ALL_IPS);
     let mut nodes = Vec::new();
     for index in 1..=NODES {
-        nodes.push(ServeNode::start(dir.path(), index, ports).0);
+        nodes.push(ServeNode::start(dir.path(), index, ports, &[]).0);
     }
     let status = wait_all_normal(ports, NODES);
     assert!(status.iter().all(|r| r.2 == 8), "{status:?}");
     let mut sessions = Vec::new();
     for index in 1..=NODES {
-        sessions.push((ip(index), session_on(ServeNode::cql(index, ports)).await));
+        sessions.push((ip(index), session_on(ports.cql_of(index)).await));
     }
     for (ks, rf) in KEYSPACES {
         sessions[0]
@@ -376,7 +206,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
     }
 
     // A fourth node joins; its CQL port opens only once it has streamed its ranges.
-    let (fourth, took) = ServeNode::start(dir.path(), 4, ports);
+    let (fourth, took) = ServeNode::start(dir.path(), 4, ports, &[]);
     println!("node 4 joined and opened its CQL port in {took:?}");
     let log = fourth.output();
     assert!(
@@ -386,7 +216,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
     let status = wait_all_normal(ports, 4);
     assert_eq!(status[3].1, ip(4));
     assert_eq!(status[3].2, 8);
-    sessions.push((ip(4), session_on(ServeNode::cql(4, ports)).await));
+    sessions.push((ip(4), session_on(ports.cql_of(4)).await));
     for (ks, _) in KEYSPACES {
         let checked = assert_on_replicas(&sessions, ks, &before).await;
         let gained = local_keys(&sessions[3].1, ks).await.len();
@@ -411,17 +241,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
     println!("decommission in {:?}: {answer}", started.elapsed());
     assert!(answer.contains("decommissioned"), "{answer}");
     let mut fourth = fourth;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exit = loop {
-        if let Some(status) = fourth.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 4 did not stop after leaving"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = fourth.wait_exit(Duration::from_secs(30));
     assert!(
         exit.success(),
         "node 4 exited with {exit}: {}",
@@ -441,8 +261,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
     // again from their other replicas (with two nodes left, both hold every row).
     let mut third = nodes.pop().unwrap();
     let host_id = status_line(1, ports, ip(3))[6].to_owned();
-    third.child.kill().unwrap();
-    third.child.wait().unwrap();
+    third.kill9();
     let deadline = Instant::now() + Duration::from_secs(30);
     while status_line(1, ports, ip(3))[0] != "DN" {
         assert!(Instant::now() < deadline, "node 3 never shown down");
@@ -463,7 +282,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
     // One node would be left for RF 2: refused, and both nodes stay.
     let refused = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("nodetool")
-        .args(["--host", &internode(2, ports).to_string(), "decommission"])
+        .args(["--host", &ports.internode_of(2).to_string(), "decommission"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);

@@ -760,13 +760,13 @@ impl Storage {
         Store::export_range(&self.inner.stores, &table, lo, hi, max_bytes)
     }
 
-    /// Merges streamed records of `table` into storage by timestamp, as a write would (so
+    /// Merges streamed records of the table `layout` describes into storage by timestamp, as a write would (so
     /// importing the same records again changes nothing), one commit per store. Every record
     /// is checked before anything is written. Await each ticket with
     /// [`wait_durable`](Self::wait_durable).
     pub fn import_records(
         &self,
-        table: TableId,
+        layout: &TableLayout,
         records: &[crate::RawRecord],
     ) -> Result<Vec<CommitTicket>, StorageError> {
         self.inner.disk.check()?;
@@ -783,7 +783,7 @@ impl Storage {
         }
         let prepared = by_store
             .iter()
-            .map(|records| Store::prepare_raw_records(table, records))
+            .map(|records| Store::prepare_raw_records(layout, records))
             .collect::<Result<Vec<_>, _>>()?;
         let mut tickets = Vec::new();
         for (store, prepared) in prepared.into_iter().enumerate() {

@@ -197,7 +197,7 @@ fn imported_records_read_back_with_their_deletions_and_a_second_import_changes_n
 
     let records = export_all(&source, None, i64::MAX, 256);
     for chunk in records.chunks(7) {
-        for ticket in target.import_records(T, chunk).unwrap() {
+        for ticket in target.import_records(&layout(), chunk).unwrap() {
             futures_lite_block_on(target.wait_durable(ticket)).unwrap();
         }
     }
@@ -236,7 +236,7 @@ fn imported_records_read_back_with_their_deletions_and_a_second_import_changes_n
 
     assert!(target.wait_purges(Duration::from_secs(10)));
     let before = export_all(&target, None, i64::MAX, usize::MAX);
-    target.import_records(T, &records).unwrap();
+    target.import_records(&layout(), &records).unwrap();
     assert!(target.wait_purges(Duration::from_secs(10)));
     assert_eq!(export_all(&target, None, i64::MAX, usize::MAX), before);
 }
@@ -252,17 +252,43 @@ fn malformed_records_are_refused_before_anything_is_written() {
         key: vec![1, 2, 3],
         value: vec![],
     });
-    assert!(target.import_records(T, &records).is_err());
+    assert!(target.import_records(&layout(), &records).is_err());
     let mut bad_value = good.clone();
     bad_value[0].value = vec![0xFF; 3];
-    assert!(target.import_records(T, &bad_value).is_err());
+    assert!(target.import_records(&layout(), &bad_value).is_err());
     let mut bad_kind = good.clone();
     let last = bad_kind[0].key.len() - 1;
     bad_kind[0].key.truncate(last);
     bad_kind[0].key.push(0x7F);
-    assert!(target.import_records(T, &bad_kind).is_err());
+    assert!(target.import_records(&layout(), &bad_kind).is_err());
+    // Two rows' values swapped: each key names another row than its value holds.
+    fn split(r: &RawRecord) -> (i64, Vec<u8>, u8, &[u8]) {
+        crate::keycodec::split_data_key(&r.key).unwrap()
+    }
+    let first = (0..good.len() - 1)
+        .find(|&i| {
+            let (a, b) = (split(&good[i]), split(&good[i + 1]));
+            a.2 == crate::keycodec::KIND_ROW && b.2 == a.2 && (a.0, &a.1) == (b.0, &b.1)
+        })
+        .expect("a partition with two rows");
+    let rows = [first, first + 1];
+    let mut swapped = good.clone();
+    let value = swapped[rows[0]].value.clone();
+    swapped[rows[0]].value = swapped[rows[1]].value.clone();
+    swapped[rows[1]].value = value;
+    assert_eq!(
+        target.import_records(&layout(), &swapped).unwrap_err(),
+        StorageError::Corrupt("a raw record's key is not the one its value gives")
+    );
+    // A table whose layout has one more clustering column than the rows carry.
+    let mut wider = layout();
+    wider.clustering.push(wider.clustering[0].clone());
+    assert_eq!(
+        target.import_records(&wider, &good).unwrap_err(),
+        StorageError::Corrupt("row clustering key does not match the table layout")
+    );
     assert!(export_all(&target, None, i64::MAX, usize::MAX).is_empty());
-    assert!(target.import_records(T, &good).is_ok());
+    assert!(target.import_records(&layout(), &good).is_ok());
     assert!(target.wait_purges(Duration::from_secs(10)));
     assert_eq!(export_all(&target, None, i64::MAX, usize::MAX), good);
 }

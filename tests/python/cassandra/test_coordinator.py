@@ -3,13 +3,7 @@ keyspace of replication factor 3, writes at QUORUM through the driver's default 
 routing; every node alone then holds every row (a read at ONE pinned to it), a read at ALL
 succeeds, and a read at ANY is refused as Cassandra refuses it."""
 
-import os
-import signal
-import socket
-import subprocess
-import tempfile
 import time
-import shutil
 
 import pytest
 from cassandra import ConsistencyLevel, InvalidRequest
@@ -17,58 +11,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import WhiteListRoundRobinPolicy
 from cassandra.query import SimpleStatement
 
-from conftest import free_port, sluice_bin
+from conftest import LOCAL_CLUSTER_NODES as NODES
 
-NODES = 3
 TABLE_ID = "1c2d3e4f-5a6b-4c7d-8e9f-a0b1c2d3e4f5"
-
-
-def port_free_on_every_ip():
-    for _ in range(100):
-        port = free_port()
-        ok = True
-        for i in range(1, NODES + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind((f"127.0.0.{i}", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return port
-    raise RuntimeError("no port free on every node's address")
-
-
-@pytest.fixture(scope="module")
-def local_cluster():
-    directory = tempfile.mkdtemp(prefix="sluice-pytest-cluster-")
-    cql = port_free_on_every_ip()
-    out = open(os.path.join(directory, "cluster.out"), "wb")
-    proc = subprocess.Popen(
-        [sluice_bin(), "cluster", "--nodes", str(NODES), "--dir", directory,
-         "--cql-port", str(cql),
-         "--shard-aware-port", str(port_free_on_every_ip()),
-         "--internode-port", str(port_free_on_every_ip()),
-         "--metrics-port", "off", "--num-tokens", "8",
-         "--serve-arg=--durability=periodic"],
-        stdout=out, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.time() + 120
-        while b"connect with" not in open(out.name, "rb").read():
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(open(out.name, "rb").read().decode(errors="replace"))
-            time.sleep(0.1)
-        yield cql
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def pinned(ip, port):

@@ -3,69 +3,14 @@ DDL through one node is answered once the change is applied there, the driver's 
 wait after it ends well under a second, and every node's own system.local reports the same
 schema_version shortly after."""
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 
-import pytest
 from cassandra.cluster import Cluster
 from cassandra.policies import WhiteListRoundRobinPolicy
 
-from conftest import free_port, sluice_bin
+from conftest import LOCAL_CLUSTER_NODES as NODES
 
-NODES = 3
 AGREEMENT_BOUND_S = 1.0
-
-
-def free_on_all_ips():
-    for _ in range(100):
-        port = free_port()
-        ok = True
-        for k in range(1, NODES + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind((f"127.0.0.{k}", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return port
-    raise RuntimeError("no port free on every node's address")
-
-
-@pytest.fixture(scope="module")
-def local_cluster():
-    directory = tempfile.mkdtemp(prefix="sluice-pytest-cluster-")
-    cql, shard_aware, internode = free_on_all_ips(), free_on_all_ips(), free_on_all_ips()
-    out_path = os.path.join(directory, "cluster.out")
-    out = open(out_path, "wb")
-    proc = subprocess.Popen(
-        [sluice_bin(), "cluster", "--nodes", str(NODES), "--dir", directory,
-         "--cql-port", str(cql), "--shard-aware-port", str(shard_aware),
-         "--internode-port", str(internode), "--metrics-port", "off", "--num-tokens", "8",
-         "--serve-arg=--durability=periodic"],
-        stdout=out, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while b"connect with" not in open(out_path, "rb").read():
-            assert proc.poll() is None, open(out_path, "rb").read().decode()
-            assert time.monotonic() < deadline, "the cluster did not start within 120 s"
-            time.sleep(0.1)
-        yield cql
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def connect(port, address="127.0.0.1", **options):

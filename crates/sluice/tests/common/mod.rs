@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod certs;
+pub mod cluster;
 mod ports;
 
 use scylla::client::session::Session;

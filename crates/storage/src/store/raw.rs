@@ -1,17 +1,17 @@
 //! A partition exactly as it is stored, deletions included: what replicas compare (a read's
 //! digest) and exchange (read repair). Merging only live cells would resurrect deleted data,
-//! so repair ships and merges the stored entries themselves.
+//! so repair ships and merges the stored entries themselves. A partition's raw form is the
+//! records of its key prefix (`stream.rs`), sent without their keys: each is encoded again
+//! from the partition and the row.
 
-use super::commit::{Pending, Prepared};
-use super::{io, Store};
-use crate::keycodec::{self, KIND_ROW, MAX_KEY_LEN};
-use crate::model::TableLayout;
-use crate::row::{PartitionHeader, StoredRow};
+use super::commit::Prepared;
+use super::stream::RawCommit;
+use super::Store;
+use crate::keycodec::{self, KIND_HEADER, KIND_ROW, MAX_KEY_LEN};
+use crate::model::{TableId, TableLayout};
 use crate::StorageError;
 use bytes::Bytes;
-use fjall::Readable;
-use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::ops::{Bound, ControlFlow};
 
 /// Most stored bytes one raw partition may hold: a bigger one is not compared or repaired
 /// across replicas (its reads fail instead of holding unbounded memory).
@@ -39,19 +39,13 @@ impl RawPartition {
 }
 
 impl Store {
-    /// Every stored entry of one partition, from one snapshot.
+    /// Every stored entry of one partition: the records of its key prefix, from one snapshot.
     pub(crate) fn read_raw_partition(
         &self,
-        table: &[u8; 16],
+        table: &TableId,
         token: i64,
         partition_key: &[u8],
     ) -> Result<RawPartition, StorageError> {
-        self.check_open()?;
-        let registry = self.tables.read();
-        let Some(data) = registry.keyspace(table) else {
-            return Ok(RawPartition::default());
-        };
-        let snapshot = self.db.snapshot();
         let prefix = keycodec::partition_prefix(token, partition_key);
         let header_key = keycodec::header_key(&prefix);
         let mut row_prefix = prefix.clone();
@@ -62,26 +56,27 @@ impl Store {
         };
         let mut out = RawPartition::default();
         let mut bytes = 0usize;
-        for entry in snapshot.range(data, (Bound::Included(prefix), hi)) {
-            let (key, value) = entry.into_inner().map_err(io)?;
+        let range = (Bound::Included(prefix), hi);
+        Self::visit_records(std::slice::from_ref(self), table, range, |key, value| {
             bytes += value.len();
             if bytes > MAX_RAW_PARTITION_BYTES {
                 return Err(StorageError::TooLarge(
                     "partition too large to compare across replicas",
                 ));
             }
-            if *key == header_key[..] {
-                out.header = Some(Bytes::copy_from_slice(&value));
+            if key == header_key {
+                out.header = Some(Bytes::copy_from_slice(value));
             } else if key.starts_with(&row_prefix) {
-                out.rows.push(Bytes::copy_from_slice(&value));
+                out.rows.push(Bytes::copy_from_slice(value));
             }
-        }
+            Ok(ControlFlow::Continue(()))
+        })?;
         Ok(out)
     }
 
-    /// Converts a raw partition (from another replica) to storage form: every entry is
-    /// decoded, so a malformed one is refused before anything is written, and row keys are
-    /// encoded again from the rows' own clustering values.
+    /// Converts a raw partition (from another replica) to storage form as streamed records
+    /// are converted: every entry is decoded, so a malformed one is refused before anything
+    /// is written, and row keys are encoded again from the rows' own clustering values.
     pub(crate) fn prepare_raw_partition(
         layout: &TableLayout,
         token: i64,
@@ -92,47 +87,13 @@ impl Store {
         if prefix.len() + 1 > MAX_KEY_LEN {
             return Err(StorageError::TooLarge("partition key too large"));
         }
-        let stripe = Self::stripe_of(&layout.id, token);
-        let mut entries = BTreeMap::new();
-        if let Some(h) = &raw.header {
-            let header = PartitionHeader::decode_value(h)?;
-            entries.insert(
-                (layout.id, keycodec::header_key(&prefix)),
-                Pending::Header(header),
-            );
+        let mut commit = RawCommit::new(layout);
+        if let Some(header) = &raw.header {
+            commit.add(&prefix, token, KIND_HEADER, header, None)?;
         }
-        for value in &raw.rows {
-            let row = StoredRow::decode_value(value)?;
-            if row.clustering.len() != layout.clustering.len() {
-                return Err(StorageError::Corrupt(
-                    "row clustering key does not match the table layout",
-                ));
-            }
-            let mut key = prefix.clone();
-            key.push(KIND_ROW);
-            keycodec::encode_clustering(&layout.clustering, &row.clustering, &mut key)?;
-            if key.len() > MAX_KEY_LEN {
-                return Err(StorageError::TooLarge("clustering key too large"));
-            }
-            match entries.get_mut(&(layout.id, key.clone())) {
-                Some(Pending::Row { row: existing, .. }) => existing.merge(row),
-                _ => {
-                    entries.insert(
-                        (layout.id, key),
-                        Pending::Row {
-                            row,
-                            replaces_from: None,
-                            stripe,
-                        },
-                    );
-                }
-            }
+        for row in &raw.rows {
+            commit.add(&prefix, token, KIND_ROW, row, None)?;
         }
-        Ok(Prepared {
-            entries,
-            stripes: vec![stripe],
-            tables: vec![layout.id],
-            gc_grace: vec![(layout.id, layout.gc_grace_seconds)],
-        })
+        Ok(commit.finish())
     }
 }

@@ -1,0 +1,349 @@
+//! Multi-node harness: `sluice serve` processes on 127.0.0.x (each node on its own loopback
+//! IP, every node on the same ports), and the `sluice cluster` launcher.
+
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
+
+/// Bound on one node's start (a debug build on a shared machine, a join through the seed).
+pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on a whole `sluice cluster` start (several starts and joins on a debug build).
+pub const CLUSTER_START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bound on a clean exit after SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The loopback IP of node `index` (1-based).
+pub fn ip(index: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
+}
+
+/// A port free on 127.0.0.1 up to 127.0.0.`ips` (each node binds the same port on its own IP).
+pub fn port_free_on_all_ips(ips: u8) -> u16 {
+    for _ in 0..100 {
+        let port = super::free_port();
+        if (1..=ips).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no port free on 127.0.0.1-{ips} in 100 tries")
+}
+
+/// The ports every node uses on its own IP.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    /// CQL port.
+    pub cql: u16,
+    /// Shard-aware CQL port.
+    pub shard_aware: u16,
+    /// Internode port.
+    pub internode: u16,
+}
+
+impl Ports {
+    /// Three ports free on 127.0.0.1 up to 127.0.0.`ips`.
+    pub fn free_on(ips: u8) -> Ports {
+        Ports {
+            cql: port_free_on_all_ips(ips),
+            shard_aware: port_free_on_all_ips(ips),
+            internode: port_free_on_all_ips(ips),
+        }
+    }
+
+    /// The CQL address of node `index`.
+    pub fn cql_of(self, index: u8) -> SocketAddr {
+        SocketAddr::new(ip(index), self.cql)
+    }
+
+    /// The internode address of node `index`.
+    pub fn internode_of(self, index: u8) -> SocketAddr {
+        SocketAddr::new(ip(index), self.internode)
+    }
+}
+
+/// One `sluice serve` process on `dir/node<index>` (log `dir/node<index>.log`), one shard,
+/// eight tokens, periodic durability; nodes after the first join through node 1. SIGKILL on
+/// drop.
+pub struct ServeNode {
+    /// The node's number, which is also the last byte of its IP.
+    pub index: u8,
+    child: Option<Child>,
+    data: PathBuf,
+    log: PathBuf,
+    ports: Ports,
+    extra: Vec<String>,
+}
+
+impl ServeNode {
+    /// Starts node `index` with `extra` flags and returns once its CQL port accepts, with the
+    /// time that took.
+    pub fn start(dir: &Path, index: u8, ports: Ports, extra: &[&str]) -> (ServeNode, Duration) {
+        let mut node = ServeNode {
+            index,
+            child: None,
+            data: dir.join(format!("node{index}")),
+            log: dir.join(format!("node{index}.log")),
+            ports,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let took = node.restart();
+        (node, took)
+    }
+
+    /// Starts the process again on the same directory and flags (after [`ServeNode::kill9`])
+    /// and returns once its CQL port accepts, with the time that took.
+    pub fn restart(&mut self) -> Duration {
+        debug_assert!(self.child.is_none(), "node {} still runs", self.index);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
+            .arg("serve")
+            .args(["--listen", &self.cql().to_string()])
+            .args(["--shard-aware-port", &self.ports.shard_aware.to_string()])
+            .args([
+                "--internode-listen",
+                &self.ports.internode_of(self.index).to_string(),
+            ])
+            .args([
+                "--metrics-listen",
+                "off",
+                "--shards",
+                "1",
+                "--num-tokens",
+                "8",
+            ])
+            .args(["--durability", "periodic"])
+            .args(&self.extra)
+            .arg("--data-dir")
+            .arg(&self.data);
+        if self.index > 1 {
+            command.args(["--seeds", &self.ports.internode_of(1).to_string()]);
+        }
+        let started = Instant::now();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start sluice serve");
+        self.child = Some(child);
+        let addr = self.cql();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("node {} exited ({status}): {}", self.index, self.output());
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < NODE_START_TIMEOUT,
+                "node {} did not open {addr} within {NODE_START_TIMEOUT:?}: {}",
+                self.index,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The node's CQL address.
+    pub fn cql(&self) -> SocketAddr {
+        self.ports.cql_of(self.index)
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(mut self) {
+        let mut child = self.child.take().expect("the node runs");
+        let status = terminate(&mut child, &format!("node {}", self.index));
+        assert!(status.success(), "node {}: {status}", self.index);
+    }
+
+    /// Waits for the process to exit by itself (after a decommission, say) and returns its
+    /// status; panics if it runs on past `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("the node runs");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} did not exit within {within:?}",
+                self.index
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, no shutdown of any kind.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The node's stdout and stderr so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ServeNode {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// SIGTERM to `child` and its exit status; panics naming `what` if it runs on past
+/// [`STOP_TIMEOUT`].
+fn terminate(child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not stop within {STOP_TIMEOUT:?} of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `sluice cluster` process (no metrics port, periodic durability); SIGKILL on drop,
+/// which takes its nodes with it.
+pub struct LocalCluster {
+    /// The process.
+    pub child: Child,
+    out: PathBuf,
+}
+
+impl LocalCluster {
+    /// Runs `sluice cluster --nodes nodes` on `dir` with `extra` flags, its stdout in
+    /// `dir/out_name`, and waits until it says how to connect.
+    pub fn start(
+        dir: &Path,
+        nodes: u8,
+        ports: Ports,
+        out_name: &str,
+        extra: &[&str],
+    ) -> LocalCluster {
+        let out = dir.join(out_name);
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["cluster", "--nodes", &nodes.to_string(), "--dir"])
+            .arg(dir)
+            .args(["--cql-port", &ports.cql.to_string()])
+            .args(["--shard-aware-port", &ports.shard_aware.to_string()])
+            .args(["--internode-port", &ports.internode.to_string()])
+            .args(["--metrics-port", "off"])
+            .arg("--serve-arg=--durability=periodic")
+            .args(extra)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice cluster");
+        let mut cluster = LocalCluster { child, out };
+        let started = Instant::now();
+        while !std::fs::read_to_string(&cluster.out)
+            .unwrap_or_default()
+            .contains("connect with")
+        {
+            if let Ok(Some(status)) = cluster.child.try_wait() {
+                panic!("sluice cluster exited ({status}): {}", cluster.output());
+            }
+            assert!(
+                started.elapsed() < CLUSTER_START_TIMEOUT,
+                "the cluster did not start within {CLUSTER_START_TIMEOUT:?}: {}",
+                cluster.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// SIGTERM to `sluice cluster`: it exits 0 and no node accepts on `addrs` any more.
+    pub fn stop(&mut self, addrs: &[SocketAddr]) {
+        let status = terminate(&mut self.child, "sluice cluster");
+        assert!(status.success(), "{status}: {}", self.output());
+        for addr in addrs {
+            assert!(
+                TcpStream::connect_timeout(addr, Duration::from_millis(500)).is_err(),
+                "{addr} still accepts after the cluster stopped"
+            );
+        }
+    }
+
+    /// What `sluice cluster` printed, then every node's log.
+    pub fn output(&self) -> String {
+        let mut text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        if let Ok(dir) = std::fs::read_dir(self.out.parent().unwrap()) {
+            for entry in dir.flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    let mut log = String::new();
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        let _ = f.read_to_string(&mut log);
+                    }
+                    text += &format!("\n--- {}\n{log}", path.display());
+                }
+            }
+        }
+        text
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A session whose every statement goes to node `addr`, whatever hosts the driver discovers;
+/// the driver still waits for schema agreement over every node it discovered.
+pub async fn session_on(addr: SocketAddr) -> Session {
+    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .build();
+    SessionBuilder::new()
+        .known_node(addr.to_string())
+        .default_execution_profile_handle(profile.into_handle())
+        .connection_timeout(Duration::from_secs(20))
+        // Fail fast rather than wait the default 60 s if the versions never agree.
+        .schema_agreement_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// The replicas `session`'s node places `token` of keyspace `ks` on
+/// (`system_views.token_replicas`).
+pub async fn token_replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
+    let rows = session
+        .query_unpaged(
+            "SELECT replicas FROM system_views.token_replicas \
+             WHERE keyspace_name = ? AND token_value = ?",
+            (ks, token),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
+    replicas
+}
