@@ -180,6 +180,22 @@ impl ShardLimiter {
                 &mut last.insert((c.table, stats)).1
             }
         };
+        // A replicated table's writes are decided once, on the coordinator, from the admitted
+        // writes every replica counts (so several coordinators share one limit).
+        if c.op == OpType::Write {
+            if let Some(accept) = engine.decide_replicated_write(&c.table, c.token, c.limit) {
+                let decision = if accept {
+                    Decision::Accept
+                } else {
+                    Decision::Reject
+                };
+                stats.record(c.op, decision);
+                return match decision {
+                    Decision::Accept => LimitDecision::Accept,
+                    Decision::Reject => LimitDecision::Reject(c.op),
+                };
+            }
+        }
         match self
             .limiter
             .check(key, Some(c.limit), c.random, wall, stats)
