@@ -12,6 +12,10 @@
 //!   [`LimitRequest`] per other owner (a round trip, paid only on limited tables), so a
 //!   partition has exactly one counter whichever shard the operation arrives on.
 //!
+//! A write to a replicated table in a cluster is decided instead by
+//! `Engine::decide_replicated_write` (one decision on the coordinator, from the admitted writes
+//! every replica counts), so that several coordinators share one limit.
+//!
 //! Tables without `per_partition_rate_limit` (or without a limit for the operation) never
 //! reach the table. The random number is drawn once per operation on the receiving shard
 //! (xorshift, no syscall) and carried with the forwarded request. A rejection allocates
