@@ -347,7 +347,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// A storage failure's static message, for a replica's refusal.
 /// Milliseconds since the Unix epoch: rate-limit windows follow wall-clock seconds, which
 /// every node shares, so replicas agree on where a window starts.
 fn unix_millis() -> u64 {
@@ -368,6 +367,7 @@ fn rate_table_key(id: &[u8; 16]) -> u32 {
         .fold(0, |k, c| k ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
+/// A storage failure's static message, for a replica's refusal.
 fn refusal_message(e: &StorageError) -> &'static str {
     match e {
         StorageError::TooLarge(m) | StorageError::Io(m) | StorageError::Corrupt(m) => m,
