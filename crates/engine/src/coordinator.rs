@@ -386,7 +386,7 @@ impl WriteFanOut {
 }
 
 /// The replication of a table's keyspace.
-fn replication_of(engine: &Engine, t: &TableDef) -> Replication {
+pub(crate) fn replication_of(engine: &Engine, t: &TableDef) -> Replication {
     engine
         .schema()
         .keyspaces
@@ -516,6 +516,8 @@ pub(crate) async fn replicate_writes(
             )));
         }
     }
+    // Replicas count the admitted writes of rate-limited tables in this node's window.
+    let rate_window = crate::rate_window_now();
     let mut replies = JoinSet::new();
     for (replica, slots) in &fan.by_replica {
         if Some(*replica) == fan.me {
@@ -527,7 +529,7 @@ pub(crate) async fn replicate_writes(
             internode: node.internode_address,
         };
         let mine: Vec<&Mutation> = slots.iter().map(|&(m, _)| &muts[m]).collect();
-        let body = replica_msg::encode_mutations(&mine);
+        let body = replica_msg::encode_mutations(&mine, rate_window);
         let call = transport.send(to, ReplicaVerb::Mutation, body, deadline);
         let replica = *replica;
         replies.spawn(async move { (replica, call.await) });
@@ -536,7 +538,8 @@ pub(crate) async fn replicate_writes(
     let mut all_hinted = true;
     for (replica, ms) in &fan.down {
         let mine: Vec<&Mutation> = ms.iter().map(|&m| &muts[m]).collect();
-        let body = replica_msg::encode_mutations(&mine);
+        // A hint replayed more than a window later is not counted (the replica's clamp).
+        let body = replica_msg::encode_mutations(&mine, rate_window);
         all_hinted &= engine.hints().store(ring.node(*replica).host_id, body, now);
     }
     let hint_state = if all_hinted {
@@ -549,12 +552,12 @@ pub(crate) async fn replicate_writes(
     }
     let sleep = tokio::time::sleep_until(deadline.into());
     tokio::pin!(sleep);
-    loop {
+    let outcome = loop {
         if fan.met() {
-            return Ok(None);
+            break Ok(None);
         }
         if let Some(t) = fan.impossible() {
-            return Err(write_failure(t, write_type));
+            break Err(write_failure(t, write_type));
         }
         tokio::select! {
             done = async { local_wait.as_mut().expect("guarded").await }, if local_wait.is_some() => {
@@ -575,10 +578,14 @@ pub(crate) async fn replicate_writes(
             }
             _ = &mut sleep => {
                 let t = fan.lagging().unwrap_or(&fan.tallies[0]);
-                return Err(write_timeout(t, write_type));
+                break Err(write_timeout(t, write_type));
             }
         }
-    }
+    };
+    // Every live replica gets the write whatever the consistency level waited for: the calls
+    // still outstanding run on (each bounded by the deadline) instead of being aborted.
+    replies.detach_all();
+    outcome
 }
 
 /// Makes this node's copy of one partition consistent at `consistency` before a read runs

@@ -337,12 +337,34 @@ pub struct Engine {
     hinted_handoff: std::sync::atomic::AtomicBool,
     hints: coordinator::HintStore,
     speculation: coordinator::Speculation,
+    /// Admitted writes of rate-limited replicated tables, counted by every replica.
+    replicated_writes: sluice_overload::ReplicatedWriteCounts,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("node", &self.node).finish()
     }
+}
+
+/// Milliseconds since the Unix epoch: rate-limit windows follow wall-clock seconds, which
+/// every node shares, so replicas agree on where a window starts.
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This node's current rate-limit window, carried in MUTATION messages.
+pub(crate) fn rate_window_now() -> u32 {
+    sluice_overload::window_of(unix_millis()).0
+}
+
+/// Folds a table id into the write counts' 32-bit table key (ids are random UUIDs; a
+/// collision only matters for two tables that also share a token).
+fn rate_table_key(id: &[u8; 16]) -> u32 {
+    id.chunks_exact(4)
+        .fold(0, |k, c| k ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// A storage failure's static message, for a replica's refusal.
@@ -436,6 +458,7 @@ impl Engine {
                 coordinator::HINT_WINDOW,
             ),
             speculation: coordinator::Speculation::default(),
+            replicated_writes: sluice_overload::ReplicatedWriteCounts::new(),
         }))
     }
 
@@ -543,7 +566,7 @@ impl Engine {
         deadline: Instant,
     ) -> Result<(), coordinator::ReplicaRefusal> {
         use coordinator::ReplicaRefusal;
-        let muts =
+        let (rate_window, muts) =
             replica_msg::decode_mutations(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
         let mut tables: Vec<Arc<TableDef>> = Vec::with_capacity(1);
         for m in &muts {
@@ -564,6 +587,8 @@ impl Engine {
         if Instant::now() >= deadline {
             return Err(ReplicaRefusal::Expired);
         }
+        // Count before applying: the coordinator admitted these writes whatever happens here.
+        self.count_replicated_writes(&tables, &batch, rate_window);
         let ticket = self
             .storage
             .apply(&batch)
@@ -572,6 +597,54 @@ impl Engine {
             .wait_durable(ticket)
             .await
             .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
+    }
+
+    /// Counts each admitted write of a table with a write limit, in the coordinator's window.
+    fn count_replicated_writes(
+        &self,
+        tables: &[Arc<TableDef>],
+        batch: &[(&sluice_storage::TableLayout, sluice_storage::Mutation)],
+        rate_window: u32,
+    ) {
+        let limited = |id: &[u8; 16]| {
+            tables.iter().any(|t| {
+                t.id.as_bytes() == id
+                    && t.options
+                        .per_partition_rate_limit
+                        .is_some_and(|l| l.max_writes_per_second.is_some())
+            })
+        };
+        let now = unix_millis();
+        for (_, m) in batch {
+            if limited(&m.table) {
+                self.replicated_writes
+                    .count(rate_table_key(&m.table), m.token, rate_window, now);
+            }
+        }
+    }
+
+    /// The per-partition write limit of a replicated table, decided once on this coordinator
+    /// from the admitted writes every replica counts (its own decisions included): `None` when
+    /// the table is not replicated to other nodes, and the shard's own limiter decides.
+    /// Replicas never reject on rate; an accepted write is counted here at once.
+    pub fn decide_replicated_write(
+        &self,
+        table: &[u8; 16],
+        token: i64,
+        limit: u32,
+    ) -> Option<bool> {
+        if !self.is_multi_node() || self.replica_transport().is_none() {
+            return None;
+        }
+        let t = self.table_by_id(table)?;
+        if coordinator::replication_of(self, &t) == sluice_ring::Replication::Local {
+            return None;
+        }
+        Some(
+            self.replicated_writes
+                .decide(rate_table_key(table), token, limit, unix_millis())
+                .is_some(),
+        )
     }
 
     /// Replica side of a READ: the digest or the raw entries of one partition.

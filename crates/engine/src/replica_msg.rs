@@ -71,10 +71,13 @@ pub fn digest(raw: &RawPartition) -> [u8; 16] {
     h.finalize().into()
 }
 
-/// Encodes the mutations of one MUTATION message.
-pub fn encode_mutations(mutations: &[&Mutation]) -> Bytes {
+/// Encodes the mutations of one MUTATION message, with the coordinator's rate-limit window
+/// (`sluice_overload::window_of`), in which replicas count the admitted writes of
+/// rate-limited tables.
+pub fn encode_mutations(mutations: &[&Mutation], rate_window: u32) -> Bytes {
     let mut out = BytesMut::with_capacity(64 * mutations.len().max(1));
     out.put_u8(VERSION);
+    out.put_u32(rate_window);
     out.put_u32(mutations.len() as u32);
     for m in mutations {
         out.put_slice(&m.table);
@@ -102,10 +105,11 @@ pub fn encode_mutations(mutations: &[&Mutation]) -> Bytes {
     out.freeze()
 }
 
-/// Decodes a MUTATION message's mutations.
-pub fn decode_mutations(body: &Bytes) -> R<Vec<Mutation>> {
+/// Decodes a MUTATION message: the coordinator's rate-limit window and the mutations.
+pub fn decode_mutations(body: &Bytes) -> R<(u32, Vec<Mutation>)> {
     let mut r = Reader::new(body);
     r.version()?;
+    let rate_window = r.u32()?;
     let n = r.count(29)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -146,7 +150,7 @@ pub fn decode_mutations(body: &Bytes) -> R<Vec<Mutation>> {
         });
     }
     r.finish()?;
-    Ok(out)
+    Ok((rate_window, out))
 }
 
 /// Encodes a read request.
@@ -577,8 +581,11 @@ mod tests {
     #[test]
     fn mutations_round_trip_and_every_truncation_is_refused() {
         let m = sample();
-        let body = encode_mutations(&[&m, &m]);
-        assert_eq!(decode_mutations(&body).unwrap(), vec![m.clone(), m]);
+        let body = encode_mutations(&[&m, &m], 1_800_000_000);
+        assert_eq!(
+            decode_mutations(&body).unwrap(),
+            (1_800_000_000, vec![m.clone(), m])
+        );
         for cut in 0..body.len() {
             assert!(
                 decode_mutations(&body.slice(..cut)).is_err(),
@@ -628,6 +635,7 @@ mod tests {
     fn a_huge_count_does_not_allocate() {
         let mut b = BytesMut::new();
         b.put_u8(VERSION);
+        b.put_u32(7);
         b.put_u32(u32::MAX);
         assert_eq!(
             decode_mutations(&b.freeze()),

@@ -43,6 +43,7 @@ pub mod backlog;
 pub mod clock;
 pub mod deadline;
 pub mod rate_limit;
+pub mod replicated_rate;
 pub mod sim;
 pub mod txn_limit;
 
@@ -57,6 +58,7 @@ pub use rate_limit::{
     Acceptance, ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter,
     RateLimiterConfig, TableLimitSnapshot, TableLimitStats,
 };
+pub use replicated_rate::{clamp_window, window_of, ReplicatedWriteCounts};
 pub use txn_limit::{
     TxnAdmit, TxnLimitConfig, TxnLimitStats, TxnLimiter, TxnReject, TxnWaitTicket,
 };

@@ -12,6 +12,10 @@
 //!   [`LimitRequest`] per other owner (a round trip, paid only on limited tables), so a
 //!   partition has exactly one counter whichever shard the operation arrives on.
 //!
+//! A write to a replicated table in a cluster is decided instead by
+//! `Engine::decide_replicated_write` (one decision on the coordinator, from the admitted writes
+//! every replica counts), so that several coordinators share one limit.
+//!
 //! Tables without `per_partition_rate_limit` (or without a limit for the operation) never
 //! reach the table. The random number is drawn once per operation on the receiving shard
 //! (xorshift, no syscall) and carried with the forwarded request. A rejection allocates
@@ -180,6 +184,22 @@ impl ShardLimiter {
                 &mut last.insert((c.table, stats)).1
             }
         };
+        // A replicated table's writes are decided once, on the coordinator, from the admitted
+        // writes every replica counts (so several coordinators share one limit).
+        if c.op == OpType::Write {
+            if let Some(accept) = engine.decide_replicated_write(&c.table, c.token, c.limit) {
+                let decision = if accept {
+                    Decision::Accept
+                } else {
+                    Decision::Reject
+                };
+                stats.record(c.op, decision);
+                return match decision {
+                    Decision::Accept => LimitDecision::Accept,
+                    Decision::Reject => LimitDecision::Reject(c.op),
+                };
+            }
+        }
         match self
             .limiter
             .check(key, Some(c.limit), c.random, wall, stats)

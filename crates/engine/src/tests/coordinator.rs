@@ -461,14 +461,14 @@ async fn replicas_refuse_malformed_bodies_unknown_tables_and_expired_work() {
         static_row: None,
         rows: vec![],
     };
-    let body = crate::replica_msg::encode_mutations(&[&m]);
+    let body = crate::replica_msg::encode_mutations(&[&m], 0);
     assert_eq!(
         engine.apply_replica_mutations(&body, later).await,
         Err(crate::coordinator::ReplicaRefusal::UnknownTable)
     );
     let mut m = m;
     m.table = *uuid::Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
-    let body = crate::replica_msg::encode_mutations(&[&m]);
+    let body = crate::replica_msg::encode_mutations(&[&m], 0);
     assert_eq!(
         engine.apply_replica_mutations(&body, Instant::now()).await,
         Err(crate::coordinator::ReplicaRefusal::Expired)

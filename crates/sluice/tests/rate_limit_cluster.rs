@@ -1,0 +1,236 @@
+//! The per-partition write limit on three `sluice serve` nodes (127.0.0.1-3, RF 3): one
+//! partition written far above its limit, each write sent to the next node in turn (a
+//! round-robin client), is accepted at about the limit across the cluster, not at three times
+//! it as when each node limits alone.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
+use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
+use scylla::policies::retry::FallthroughRetryPolicy;
+
+/// Bound on one node's start (a debug build, a join through the seed).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on every node seeing the table.
+const SCHEMA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Writes per second allowed on one partition.
+const LIMIT: u32 = 10;
+/// How long the hot partition is written.
+const LOAD: Duration = Duration::from_secs(6);
+
+fn ip(index: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
+}
+
+fn port_free_on_all_ips() -> u16 {
+    for _ in 0..100 {
+        let port = common::free_port();
+        if (1..=3).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no port free on 127.0.0.1-3 in 100 tries")
+}
+
+/// One `sluice serve` process; SIGKILL on drop.
+struct ServeNode(Child, std::path::PathBuf);
+
+impl ServeNode {
+    fn start(dir: &Path, index: u8, cql: u16, shard_aware: u16, internode: u16) -> ServeNode {
+        let log_path = dir.join(format!("node{index}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
+            .arg("serve")
+            .args(["--listen", &SocketAddr::new(ip(index), cql).to_string()])
+            .args(["--shard-aware-port", &shard_aware.to_string()])
+            .args([
+                "--internode-listen",
+                &SocketAddr::new(ip(index), internode).to_string(),
+            ])
+            .args([
+                "--metrics-listen",
+                "off",
+                "--shards",
+                "1",
+                "--num-tokens",
+                "8",
+            ])
+            .args(["--durability", "periodic", "--data-dir"])
+            .arg(dir.join(format!("node{index}")));
+        if index > 1 {
+            command
+                .arg("--seeds")
+                .arg(SocketAddr::new(ip(1), internode).to_string());
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start sluice serve");
+        let mut node = ServeNode(child, log_path);
+        let addr = SocketAddr::new(ip(index), cql);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Some(status) = node.0.try_wait().unwrap() {
+                panic!("node {index} exited ({status}): {}", node.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {index} did not serve within {START_TIMEOUT:?}: {}",
+                node.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        node
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
+impl Drop for ServeNode {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A session whose every statement goes to `addr` and is never retried elsewhere.
+async fn connect_to_one(addr: SocketAddr) -> Session {
+    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .retry_policy(std::sync::Arc::new(FallthroughRetryPolicy::new()))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .build();
+    SessionBuilder::new()
+        .known_node(addr.to_string())
+        .default_execution_profile_handle(profile.into_handle())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect")
+}
+
+fn is_rate_limited(e: &ExecutionError) -> bool {
+    matches!(
+        e,
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(
+            DbError::RateLimitReached { .. },
+            _
+        ))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_robin_client_gets_about_the_limit_from_three_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cql, shard_aware, internode) = (
+        port_free_on_all_ips(),
+        port_free_on_all_ips(),
+        port_free_on_all_ips(),
+    );
+    let nodes: Vec<ServeNode> = (1..=3)
+        .map(|i| ServeNode::start(dir.path(), i, cql, shard_aware, internode))
+        .collect();
+    let mut sessions = Vec::new();
+    for i in 1..=3 {
+        sessions.push(connect_to_one(SocketAddr::new(ip(i), cql)).await);
+    }
+    sessions[0]
+        .query_unpaged(
+            "CREATE KEYSPACE rl WITH replication = \
+             {'class': 'SimpleStrategy', 'replication_factor': 3}",
+            &[],
+        )
+        .await
+        .unwrap();
+    sessions[0]
+        .query_unpaged(
+            format!(
+                "CREATE TABLE rl.t (pk int PRIMARY KEY, v int) \
+                 WITH per_partition_rate_limit = {{'max_writes_per_second': {LIMIT}}}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + SCHEMA_TIMEOUT;
+    for s in &sessions {
+        while s
+            .query_unpaged("SELECT pk FROM rl.t WHERE pk = 1", &[])
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "a node lacks the table");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut prepared = Vec::new();
+    for s in &sessions {
+        prepared.push(
+            s.prepare("INSERT INTO rl.t (pk, v) VALUES (0, ?)")
+                .await
+                .unwrap(),
+        );
+    }
+    // Let the failure detector see every node up, so writes replicate rather than hint.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Three writes in flight at a time, one through each node: a round-robin client.
+    let (mut accepted, mut limited, mut other) = (0u32, 0u32, Vec::new());
+    let start = Instant::now();
+    let mut v = 0i32;
+    while start.elapsed() < LOAD {
+        v += 3;
+        let round = tokio::join!(
+            sessions[0].execute_unpaged(&prepared[0], (v,)),
+            sessions[1].execute_unpaged(&prepared[1], (v + 1,)),
+            sessions[2].execute_unpaged(&prepared[2], (v + 2,)),
+        );
+        for r in [round.0, round.1, round.2] {
+            match r {
+                Ok(_) => accepted += 1,
+                Err(e) if is_rate_limited(&e) => limited += 1,
+                Err(e) => other.push(e.to_string()),
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let offered = f64::from(accepted + limited) / secs;
+    let rate = f64::from(accepted) / secs;
+    eprintln!(
+        "offered {offered:.0}/s, accepted {rate:.1}/s against {LIMIT}/s; \
+         {limited} rate-limited, {} other errors",
+        other.len()
+    );
+    assert!(other.len() <= 3, "unexpected errors: {other:?}");
+    // The bound below means something only if the cluster was offered well above it (each
+    // node alone would then accept the limit: about 3x in total).
+    assert!(
+        offered >= f64::from(LIMIT) * 6.0,
+        "offered only {offered:.0}/s: the machine is too loaded for this test"
+    );
+    // Generous for a loaded machine: the first window's burst of `LIMIT` is included.
+    let bound = 1.5 * f64::from(LIMIT) * secs + f64::from(LIMIT);
+    assert!(
+        f64::from(accepted) <= bound,
+        "{accepted} accepted in {secs:.1} s, bound {bound:.0}"
+    );
+    assert!(
+        f64::from(accepted) >= 0.5 * f64::from(LIMIT) * secs,
+        "{accepted} accepted in {secs:.1} s: the limit rejects too much"
+    );
+    drop(nodes);
+}
