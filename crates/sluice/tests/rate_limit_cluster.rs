@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+use common::cluster::{Ports, ServeNode};
 
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -17,94 +17,12 @@ use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
 use scylla::policies::retry::FallthroughRetryPolicy;
 
-/// Bound on one node's start (a debug build, a join through the seed).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bound on every node seeing the table.
 const SCHEMA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Writes per second allowed on one partition.
 const LIMIT: u32 = 10;
 /// How long the hot partition is written.
 const LOAD: Duration = Duration::from_secs(6);
-
-fn ip(index: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, index))
-}
-
-fn port_free_on_all_ips() -> u16 {
-    for _ in 0..100 {
-        let port = common::free_port();
-        if (1..=3).all(|k| TcpListener::bind((ip(k), port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on 127.0.0.1-3 in 100 tries")
-}
-
-/// One `sluice serve` process; SIGKILL on drop.
-struct ServeNode(Child, std::path::PathBuf);
-
-impl ServeNode {
-    fn start(dir: &Path, index: u8, cql: u16, shard_aware: u16, internode: u16) -> ServeNode {
-        let log_path = dir.join(format!("node{index}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .arg("serve")
-            .args(["--listen", &SocketAddr::new(ip(index), cql).to_string()])
-            .args(["--shard-aware-port", &shard_aware.to_string()])
-            .args([
-                "--internode-listen",
-                &SocketAddr::new(ip(index), internode).to_string(),
-            ])
-            .args([
-                "--metrics-listen",
-                "off",
-                "--shards",
-                "1",
-                "--num-tokens",
-                "8",
-            ])
-            .args(["--durability", "periodic", "--data-dir"])
-            .arg(dir.join(format!("node{index}")));
-        if index > 1 {
-            command
-                .arg("--seeds")
-                .arg(SocketAddr::new(ip(1), internode).to_string());
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start sluice serve");
-        let mut node = ServeNode(child, log_path);
-        let addr = SocketAddr::new(ip(index), cql);
-        let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Some(status) = node.0.try_wait().unwrap() {
-                panic!("node {index} exited ({status}): {}", node.output());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {index} did not serve within {START_TIMEOUT:?}: {}",
-                node.output()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        node
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for ServeNode {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A session whose every statement goes to `addr` and is never retried elsewhere.
 async fn connect_to_one(addr: SocketAddr) -> Session {
@@ -136,17 +54,13 @@ fn is_rate_limited(e: &ExecutionError) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_robin_client_gets_about_the_limit_from_three_replicas() {
     let dir = tempfile::tempdir().unwrap();
-    let (cql, shard_aware, internode) = (
-        port_free_on_all_ips(),
-        port_free_on_all_ips(),
-        port_free_on_all_ips(),
-    );
+    let ports = Ports::free_on(3);
     let nodes: Vec<ServeNode> = (1..=3)
-        .map(|i| ServeNode::start(dir.path(), i, cql, shard_aware, internode))
+        .map(|i| ServeNode::start(dir.path(), i, ports, &[]).0)
         .collect();
     let mut sessions = Vec::new();
-    for i in 1..=3 {
-        sessions.push(connect_to_one(SocketAddr::new(ip(i), cql)).await);
+    for node in &nodes {
+        sessions.push(connect_to_one(node.cql()).await);
     }
     sessions[0]
         .query_unpaged(
