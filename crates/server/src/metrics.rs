@@ -406,8 +406,77 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-/// Metrics rendered after the shards' (the node's transactions), appended to the text.
+/// Metrics rendered after the shards' (the node's transactions and coordinator), appended to
+/// the text.
 pub type ExtraMetrics = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// What this node did as a coordinator of replicated keyspaces, as the engine counts it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CoordinatorCounts {
+    /// Partitions a read found differing across replicas and repaired.
+    pub read_repairs: u64,
+    /// Extra read requests sent because the first replicas were slow.
+    pub speculative_reads: u64,
+    /// The hints held for replicas that are down.
+    pub hints: sluice_engine::coordinator::HintStats,
+}
+
+impl CoordinatorCounts {
+    /// The engine's counters now.
+    pub fn of(engine: &sluice_engine::Engine) -> CoordinatorCounts {
+        CoordinatorCounts {
+            read_repairs: engine.read_repairs(),
+            speculative_reads: engine.speculative_reads(),
+            hints: engine.hint_stats(),
+        }
+    }
+}
+
+/// Renders the node's coordinator metrics: read repairs, speculative reads, hints.
+pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
+    let rows = [
+        (
+            "sluice_read_repairs_total",
+            "counter",
+            "Partitions a read found differing across replicas and repaired before answering.",
+            c.read_repairs,
+        ),
+        (
+            "sluice_speculative_reads_total",
+            "counter",
+            "Extra read requests sent to another replica because the first were slow.",
+            c.speculative_reads,
+        ),
+        (
+            "sluice_hints_held",
+            "gauge",
+            "Hints held in memory for replicas that are down.",
+            c.hints.held as u64,
+        ),
+        (
+            "sluice_hint_bytes",
+            "gauge",
+            "Bytes of the hints held.",
+            c.hints.bytes as u64,
+        ),
+        (
+            "sluice_hints_stored_total",
+            "counter",
+            "Hints stored since start.",
+            c.hints.stored,
+        ),
+        (
+            "sluice_hints_dropped_total",
+            "counter",
+            "Hints dropped: over the byte bound, or older than the hint window.",
+            c.hints.dropped,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
 
 /// Renders the node's transaction metrics: outstanding transactions, the adaptive limit,
 /// commits, aborts by reason, lock wait and critical-section time.
@@ -577,6 +646,32 @@ mod tests {
         assert!(text.contains("# TYPE sluice_inflight gauge"));
         assert!(text.contains("# TYPE sluice_loop_lag_microseconds gauge"));
         assert!(text.contains("sluice_admission_concurrency_limit{shard=\"0\"}"));
+    }
+
+    #[test]
+    fn coordinator_metrics_render() {
+        let counts = CoordinatorCounts {
+            read_repairs: 3,
+            speculative_reads: 1,
+            hints: sluice_engine::coordinator::HintStats {
+                held: 2,
+                bytes: 300,
+                stored: 5,
+                dropped: 1,
+            },
+        };
+        let mut text = String::new();
+        render_coordinator(&mut text, &counts);
+        assert!(
+            text.contains("# TYPE sluice_read_repairs_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_read_repairs_total 3"));
+        assert!(text.contains("sluice_speculative_reads_total 1"));
+        assert!(text.contains("sluice_hints_held 2"));
+        assert!(text.contains("sluice_hint_bytes 300"));
+        assert!(text.contains("sluice_hints_stored_total 5"));
+        assert!(text.contains("sluice_hints_dropped_total 1"));
     }
 
     #[test]

@@ -317,7 +317,11 @@ impl Server {
             {
                 let engine = engine.clone();
                 Arc::new(move |out: &mut String| {
-                    crate::metrics::render_transactions(out, engine.transactions())
+                    crate::metrics::render_transactions(out, engine.transactions());
+                    crate::metrics::render_coordinator(
+                        out,
+                        &crate::metrics::CoordinatorCounts::of(&engine),
+                    );
                 })
             },
             shutdown_rx.clone(),
