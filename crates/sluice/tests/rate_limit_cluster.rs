@@ -5,17 +5,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Ports, ServeNode};
+use common::cluster::{session_without_retries, Ports, ServeNode};
 
-use scylla::client::execution_profile::ExecutionProfile;
-use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
-use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
-use scylla::policies::retry::FallthroughRetryPolicy;
 
 /// Bound on every node seeing the table.
 const SCHEMA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,23 +17,6 @@ const SCHEMA_TIMEOUT: Duration = Duration::from_secs(30);
 const LIMIT: u32 = 10;
 /// How long the hot partition is written.
 const LOAD: Duration = Duration::from_secs(6);
-
-/// A session whose every statement goes to `addr` and is never retried elsewhere.
-async fn connect_to_one(addr: SocketAddr) -> Session {
-    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .retry_policy(std::sync::Arc::new(FallthroughRetryPolicy::new()))
-        .request_timeout(Some(Duration::from_secs(10)))
-        .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
 
 fn is_rate_limited(e: &ExecutionError) -> bool {
     matches!(
@@ -60,7 +37,7 @@ async fn a_round_robin_client_gets_about_the_limit_from_three_replicas() {
         .collect();
     let mut sessions = Vec::new();
     for node in &nodes {
-        sessions.push(connect_to_one(node.cql()).await);
+        sessions.push(session_without_retries(node.cql()).await);
     }
     sessions[0]
         .query_unpaged(

@@ -6,43 +6,18 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Ports, ServeNode};
+use common::cluster::{session_without_retries, Ports, ServeNode};
 
-use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
-use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
-use scylla::policies::retry::FallthroughRetryPolicy;
 use scylla::statement::{Consistency, Statement};
 
 /// Bound on the failure detector noticing a kill or a restart.
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
 const TABLE_ID: &str = "0b6f3b1e-4c1a-4f7e-9d55-26c0a1d2e3f4";
-
-/// A session whose every statement goes to `addr` and is never retried elsewhere.
-async fn connect_to_one(addr: SocketAddr) -> Session {
-    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .retry_policy(std::sync::Arc::new(FallthroughRetryPolicy::new()))
-        .request_timeout(Some(Duration::from_secs(10)))
-        .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        // No wait for schema agreement: each node runs the DDL itself (IF NOT EXISTS), so each
-        // has the table before the writes.
-        .auto_await_schema_agreement(false)
-        .build()
-        .await
-        .expect("connect")
-}
 
 fn at(cl: Consistency, q: &str) -> Statement {
     let mut s = Statement::new(q);
@@ -135,7 +110,7 @@ async fn three_nodes(dir: &Path, extra: &'static [&'static str]) -> (Vec<ServeNo
         .collect();
     let mut sessions = Vec::new();
     for node in &nodes {
-        let session = connect_to_one(node.cql()).await;
+        let session = session_without_retries(node.cql()).await;
         create_schema(&session).await;
         sessions.push(session);
     }
@@ -255,7 +230,7 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
 
     // Node 3 comes back: it missed both writes.
     nodes[2].restart();
-    let node3 = connect_to_one(nodes[2].cql()).await;
+    let node3 = session_without_retries(nodes[2].cql()).await;
     eventually("node 3 sees node 1 up", || async {
         write(
             &node3,
@@ -340,7 +315,7 @@ async fn hints_replay_what_a_killed_replica_missed() {
     .await
     .unwrap();
     nodes[2].restart();
-    let node3 = connect_to_one(nodes[2].cql()).await;
+    let node3 = session_without_retries(nodes[2].cql()).await;
     eventually("node 3 got both writes from hints", || async {
         value(&node3, Consistency::One, 5)
             .await

@@ -331,6 +331,26 @@ pub async fn session_on(addr: SocketAddr) -> Session {
         .expect("connect")
 }
 
+/// A session whose every statement goes to `addr` and is never retried elsewhere, so that a
+/// test sees each node's own answer.
+pub async fn session_without_retries(addr: SocketAddr) -> Session {
+    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .retry_policy(std::sync::Arc::new(
+            scylla::policies::retry::FallthroughRetryPolicy::new(),
+        ))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .build();
+    SessionBuilder::new()
+        .known_node(addr.to_string())
+        .default_execution_profile_handle(profile.into_handle())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect")
+}
+
 /// The replicas `session`'s node places `token` of keyspace `ks` on
 /// (`system_views.token_replicas`).
 pub async fn token_replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
