@@ -768,6 +768,11 @@ impl Engine {
         self.cluster.ring()
     }
 
+    /// The current ring with, while nodes join or leave, the ring once they settle.
+    pub(crate) fn rings(&self) -> cluster::Rings {
+        self.cluster.rings()
+    }
+
     /// Replaces the ring (every reader sees the new one from its next read) and pushes
     /// TOPOLOGY_CHANGE for the nodes that started serving or left; returns how many events
     /// were sent (none for an unchanged ring).
