@@ -49,6 +49,8 @@ pub enum ReplicaVerb {
     Read,
     /// Merge a raw partition ([`replica_msg::encode_repair`]); the reply is empty.
     Repair,
+    /// Truncate a table ([`replica_msg::encode_truncate`]); the reply is empty.
+    Truncate,
 }
 
 /// Why a replica did not answer with a result.

@@ -81,6 +81,9 @@ impl ReplicaTransport for FakeTransport {
                             .apply_replica_repair(&body, deadline)
                             .await
                             .map(|()| Bytes::new()),
+                        ReplicaVerb::Truncate => engine
+                            .apply_replica_truncate(&body, deadline)
+                            .map(|()| Bytes::new()),
                     };
                     result.map_err(|_| ReplicaError::Refused)
                 }
@@ -908,4 +911,57 @@ fn pending_replicas_raise_block_for_as_cassandra_does() {
     let each = raised(Consistency::EachQuorum);
     assert_eq!(each.block_for, 4 + 3);
     assert_eq!(each.per_dc, vec![(dc1, 2 + 1), (dc2, 2 + 2)]);
+}
+
+#[tokio::test]
+async fn truncate_empties_the_table_on_every_node_and_needs_them_all() {
+    let mut trio = Trio::new().await;
+    for ck in 1..=3 {
+        trio.run(
+            0,
+            &format!("INSERT INTO ks.t (pk, ck, v) VALUES (1, {ck}, 'x')"),
+            Consistency::All,
+        )
+        .await
+        .unwrap();
+    }
+    for node in 0..3 {
+        assert_eq!(trio.local_rows(node).await.len(), 3, "node {node}");
+    }
+    // A node down: refused before anything is truncated, with Cassandra's error.
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let e = trio
+        .run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap_err();
+    assert_eq!(e.error, DbError::TruncateError);
+    assert_eq!(
+        e.message,
+        "Error during truncate: Cannot achieve consistency level ALL"
+    );
+    assert_eq!(trio.local_rows(0).await.len(), 3);
+    assert_eq!(trio.transport.sent_to(host(2)), 3, "no TRUNCATE was sent");
+    // A node that refuses: the statement fails, the others still truncate.
+    trio.nodes[0].engine.set_node_up(host(3), true);
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = trio
+        .run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap_err();
+    assert_eq!(e.error, DbError::TruncateError);
+    // All answer: every node's table is empty.
+    trio.transport.set(host(3), Behaviour::Serve);
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 9, 'y')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    trio.run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap();
+    for node in 0..3 {
+        assert!(trio.local_rows(node).await.is_empty(), "node {node}");
+    }
 }
