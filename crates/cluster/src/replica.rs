@@ -23,7 +23,7 @@ use sluice_ring::{NodeState, TokenMetadata};
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR};
+use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_TRUNCATE};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
@@ -66,6 +66,7 @@ pub const fn verb_of(verb: ReplicaVerb) -> u16 {
         ReplicaVerb::Mutation => VERB_MUTATION,
         ReplicaVerb::Read => VERB_READ,
         ReplicaVerb::Repair => VERB_REPAIR,
+        ReplicaVerb::Truncate => VERB_TRUNCATE,
     }
 }
 
@@ -329,6 +330,9 @@ async fn handle(engine: &Engine, message: InboundMessage) {
         VERB_REPAIR => engine
             .apply_replica_repair(&message.body, deadline)
             .await
+            .map(|()| Bytes::new()),
+        VERB_TRUNCATE => engine
+            .apply_replica_truncate(&message.body, deadline)
             .map(|()| Bytes::new()),
         _ => {
             message.reply_status(Status::UnknownVerb);

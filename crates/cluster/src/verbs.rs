@@ -26,6 +26,10 @@ pub const VERB_READ: u16 = FIRST_APPLICATION_VERB + 9;
 /// the reply is empty once it is durable (`sluice_engine::replica_msg::encode_repair`).
 pub const VERB_REPAIR: u16 = FIRST_APPLICATION_VERB + 10;
 
+/// A TRUNCATE of one table, on `ConnectionClass::Requests`; the reply is empty once this
+/// node dropped the table's rows (`sluice_engine::replica_msg::encode_truncate`).
+pub const VERB_TRUNCATE: u16 = FIRST_APPLICATION_VERB + 11;
+
 /// A chunk of a token range of a table, on `ConnectionClass::Bulk`: the body names the
 /// table, the range and the key to resume after; the reply carries the records (see
 /// `crate::streaming`).
@@ -45,12 +49,13 @@ pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
 pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
 
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 9] = [
+pub const ALL: [u16; 10] = [
     VERB_RAFT,
     VERB_JOIN,
     VERB_MUTATION,
     VERB_READ,
     VERB_REPAIR,
+    VERB_TRUNCATE,
     VERB_STREAM_FETCH,
     VERB_STREAM_GAINS,
     VERB_NODE_LOAD,

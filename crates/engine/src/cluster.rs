@@ -35,10 +35,27 @@ struct Me {
     cql_address: SocketAddr,
 }
 
+/// The current ring and, while nodes join or leave, the ring once they settle (computed once
+/// per ring change, for the pending replicas of every write).
+#[derive(Clone)]
+pub(crate) struct Rings {
+    /// The ring as it is.
+    pub(crate) current: Arc<TokenMetadata>,
+    /// [`TokenMetadata::settled`] of `current`.
+    pub(crate) settled: Option<Arc<TokenMetadata>>,
+}
+
+impl Rings {
+    fn of(current: Arc<TokenMetadata>) -> Rings {
+        let settled = current.settled().map(Arc::new);
+        Rings { current, settled }
+    }
+}
+
 /// The live ring, liveness and the event channel.
 pub(crate) struct ClusterView {
     me: Me,
-    ring: RwLock<Arc<TokenMetadata>>,
+    ring: RwLock<Rings>,
     /// Whether the ring has other nodes: read on every request, so kept apart from the ring's
     /// lock and reference count, which all shards would otherwise touch.
     multi_node: std::sync::atomic::AtomicBool,
@@ -59,7 +76,7 @@ impl ClusterView {
                 host_id,
                 cql_address,
             },
-            ring: RwLock::new(Arc::new(ring)),
+            ring: RwLock::new(Rings::of(Arc::new(ring))),
             down: Mutex::new(HashSet::new()),
             events,
         }
@@ -67,6 +84,14 @@ impl ClusterView {
 
     /// The current ring.
     pub(crate) fn ring(&self) -> Arc<TokenMetadata> {
+        match self.ring.read() {
+            Ok(g) => g.current.clone(),
+            Err(p) => p.into_inner().current.clone(),
+        }
+    }
+
+    /// The current ring with its settled ring, read together.
+    pub(crate) fn rings(&self) -> Rings {
         match self.ring.read() {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
@@ -91,11 +116,15 @@ impl ClusterView {
         let mut changes = Vec::new();
         topology_changes(self.me, &previous, &next, &mut changes);
         down.retain(|id| next.index_of(*id).is_some());
+        // Built before the lock: readers never wait for a placement computation.
+        let rings = Rings::of(next);
         {
             let mut g = self.ring.write().unwrap_or_else(|p| p.into_inner());
-            self.multi_node
-                .store(next.nodes().len() > 1, std::sync::atomic::Ordering::Relaxed);
-            *g = next;
+            self.multi_node.store(
+                rings.current.nodes().len() > 1,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            *g = rings;
         }
         for &c in &changes {
             tracing::info!(change = ?c, "ring changed");

@@ -49,6 +49,8 @@ pub enum ReplicaVerb {
     Read,
     /// Merge a raw partition ([`replica_msg::encode_repair`]); the reply is empty.
     Repair,
+    /// Truncate a table ([`replica_msg::encode_truncate`]); the reply is empty.
+    Truncate,
 }
 
 /// Why a replica did not answer with a result.
@@ -182,6 +184,26 @@ impl Requirement {
     /// Whether a replica in `dc` counts toward this level.
     fn counts(&self, dc: u16) -> bool {
         self.only_dc.is_none_or(|only| only == dc)
+    }
+
+    /// Adds one acknowledgement per pending replica in `dcs` that the level counts, as
+    /// Cassandra's `blockForWrite` does (none for ANY; LOCAL_* count this data center's only;
+    /// EACH_QUORUM the pending replica's own data center), so that a write acknowledged while
+    /// a node joins or leaves still reaches blockFor replicas of the settled ring.
+    pub fn add_pending(&mut self, dcs: impl Iterator<Item = u16>) {
+        if self.consistency == Consistency::Any {
+            return;
+        }
+        for dc in dcs {
+            if !self.per_dc.is_empty() {
+                if let Some(need) = self.per_dc.iter_mut().find(|(d, _)| *d == dc) {
+                    need.1 += 1;
+                    self.block_for += 1;
+                }
+            } else if self.counts(dc) {
+                self.block_for += 1;
+            }
+        }
     }
 
     /// Unavailable when fewer replicas are alive than the level needs (per data center for
@@ -348,6 +370,21 @@ fn replicas_of(ring: &TokenMetadata, replication: &Replication, token: i64) -> V
     out
 }
 
+/// The pending replicas of `token` (nodes that take it over once the joining and leaving
+/// nodes settle), given its natural `replicas`; empty while no node moves.
+fn pending_of(
+    settled: Option<&TokenMetadata>,
+    replication: &Replication,
+    token: i64,
+    replicas: &[NodeIndex],
+) -> Vec<NodeIndex> {
+    let mut out = Vec::new();
+    if let Some(settled) = settled {
+        sluice_ring::pending_replicas(settled, replication, Token(token), replicas, &mut out);
+    }
+    out
+}
+
 /// One replicated write: each mutation's tally, and which mutations each replica holds.
 struct WriteFanOut {
     tallies: Vec<Tally>,
@@ -403,7 +440,8 @@ fn plan_write(
     muts: &[Mutation],
     consistency: Consistency,
 ) -> Result<Option<WriteFanOut>, DetailedError> {
-    let ring = engine.ring();
+    let rings = engine.rings();
+    let ring = &rings.current;
     let me = ring.index_of(engine.node().host_id);
     let mut tallies = Vec::with_capacity(muts.len());
     let mut by_replica: Vec<(NodeIndex, Vec<(usize, usize)>)> = Vec::new();
@@ -418,31 +456,43 @@ fn plan_write(
         if replication == Replication::Local {
             return Ok(None);
         }
-        let replicas = replicas_of(&ring, &replication, m.token);
-        let req = requirement(
+        let mut replicas = replicas_of(ring, &replication, m.token);
+        let pending = pending_of(rings.settled.as_deref(), &replication, m.token, &replicas);
+        let mut req = requirement(
             consistency,
             &replication,
-            &ring,
+            ring,
             &engine.node().data_center,
             true,
         )?;
-        let liveness: Vec<(u16, bool)> = replicas
-            .iter()
-            .map(|&r| {
-                let up = Some(r) == me || engine.is_node_up(ring.node(r).host_id);
-                (ring.dc_of(r), up)
-            })
-            .collect();
-        let mut targets = Vec::with_capacity(replicas.len());
+        let up_of = |r: NodeIndex| {
+            let up = Some(r) == me || engine.is_node_up(ring.node(r).host_id);
+            (ring.dc_of(r), up)
+        };
+        let mut liveness: Vec<(u16, bool)> = replicas.iter().map(|&r| up_of(r)).collect();
+        let mut targets = Vec::with_capacity(replicas.len() + pending.len());
         let hinting = engine.hinted_handoff();
         let nobody_alive = liveness.iter().all(|&(_, up)| !up);
-        if consistency == Consistency::Any && hinting && nobody_alive && !replicas.is_empty() {
+        let acked_by_hint =
+            consistency == Consistency::Any && hinting && nobody_alive && !replicas.is_empty();
+        if acked_by_hint {
             // ANY: a stored hint is the acknowledgement (Cassandra's rule).
             hint_acks.push((i, 0));
             targets.push((liveness[0].0, TargetState::Pending));
         } else {
             req.check_alive(&liveness).map_err(unavailable)?;
         }
+        if !pending.is_empty() {
+            // Pending replicas get the write and raise blockFor by one each; Cassandra then
+            // checks the raised level against the live natural and pending replicas.
+            liveness.extend(pending.iter().map(|&r| up_of(r)));
+            replicas.extend_from_slice(&pending);
+            req.add_pending(pending.iter().map(|&r| ring.dc_of(r)));
+            if !acked_by_hint {
+                req.check_alive(&liveness).map_err(unavailable)?;
+            }
+        }
+        debug_assert_eq!(replicas.len(), liveness.len());
         for (&r, &(dc, up)) in replicas.iter().zip(&liveness) {
             // A replica known to be down gets no message, but a hint when hints are on.
             if !up {

@@ -814,12 +814,17 @@ fn drop_table(
     Ok(ResultMessage::SchemaChange(ch))
 }
 
-fn truncate(
-    ddl: &mut Ddl<'_>,
+/// The table a TRUNCATE names, checked as Cassandra checks it (it exists, it is not virtual).
+pub(crate) fn truncate_target(
+    schema: &Schema,
     session_ks: Option<&str>,
     name: &QualifiedName,
-) -> Result<ResultMessage, DetailedError> {
-    let Some(t) = existing_table(ddl, session_ks, name)? else {
+) -> Result<Arc<TableDef>, DetailedError> {
+    let ks = resolve_keyspace(name, session_ks)?;
+    if !schema.keyspaces.contains_key(ks) {
+        return Err(invalid(format!("Keyspace '{ks}' doesn't exist")));
+    }
+    let Some(t) = schema.table(ks, &name.name).cloned() else {
         return Err(invalid(format!("unconfigured table {}", name.name)));
     };
     if t.is_virtual() {
@@ -828,7 +833,16 @@ fn truncate(
             t.keyspace, t.name
         )));
     }
-    // Not a schema change: it stays on this node until the coordinator fans it out.
+    Ok(t)
+}
+
+fn truncate(
+    ddl: &mut Ddl<'_>,
+    session_ks: Option<&str>,
+    name: &QualifiedName,
+) -> Result<ResultMessage, DetailedError> {
+    let t = truncate_target(&ddl.schema(), session_ks, name)?;
+    // Not a schema change: a cluster sends it to every node first (`crate::truncate`).
     ddl.engine
         .storage
         .truncate(*t.id.as_bytes())

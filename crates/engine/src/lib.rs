@@ -44,6 +44,7 @@ pub mod schema_group;
 mod shard_statements;
 pub mod system;
 pub mod transaction;
+mod truncate;
 mod write;
 
 #[cfg(test)]
@@ -671,6 +672,26 @@ impl Engine {
         })
     }
 
+    /// Replica side of a TRUNCATE: drops every row of the table on this node.
+    pub fn apply_replica_truncate(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<(), coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let table =
+            replica_msg::decode_truncate(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        if self.table_by_id(&table).is_none() {
+            return Err(ReplicaRefusal::UnknownTable);
+        }
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        self.storage
+            .truncate(table)
+            .map_err(|e| ReplicaRefusal::Storage(refusal_message(&e)))
+    }
+
     /// Replica side of a read repair: merges the coordinator's partition into this one's
     /// and waits until it is durable.
     pub async fn apply_replica_repair(
@@ -766,6 +787,11 @@ impl Engine {
     /// cluster's topology replaces it through [`Engine::set_ring`]).
     pub fn ring(&self) -> Arc<sluice_ring::TokenMetadata> {
         self.cluster.ring()
+    }
+
+    /// The current ring with, while nodes join or leave, the ring once they settle.
+    pub(crate) fn rings(&self) -> cluster::Rings {
+        self.cluster.rings()
     }
 
     /// Replaces the ring (every reader sees the new one from its next read) and pushes
@@ -1189,6 +1215,17 @@ impl Engine {
             | Statement::ListPermissions(_)
             | Statement::GrantRole(_)
             | Statement::RevokeRole(_) => auth::execute_statement(self, session, stmt).await,
+            Statement::Truncate(name) if self.is_multi_node() => {
+                let t = ddl::truncate_target(&self.schema(), ks, name)?;
+                let replicated =
+                    coordinator::replication_of(self, &t) != sluice_ring::Replication::Local;
+                match self.replica_transport().filter(|_| replicated) {
+                    Some(transport) => {
+                        truncate::everywhere(self, transport, &t, ctx.deadline).await
+                    }
+                    None => ddl::execute(self, ks, stmt, ctx.now_micros),
+                }
+            }
             other => {
                 if let Some(d) = ctx.deadline {
                     if Instant::now() >= d {

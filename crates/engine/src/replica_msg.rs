@@ -188,6 +188,23 @@ pub fn decode_read(body: &Bytes) -> R<ReadRequest> {
     })
 }
 
+/// Encodes a TRUNCATE of one table.
+pub fn encode_truncate(table: [u8; 16]) -> Bytes {
+    let mut out = BytesMut::with_capacity(17);
+    out.put_u8(VERSION);
+    out.put_slice(&table);
+    out.freeze()
+}
+
+/// Decodes a TRUNCATE: the table's id.
+pub fn decode_truncate(body: &Bytes) -> R<[u8; 16]> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let table = r.array16()?;
+    r.finish()?;
+    Ok(table)
+}
+
 /// Encodes a raw partition (a data reply).
 pub fn encode_raw(raw: &RawPartition) -> Bytes {
     let mut out = BytesMut::with_capacity(8 + raw.byte_len() + 4 * raw.rows.len());
@@ -641,5 +658,18 @@ mod tests {
             decode_mutations(&b.freeze()),
             Err(MalformedBody("count exceeds the body"))
         );
+    }
+
+    #[test]
+    fn a_truncate_round_trips_and_a_cut_or_padded_one_is_refused() {
+        let table = [7u8; 16];
+        let body = encode_truncate(table);
+        assert_eq!(decode_truncate(&body), Ok(table));
+        for cut in 0..body.len() {
+            assert!(decode_truncate(&body.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let mut padded = BytesMut::from(&body[..]);
+        padded.put_u8(0);
+        assert!(decode_truncate(&padded.freeze()).is_err());
     }
 }

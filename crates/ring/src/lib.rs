@@ -18,6 +18,6 @@ pub mod token;
 pub use allocation::{allocate_tokens, primary_ownership, AllocationError};
 pub use metadata::{Liveness, RingError, TokenMetadata};
 pub use node::{Node, NodeIndex, NodeState};
-pub use placement::{natural_replicas, ReplicaMap};
+pub use placement::{natural_replicas, pending_replicas, ReplicaMap};
 pub use replication::{Replication, ReplicationError};
 pub use token::Token;

@@ -1,6 +1,6 @@
 //! `TokenMetadata`: the nodes of the cluster and the sorted ring of their tokens.
 
-use crate::node::{Node, NodeIndex};
+use crate::node::{Node, NodeIndex, NodeState};
 use crate::token::Token;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -253,6 +253,39 @@ impl TokenMetadata {
     pub fn owner_count(&self) -> usize {
         self.dcs.iter().map(|d| d.owners).sum()
     }
+
+    /// Whether some node is joining or leaving, so that writes also go to pending replicas.
+    pub fn has_moves(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.state, NodeState::Joining | NodeState::Leaving))
+    }
+
+    /// The ring once every joining node is normal and every leaving node has left: where
+    /// writes must already go while the nodes move (Cassandra's pending ranges). Node indexes
+    /// are this ring's. `None` when no node moves, or when the settled nodes do not make a
+    /// ring (a joining node without tokens stays joining).
+    pub fn settled(&self) -> Option<TokenMetadata> {
+        if !self.has_moves() {
+            return None;
+        }
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                n.state = match n.state {
+                    NodeState::Joining if !n.tokens.is_empty() => NodeState::Normal,
+                    NodeState::Leaving => NodeState::Left,
+                    other => other,
+                };
+                n
+            })
+            .collect();
+        let settled = TokenMetadata::new(nodes).ok()?;
+        debug_assert_eq!(settled.nodes.len(), self.nodes.len(), "indexes are kept");
+        Some(settled)
+    }
 }
 
 /// Whether each node of a [`TokenMetadata`] is up, kept apart from the ring so that the
@@ -291,7 +324,6 @@ impl Liveness {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::node::NodeState;
 
     /// A test node: host id from `n`, address 127.0.0.n.
     pub(crate) fn node(n: u8, dc: &str, rack: &str, tokens: &[i64]) -> Node {

@@ -55,6 +55,21 @@ pub fn natural_replicas(
     }
 }
 
+/// Appends to `out` (cleared first) the pending replicas of `token`: the nodes that replicate
+/// it in `settled` (the ring once the moving nodes settle, [`TokenMetadata::settled`]) and
+/// are not among `natural`, its natural replicas in the current ring. Writes go to both, so
+/// that a node has every write of a range from the moment it starts taking the range over.
+pub fn pending_replicas(
+    settled: &TokenMetadata,
+    replication: &Replication,
+    token: Token,
+    natural: &[NodeIndex],
+    out: &mut Vec<NodeIndex>,
+) {
+    natural_replicas(settled, replication, token, out);
+    out.retain(|n| !natural.contains(n));
+}
+
 fn simple(meta: &TokenMetadata, factor: usize, start: usize, out: &mut Vec<NodeIndex>) {
     let owners = meta.owners();
     let want = factor.min(meta.owner_count());
@@ -251,5 +266,140 @@ mod tests {
         let empty = TokenMetadata::new(Vec::new()).unwrap();
         let r = Replication::Simple { factor: 3 };
         assert_eq!(replicas(&empty, &r, 3), Vec::<u16>::new());
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+    use crate::metadata::tests::node;
+    use crate::node::NodeState;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn with_state(mut n: crate::Node, state: NodeState) -> crate::Node {
+        n.state = state;
+        n
+    }
+
+    fn pending(meta: &TokenMetadata, r: &Replication, t: i64) -> (Vec<u16>, Vec<u16>) {
+        let mut natural = Vec::new();
+        natural_replicas(meta, r, Token(t), &mut natural);
+        let mut out = Vec::new();
+        if let Some(settled) = meta.settled() {
+            pending_replicas(&settled, r, Token(t), &natural, &mut out);
+        }
+        (
+            natural.iter().map(|n| n.0).collect(),
+            out.iter().map(|n| n.0).collect(),
+        )
+    }
+
+    #[test]
+    fn a_joining_node_is_pending_where_it_will_replicate_and_a_leaving_one_hands_over() {
+        // Ring: 0:n0 10:n1 20:n2, and n3 joining at 5.
+        let rf = Replication::Simple { factor: 2 };
+        let m = TokenMetadata::new(vec![
+            node(1, "dc1", "r1", &[0]),
+            node(2, "dc1", "r1", &[10]),
+            node(3, "dc1", "r1", &[20]),
+            with_state(node(4, "dc1", "r1", &[5]), NodeState::Joining),
+        ])
+        .unwrap();
+        assert!(m.has_moves());
+        // (0, 5] goes to n3 then n1: n3 is pending; n0's old copy stays natural until then.
+        assert_eq!(pending(&m, &rf, 3), (vec![1, 2], vec![3]));
+        // (-inf.., 0] was n0, n1: now n0, n3.
+        assert_eq!(pending(&m, &rf, 0), (vec![0, 1], vec![3]));
+        // (10, 20] keeps n2, n0.
+        assert_eq!(pending(&m, &rf, 15), (vec![2, 0], vec![]));
+
+        // n1 leaving: its ranges go to the next nodes of the walk.
+        let m = TokenMetadata::new(vec![
+            node(1, "dc1", "r1", &[0]),
+            with_state(node(2, "dc1", "r1", &[10]), NodeState::Leaving),
+            node(3, "dc1", "r1", &[20]),
+        ])
+        .unwrap();
+        assert_eq!(pending(&m, &rf, 5), (vec![1, 2], vec![0]));
+        assert_eq!(pending(&m, &rf, 15), (vec![2, 0], vec![]));
+
+        let still = TokenMetadata::new(vec![node(1, "dc1", "r1", &[0])]).unwrap();
+        assert!(!still.has_moves());
+        assert!(still.settled().is_none());
+    }
+
+    /// A node of a generated ring: (dc, rack, state, token count).
+    fn arb_node() -> impl Strategy<Value = (u8, u8, u8, usize)> {
+        (0u8..2, 0u8..3, 0u8..4, 1usize..4)
+    }
+
+    proptest! {
+        /// Natural replicas now that stay, plus the pending ones, are exactly the natural
+        /// replicas of the settled ring; pending replicas are never natural already, and
+        /// never a node on its way out.
+        #[test]
+        fn pending_and_remaining_natural_replicas_are_the_settled_ring_natural_ones(
+            specs in proptest::collection::vec(arb_node(), 2..8),
+            seed in any::<u64>(),
+            factor in 1u32..5,
+            dc_factors in (0u32..4, 0u32..4),
+            probes in proptest::collection::vec(any::<i64>(), 1..20),
+        ) {
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut used = BTreeSet::new();
+            let mut nodes = Vec::new();
+            for (i, &(dc, rack, state, count)) in specs.iter().enumerate() {
+                let mut tokens = Vec::new();
+                while tokens.len() < count {
+                    let t: i64 = rng.random_range(i64::MIN + 1..=i64::MAX);
+                    if used.insert(t) {
+                        tokens.push(t);
+                    }
+                }
+                let state = match state {
+                    0 => NodeState::Joining,
+                    1 => NodeState::Leaving,
+                    _ => NodeState::Normal,
+                };
+                let n = node(i as u8 + 1, &format!("dc{dc}"), &format!("r{rack}"), &tokens);
+                nodes.push(with_state(n, state));
+            }
+            // Keep one normal node so that something owns ranges both now and settled.
+            nodes[0].state = NodeState::Normal;
+            let meta = TokenMetadata::new(nodes).unwrap();
+            let Some(settled) = meta.settled() else {
+                prop_assert!(!meta.has_moves());
+                return Ok(());
+            };
+            let strategies = [
+                Replication::Simple { factor },
+                Replication::NetworkTopology {
+                    factors: vec![("dc0".into(), dc_factors.0), ("dc1".into(), dc_factors.1)],
+                },
+            ];
+            let (mut natural, mut after, mut pend) = (Vec::new(), Vec::new(), Vec::new());
+            for r in &strategies {
+                for &p in probes.iter().chain(meta.tokens().iter().map(|t| &t.0)) {
+                    let t = Token(p);
+                    natural_replicas(&meta, r, t, &mut natural);
+                    natural_replicas(&settled, r, t, &mut after);
+                    pending_replicas(&settled, r, t, &natural, &mut pend);
+                    let after_set: BTreeSet<_> = after.iter().copied().collect();
+                    let mut union: BTreeSet<_> = pend.iter().copied().collect();
+                    prop_assert_eq!(union.len(), pend.len(), "pending has no duplicates");
+                    union.extend(natural.iter().copied().filter(|n| after_set.contains(n)));
+                    prop_assert_eq!(&union, &after_set);
+                    for n in &pend {
+                        prop_assert!(!natural.contains(n));
+                        prop_assert!(matches!(
+                            meta.node(*n).state,
+                            NodeState::Joining | NodeState::Normal
+                        ));
+                    }
+                }
+            }
+        }
     }
 }

@@ -334,3 +334,83 @@ async fn hints_replay_what_a_killed_replica_missed() {
     let log = nodes[0].output() + &nodes[1].output();
     assert!(log.contains("hints replayed"), "{log}");
 }
+
+/// How many of rows (pk, 1) for `pks` the node behind `session` holds, each read at ONE (on
+/// a replica, a local read).
+async fn held_at_one(session: &Session, pks: std::ops::Range<i32>) -> usize {
+    let mut held = 0;
+    for pk in pks {
+        if value(session, Consistency::One, pk)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            held += 1;
+        }
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_empties_the_table_on_every_node_and_is_refused_with_a_node_down() {
+    const ROWS: i32 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut nodes, mut sessions) = three_nodes(dir.path(), &[]).await;
+    for pk in 0..ROWS {
+        write(
+            &sessions[0],
+            Consistency::All,
+            &format!("INSERT INTO rep.t (pk, ck, v) VALUES ({pk}, 1, 'v')"),
+        )
+        .await
+        .unwrap();
+    }
+    for (i, session) in sessions.iter().enumerate() {
+        assert_eq!(
+            held_at_one(session, 0..ROWS).await,
+            ROWS as usize,
+            "node {}",
+            i + 1
+        );
+    }
+    // TRUNCATE through node 2 answers once every node truncated: no node holds a row.
+    sessions[1]
+        .query_unpaged("TRUNCATE rep.t", &[])
+        .await
+        .unwrap();
+    for (i, session) in sessions.iter().enumerate() {
+        assert_eq!(held_at_one(session, 0..ROWS).await, 0, "node {}", i + 1);
+    }
+
+    // With node 3 down (as node 1's failure detector sees it), TRUNCATE is refused with
+    // Cassandra's Truncate_error and nothing is truncated.
+    write(
+        &sessions[0],
+        Consistency::Quorum,
+        "INSERT INTO rep.t (pk, ck, v) VALUES (1, 1, 'w')",
+    )
+    .await
+    .unwrap();
+    nodes[2].kill9();
+    drop(sessions.pop());
+    until_unavailable(
+        &sessions[0],
+        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
+    )
+    .await;
+    let e = sessions[0]
+        .query_unpaged("TRUNCATE rep.t", &[])
+        .await
+        .unwrap_err();
+    match &e {
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(
+            DbError::TruncateError,
+            message,
+        )) => assert_eq!(
+            message,
+            "Error during truncate: Cannot achieve consistency level ALL"
+        ),
+        other => panic!("expected a Truncate_error, got {other:?}"),
+    }
+    assert_eq!(held_at_one(&sessions[0], 1..2).await, 1);
+}

@@ -81,6 +81,9 @@ impl ReplicaTransport for FakeTransport {
                             .apply_replica_repair(&body, deadline)
                             .await
                             .map(|()| Bytes::new()),
+                        ReplicaVerb::Truncate => engine
+                            .apply_replica_truncate(&body, deadline)
+                            .map(|()| Bytes::new()),
                     };
                     result.map_err(|_| ReplicaError::Refused)
                 }
@@ -787,4 +790,178 @@ async fn counters_are_compared_but_never_merged_twice() {
         2,
         "node 2's count is not merged into itself again"
     );
+}
+
+/// The trio's ring with node 3 joining: the RF 3 keyspace's natural replicas are nodes 1 and
+/// 2 (two owners), and node 3 is pending for every token.
+fn ring_with_node_3_joining() -> Arc<TokenMetadata> {
+    let mut nodes: Vec<Node> = (1..=3).map(ring_node).collect();
+    nodes[2].state = NodeState::Joining;
+    Arc::new(TokenMetadata::new(nodes).unwrap())
+}
+
+#[tokio::test]
+async fn a_joining_node_gets_every_write_and_raises_block_for_by_one() {
+    let mut trio = Trio::new().await;
+    trio.nodes[0].engine.set_ring(ring_with_node_3_joining());
+    let insert = "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')";
+    trio.run(0, insert, Consistency::Quorum).await.unwrap();
+    assert_eq!(
+        trio.transport.sent_to(host(3)),
+        1,
+        "the pending replica is written"
+    );
+    assert_eq!(trio.local_rows(2).await.len(), 1);
+
+    // QUORUM of RF 3 is 2, plus 1 for the pending replica: a silent pending replica keeps
+    // the write from being acknowledged by the two natural ones alone.
+    trio.transport.set(host(3), Behaviour::Drop);
+    let e = error_of(
+        trio.run_with_deadline(0, insert, Consistency::Quorum, Duration::from_millis(300))
+            .await,
+    );
+    assert_eq!(
+        e,
+        DbError::WriteTimeout {
+            consistency: Consistency::Quorum,
+            received: 2,
+            block_for: 3,
+            write_type: sluice_protocol::WriteType::Simple,
+        }
+    );
+    // A refusal makes it impossible at once, whatever the natural replicas answered by then.
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = error_of(trio.run(0, insert, Consistency::Quorum).await);
+    assert!(
+        matches!(
+            e,
+            DbError::ReplicaWriteFailure {
+                consistency: Consistency::Quorum,
+                block_for: 3,
+                failures: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+
+    // Down: a hint, as for a natural replica; ONE needs 1 + 1 of the two live natural ones.
+    trio.transport.set(host(3), Behaviour::Serve);
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let sent = trio.transport.sent_to(host(3));
+    trio.run(0, insert, Consistency::One).await.unwrap();
+    assert_eq!(trio.transport.sent_to(host(3)), sent);
+    assert_eq!(trio.nodes[0].engine.hinted_hosts(), vec![host(3)]);
+    // QUORUM needs 3 of the live natural and pending replicas, and only 2 are: Cassandra's
+    // Unavailable with the raised counts.
+    let e = error_of(trio.run(0, insert, Consistency::Quorum).await);
+    assert_eq!(
+        e,
+        DbError::Unavailable {
+            consistency: Consistency::Quorum,
+            required: 3,
+            alive: 2
+        }
+    );
+    // Too few natural replicas: the counts are the natural replicas'.
+    trio.nodes[0].engine.set_node_up(host(3), true);
+    trio.nodes[0].engine.set_node_up(host(2), false);
+    let e = error_of(trio.run(0, insert, Consistency::Quorum).await);
+    assert_eq!(
+        e,
+        DbError::Unavailable {
+            consistency: Consistency::Quorum,
+            required: 2,
+            alive: 1
+        }
+    );
+
+    // Node 3 normal: a natural replica, and blockFor is QUORUM's again.
+    trio.nodes[0].engine.set_node_up(host(2), true);
+    trio.nodes[0].engine.set_ring(Arc::new(simple_ring(3)));
+    trio.transport.set(host(3), Behaviour::Drop);
+    trio.run(0, insert, Consistency::Quorum).await.unwrap();
+}
+
+#[test]
+fn pending_replicas_raise_block_for_as_cassandra_does() {
+    let mut nodes: Vec<Node> = (1..=6).map(ring_node).collect();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.dc = if i < 3 { "dc1" } else { "dc2" }.into();
+    }
+    let ring = TokenMetadata::new(nodes).unwrap();
+    let (dc1, dc2) = (ring.dc_named("dc1").unwrap(), ring.dc_named("dc2").unwrap());
+    let replication = Replication::NetworkTopology {
+        factors: vec![("dc1".into(), 3), ("dc2".into(), 2)],
+    };
+    let raised = |cl| {
+        let mut r = requirement(cl, &replication, &ring, "dc1", true).unwrap();
+        r.add_pending([dc1, dc2, dc2].into_iter());
+        r
+    };
+    assert_eq!(raised(Consistency::Quorum).block_for, 3 + 3);
+    assert_eq!(raised(Consistency::All).block_for, 5 + 3);
+    assert_eq!(raised(Consistency::One).block_for, 1 + 3);
+    assert_eq!(raised(Consistency::Any).block_for, 1, "ANY adds nothing");
+    assert_eq!(
+        raised(Consistency::LocalQuorum).block_for,
+        2 + 1,
+        "only this data center's pending replica"
+    );
+    let each = raised(Consistency::EachQuorum);
+    assert_eq!(each.block_for, 4 + 3);
+    assert_eq!(each.per_dc, vec![(dc1, 2 + 1), (dc2, 2 + 2)]);
+}
+
+#[tokio::test]
+async fn truncate_empties_the_table_on_every_node_and_needs_them_all() {
+    let mut trio = Trio::new().await;
+    for ck in 1..=3 {
+        trio.run(
+            0,
+            &format!("INSERT INTO ks.t (pk, ck, v) VALUES (1, {ck}, 'x')"),
+            Consistency::All,
+        )
+        .await
+        .unwrap();
+    }
+    for node in 0..3 {
+        assert_eq!(trio.local_rows(node).await.len(), 3, "node {node}");
+    }
+    // A node down: refused before anything is truncated, with Cassandra's error.
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let e = trio
+        .run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap_err();
+    assert_eq!(e.error, DbError::TruncateError);
+    assert_eq!(
+        e.message,
+        "Error during truncate: Cannot achieve consistency level ALL"
+    );
+    assert_eq!(trio.local_rows(0).await.len(), 3);
+    assert_eq!(trio.transport.sent_to(host(2)), 3, "no TRUNCATE was sent");
+    // A node that refuses: the statement fails, the others still truncate.
+    trio.nodes[0].engine.set_node_up(host(3), true);
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = trio
+        .run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap_err();
+    assert_eq!(e.error, DbError::TruncateError);
+    // All answer: every node's table is empty.
+    trio.transport.set(host(3), Behaviour::Serve);
+    trio.run(
+        0,
+        "INSERT INTO ks.t (pk, ck, v) VALUES (1, 9, 'y')",
+        Consistency::All,
+    )
+    .await
+    .unwrap();
+    trio.run(0, "TRUNCATE ks.t", Consistency::One)
+        .await
+        .unwrap();
+    for node in 0..3 {
+        assert!(trio.local_rows(node).await.is_empty(), "node {node}");
+    }
 }
