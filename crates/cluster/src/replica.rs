@@ -14,6 +14,7 @@ use bytes::Bytes;
 use sluice_engine::coordinator::{
     Replica, ReplicaError, ReplicaFuture, ReplicaRefusal, ReplicaTransport, ReplicaVerb,
 };
+use sluice_engine::replica_stats::{RefusalReason, ReplicaStats, ServedVerb};
 use sluice_engine::Engine;
 use sluice_internode::{
     CallError, ConnectionClass, FailureDetector, FailureDetectorConfig, InboundMessage,
@@ -23,7 +24,7 @@ use sluice_ring::{NodeState, TokenMetadata};
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR};
+use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_SCAN, VERB_SELECT};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
@@ -66,6 +67,8 @@ pub const fn verb_of(verb: ReplicaVerb) -> u16 {
         ReplicaVerb::Mutation => VERB_MUTATION,
         ReplicaVerb::Read => VERB_READ,
         ReplicaVerb::Repair => VERB_REPAIR,
+        ReplicaVerb::Select => VERB_SELECT,
+        ReplicaVerb::Scan => VERB_SCAN,
     }
 }
 
@@ -122,20 +125,27 @@ impl ReplicaTransport for MessengerTransport {
 pub struct ReplicaAdmission {
     in_flight: usize,
     cap: usize,
-    /// Smoothed service time per verb (mutation, read, repair), in nanoseconds.
-    service_nanos: [f64; 3],
+    /// Smoothed service time per verb (in [`ServedVerb`] order), in nanoseconds.
+    service_nanos: [f64; ServedVerb::ALL.len()],
 }
 
 /// Weight of a new sample in the smoothed service time.
 const SERVICE_EWMA_WEIGHT: f64 = 0.1;
 
-fn verb_index(verb: u16) -> Option<usize> {
+/// The served verb of an internode verb, if the replica service runs it.
+pub const fn served_verb(verb: u16) -> Option<ServedVerb> {
     match verb {
-        VERB_MUTATION => Some(0),
-        VERB_READ => Some(1),
-        VERB_REPAIR => Some(2),
+        VERB_MUTATION => Some(ServedVerb::Mutation),
+        VERB_READ => Some(ServedVerb::Read),
+        VERB_REPAIR => Some(ServedVerb::Repair),
+        VERB_SELECT => Some(ServedVerb::Select),
+        VERB_SCAN => Some(ServedVerb::Scan),
         _ => None,
     }
+}
+
+fn verb_index(verb: u16) -> Option<usize> {
+    served_verb(verb).map(|v| v as usize)
 }
 
 impl ReplicaAdmission {
@@ -144,7 +154,7 @@ impl ReplicaAdmission {
         ReplicaAdmission {
             in_flight: 0,
             cap: cap.max(1),
-            service_nanos: [0.0; 3],
+            service_nanos: [0.0; ServedVerb::ALL.len()],
         }
     }
 
@@ -161,14 +171,19 @@ impl ReplicaAdmission {
 
     /// Admits a request with `remaining` budget, or says why not (a status to answer).
     pub fn try_admit(&mut self, verb: u16, remaining: Duration) -> Result<(), Status> {
+        self.admit(verb, remaining).map_err(status_of)
+    }
+
+    /// Admits a request with `remaining` budget, or gives the reason it is turned away.
+    pub fn admit(&mut self, verb: u16, remaining: Duration) -> Result<(), RefusalReason> {
         if self.in_flight >= self.cap {
-            return Err(Status::Overloaded);
+            return Err(RefusalReason::InFlightCap);
         }
         if remaining.is_zero() {
-            return Err(Status::Expired);
+            return Err(RefusalReason::Expired);
         }
         if remaining < self.expected(verb) {
-            return Err(Status::Overloaded);
+            return Err(RefusalReason::Budget);
         }
         self.in_flight += 1;
         debug_assert!(self.in_flight <= self.cap);
@@ -191,19 +206,19 @@ impl ReplicaAdmission {
     }
 }
 
-/// Counters of the replica side.
-#[derive(Debug, Default)]
-pub struct ReplicaCounters {
-    /// Requests run.
-    pub served: std::sync::atomic::AtomicU64,
-    /// Requests turned away by admission.
-    pub refused: std::sync::atomic::AtomicU64,
+/// The status that answers an admission refusal.
+const fn status_of(reason: RefusalReason) -> Status {
+    match reason {
+        RefusalReason::Expired => Status::Expired,
+        RefusalReason::InFlightCap | RefusalReason::Budget => Status::Overloaded,
+        RefusalReason::Failed => Status::Failed,
+    }
 }
 
 /// The thread that runs replica requests from other coordinators.
 pub struct ReplicaService {
     thread: Option<std::thread::JoinHandle<()>>,
-    counters: Arc<ReplicaCounters>,
+    engine: Arc<Engine>,
 }
 
 impl ReplicaService {
@@ -220,8 +235,7 @@ impl ReplicaService {
         cap: usize,
     ) -> std::io::Result<ReplicaService> {
         debug_assert_eq!(requests.class(), ConnectionClass::Requests);
-        let counters = Arc::new(ReplicaCounters::default());
-        let thread_counters = Arc::clone(&counters);
+        let service_engine = Arc::clone(&engine);
         let thread = std::thread::Builder::new()
             .name("sluice-replica".into())
             .spawn(move || {
@@ -237,24 +251,19 @@ impl ReplicaService {
                 };
                 let local = tokio::task::LocalSet::new();
                 if let Some(hints) = hints {
-                    local.spawn_local(serve(
-                        hints,
-                        Arc::clone(&engine),
-                        MAX_BULK_IN_FLIGHT,
-                        Arc::clone(&thread_counters),
-                    ));
+                    local.spawn_local(serve(hints, Arc::clone(&engine), MAX_BULK_IN_FLIGHT));
                 }
-                local.block_on(&runtime, serve(requests, engine, cap, thread_counters));
+                local.block_on(&runtime, serve(requests, engine, cap));
             })?;
         Ok(ReplicaService {
             thread: Some(thread),
-            counters,
+            engine: service_engine,
         })
     }
 
-    /// The service's counters.
-    pub fn counters(&self) -> &ReplicaCounters {
-        &self.counters
+    /// The service's counters (kept by the engine, which `GET /metrics` reads).
+    pub fn counters(&self) -> &ReplicaStats {
+        self.engine.replica_stats()
     }
 
     /// Waits for the thread to end (after the messenger shut down).
@@ -290,23 +299,21 @@ impl ReplicaRequests for mpsc::Receiver<InboundMessage> {
     }
 }
 
-async fn serve(
-    mut requests: impl ReplicaRequests,
-    engine: Arc<Engine>,
-    cap: usize,
-    counters: Arc<ReplicaCounters>,
-) {
-    use std::sync::atomic::Ordering::Relaxed;
+async fn serve(mut requests: impl ReplicaRequests, engine: Arc<Engine>, cap: usize) {
     let admission = std::rc::Rc::new(std::cell::RefCell::new(ReplicaAdmission::new(cap)));
     while let Some(message) = requests.next().await {
         let verb = message.verb;
+        let Some(served) = served_verb(verb) else {
+            message.reply_status(Status::UnknownVerb);
+            continue;
+        };
         let remaining = message.deadline().saturating_duration_since(Instant::now());
-        if let Err(status) = admission.borrow_mut().try_admit(verb, remaining) {
-            counters.refused.fetch_add(1, Relaxed);
-            message.reply_status(status);
+        if let Err(reason) = admission.borrow_mut().admit(verb, remaining) {
+            engine.replica_stats().count_refused(served, reason);
+            message.reply_status(status_of(reason));
             continue;
         }
-        counters.served.fetch_add(1, Relaxed);
+        engine.replica_stats().count_served(served);
         let engine = Arc::clone(&engine);
         let admission = std::rc::Rc::clone(&admission);
         tokio::task::spawn_local(async move {
@@ -330,15 +337,27 @@ async fn handle(engine: &Engine, message: InboundMessage) {
             .apply_replica_repair(&message.body, deadline)
             .await
             .map(|()| Bytes::new()),
+        VERB_SELECT => engine.serve_forwarded_select(&message.body, deadline).await,
+        VERB_SCAN => engine.serve_scan(&message.body, deadline),
         _ => {
             message.reply_status(Status::UnknownVerb);
             return;
         }
     };
+    let stats = engine.replica_stats();
+    let served = served_verb(message.verb);
     match result {
         Ok(reply) => message.reply(reply),
-        Err(ReplicaRefusal::Expired) => message.reply_status(Status::Expired),
+        Err(ReplicaRefusal::Expired) => {
+            if let Some(v) = served {
+                stats.count_refused(v, RefusalReason::Expired);
+            }
+            message.reply_status(Status::Expired)
+        }
         Err(refusal) => {
+            if let Some(v) = served {
+                stats.count_refused(v, RefusalReason::Failed);
+            }
             tracing::debug!(?refusal, from = %message.from, "replica request refused");
             message.reply_status(Status::Failed);
         }
@@ -525,7 +544,7 @@ impl Coordination {
     }
 
     /// The replica side's counters.
-    pub fn counters(&self) -> &ReplicaCounters {
+    pub fn counters(&self) -> &ReplicaStats {
         self.service.counters()
     }
 

@@ -49,6 +49,12 @@ pub enum ReplicaVerb {
     Read,
     /// Merge a raw partition ([`replica_msg::encode_repair`]); the reply is empty.
     Repair,
+    /// Run a SELECT as its coordinator ([`replica_msg::encode_forwarded_select`]); the reply
+    /// is its rows or its error ([`replica_msg::encode_forwarded_answer`]).
+    Select,
+    /// Answer one storage page of a token range ([`replica_msg::encode_scan`]); the reply is
+    /// [`replica_msg::encode_scan_page`].
+    Scan,
 }
 
 /// Why a replica did not answer with a result.
