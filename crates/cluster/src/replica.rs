@@ -364,15 +364,31 @@ async fn handle(engine: &Engine, message: InboundMessage) {
     }
 }
 
+/// How often this node's schema version is put in its heartbeat, and its peers' read from
+/// theirs: about the failure detector's ping interval, so `system.peers` lags a change by a
+/// few hundred milliseconds at most.
+const SCHEMA_VERSION_EXCHANGE: Duration = Duration::from_millis(100);
+
+/// The schema versions carried in the failure detector's pings: this node's, and where each
+/// peer's goes (the engine's `schema_version` and `set_peer_schema_version`).
+pub struct SchemaVersions {
+    /// This node's schema version now.
+    pub mine: Arc<dyn Fn() -> Uuid + Send + Sync>,
+    /// Records a peer's version (host id, version).
+    pub peer: Arc<dyn Fn(Uuid, Uuid) + Send + Sync>,
+}
+
 /// Watches every peer of the ring with a failure detector and reports each liveness
-/// change through `set_up(host_id, up)` (the engine's `set_node_up`). Runs until the ring's
-/// sender is dropped; call it on the messenger's runtime.
+/// change through `set_up(host_id, up)` (the engine's `set_node_up`); with `versions`, this
+/// node's schema version rides in its ping answers and each peer's is recorded. Runs until
+/// the ring's sender is dropped; call it on the messenger's runtime.
 pub async fn follow_liveness(
     messenger: Arc<Messenger>,
     mut ring: watch::Receiver<Arc<TokenMetadata>>,
     me: Uuid,
     config: FailureDetectorConfig,
     set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync>,
+    versions: Option<SchemaVersions>,
 ) {
     let detector = FailureDetector::start(&messenger, config);
     let mut events = detector.subscribe();
@@ -409,10 +425,34 @@ pub async fn follow_liveness(
             }
         }
     };
+    let mut published: Option<Uuid> = None;
+    let exchange_versions = |published: &mut Option<Uuid>| {
+        let Some(versions) = &versions else {
+            return;
+        };
+        let mine = (versions.mine)();
+        if *published != Some(mine) {
+            messenger.set_heartbeat(Bytes::copy_from_slice(mine.as_bytes()));
+            *published = Some(mine);
+        }
+        let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+        for (addr, (host, _)) in peers.iter() {
+            if let Some(version) = detector
+                .heartbeat(*addr)
+                .and_then(|b| Uuid::from_slice(&b).ok())
+            {
+                (versions.peer)(*host, version);
+            }
+        }
+    };
     sync_peers(&ring.borrow_and_update());
+    exchange_versions(&mut published);
     let mut recheck = tokio::time::interval(LIVENESS_RECHECK);
+    let mut exchange = tokio::time::interval(SCHEMA_VERSION_EXCHANGE);
+    exchange.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = exchange.tick(), if versions.is_some() => exchange_versions(&mut published),
             changed = ring.changed() => {
                 if changed.is_err() {
                     return;
@@ -526,6 +566,16 @@ impl Coordination {
             Arc::clone(&engine),
             node.ring(),
         ));
+        let versions = SchemaVersions {
+            mine: {
+                let engine = Arc::clone(&engine);
+                Arc::new(move || engine.schema_version())
+            },
+            peer: {
+                let engine = Arc::clone(&engine);
+                Arc::new(move |host, version| engine.set_peer_schema_version(host, version))
+            },
+        };
         let set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync> = Arc::new(move |host, up| {
             engine.set_node_up(host, up);
         });
@@ -535,6 +585,7 @@ impl Coordination {
             node.host_id(),
             FailureDetectorConfig::default(),
             set_up,
+            Some(versions),
         ));
         Ok(Coordination {
             service,

@@ -334,6 +334,8 @@ pub struct Engine {
     /// Set in a cluster: statements are then coordinated across their partitions' replicas.
     replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
     replica_stats: replica_stats::ReplicaStats,
+    /// Each peer's schema version as its heartbeat last said (`system.peers`).
+    peer_schema_versions: Mutex<HashMap<Uuid, Uuid>>,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -455,6 +457,7 @@ impl Engine {
             transactions: transaction::gate::TxnGate::default(),
             replica_transport: std::sync::OnceLock::new(),
             replica_stats: replica_stats::ReplicaStats::default(),
+            peer_schema_versions: Mutex::new(HashMap::new()),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(
@@ -541,6 +544,24 @@ impl Engine {
     /// The transport to other replicas, in a cluster.
     pub(crate) fn replica_transport(&self) -> Option<&Arc<dyn coordinator::ReplicaTransport>> {
         self.replica_transport.get()
+    }
+
+    /// Records the schema version `peer` last reported (its failure-detector heartbeat).
+    pub fn set_peer_schema_version(&self, peer: Uuid, version: Uuid) {
+        let mut versions = self
+            .peer_schema_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        versions.insert(peer, version);
+    }
+
+    /// The schema version `peer` last reported, if it has.
+    pub fn peer_schema_version(&self, peer: Uuid) -> Option<Uuid> {
+        self.peer_schema_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)
+            .copied()
     }
 
     /// What this node's replica service did for other coordinators.

@@ -755,6 +755,7 @@ async fn select_applied(
                 engine.node(),
                 &engine.ring(),
                 &engine.auth().data(),
+                &|peer| engine.peer_schema_version(peer),
             )
         };
         let skip = match state.as_ref().map(|s| &s.pos) {

@@ -5,6 +5,7 @@
 //! each change. Pings are answered by the peer's connection reader ahead of every handler
 //! queue, so a peer that is busy but alive stays up while a stopped or dead one goes down.
 
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -56,11 +57,13 @@ pub struct LivenessChange {
     pub at: Instant,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PeerState {
     liveness: Liveness,
     last_pong: Option<Instant>,
     last_rtt: Option<Duration>,
+    /// The heartbeat of the latest pong (empty before the first).
+    heartbeat: Bytes,
     watched_since: Instant,
 }
 
@@ -101,6 +104,7 @@ impl FailureDetector {
                 liveness: Liveness::Down,
                 last_pong: None,
                 last_rtt: None,
+                heartbeat: Bytes::new(),
                 watched_since: Instant::now(),
             });
     }
@@ -124,6 +128,15 @@ impl FailureDetector {
             .and_then(|state| state.last_rtt)
     }
 
+    /// The heartbeat `peer` answered its latest ping with (`Messenger::set_heartbeat`), if
+    /// it is watched and has answered.
+    pub fn heartbeat(&self, peer: SocketAddr) -> Option<Bytes> {
+        lock(&self.detector.peers)
+            .get(&peer)
+            .filter(|state| state.last_pong.is_some())
+            .map(|state| state.heartbeat.clone())
+    }
+
     /// Every change from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<LivenessChange> {
         self.detector.events.subscribe()
@@ -143,7 +156,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Detector {
-    fn on_pong(&self, peer: SocketAddr, rtt: Duration) {
+    fn on_pong(&self, peer: SocketAddr, rtt: Duration, heartbeat: Bytes) {
         let now = Instant::now();
         let mut peers = lock(&self.peers);
         let Some(state) = peers.get_mut(&peer) else {
@@ -151,6 +164,7 @@ impl Detector {
         };
         state.last_pong = Some(now);
         state.last_rtt = Some(rtt);
+        state.heartbeat = heartbeat;
         if state.liveness == Liveness::Down {
             state.liveness = Liveness::Up;
             let _ = self.events.send(LivenessChange {
@@ -203,8 +217,8 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             let detector = detector.clone();
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Ok(rtt) = shared.ping(peer, deadline).await {
-                    detector.on_pong(peer, rtt);
+                if let Ok((rtt, heartbeat)) = shared.ping(peer, deadline).await {
+                    detector.on_pong(peer, rtt, heartbeat);
                 }
             });
         }

@@ -243,7 +243,12 @@ pub(crate) struct Shared {
     runtime: tokio::runtime::Handle,
     shutdown_tx: watch::Sender<bool>,
     shutdown_rx: watch::Receiver<bool>,
+    /// What this node answers pings with (see [`Messenger::set_heartbeat`]).
+    heartbeat: Mutex<Bytes>,
 }
+
+/// Most bytes of a heartbeat: pings stay small and answered ahead of every queue.
+pub const MAX_HEARTBEAT_BYTES: usize = 64;
 
 /// A node's endpoint for internode messaging. Dropping it stops every task it started.
 pub struct Messenger {
@@ -294,6 +299,7 @@ impl Messenger {
             runtime: tokio::runtime::Handle::current(),
             shutdown_tx,
             shutdown_rx,
+            heartbeat: Mutex::new(Bytes::new()),
         });
         let task = shared.runtime.spawn(accept_loop(shared.clone(), listener));
         Ok(Messenger {
@@ -365,7 +371,19 @@ impl Messenger {
 
     /// Pings `peer` on the Control class and returns the round-trip time.
     pub async fn ping(&self, peer: SocketAddr, deadline: Instant) -> Result<Duration, CallError> {
-        self.shared.ping(peer, deadline).await
+        self.shared.ping(peer, deadline).await.map(|(rtt, _)| rtt)
+    }
+
+    /// Sets the bytes this node answers every ping with (a small piece of state its peers'
+    /// failure detectors keep, such as a schema version); at most [`MAX_HEARTBEAT_BYTES`].
+    pub fn set_heartbeat(&self, heartbeat: Bytes) {
+        debug_assert!(
+            heartbeat.len() <= MAX_HEARTBEAT_BYTES,
+            "heartbeat too large"
+        );
+        if heartbeat.len() <= MAX_HEARTBEAT_BYTES {
+            *lock(&self.shared.heartbeat) = heartbeat;
+        }
     }
 
     /// The inbound queue of `class`, once: its owner runs the requests that arrive.
@@ -450,21 +468,23 @@ impl Shared {
         self.shutdown_rx.clone()
     }
 
+    /// Pings `peer`: the round-trip time and the peer's heartbeat.
     pub(crate) async fn ping(
         self: &Arc<Shared>,
         peer: SocketAddr,
         deadline: Instant,
-    ) -> Result<Duration, CallError> {
+    ) -> Result<(Duration, Bytes), CallError> {
         let start = Instant::now();
-        self.call(
-            peer,
-            ConnectionClass::Control,
-            VERB_PING,
-            Bytes::new(),
-            deadline,
-        )
-        .await?;
-        Ok(start.elapsed())
+        let heartbeat = self
+            .call(
+                peer,
+                ConnectionClass::Control,
+                VERB_PING,
+                Bytes::new(),
+                deadline,
+            )
+            .await?;
+        Ok((start.elapsed(), heartbeat))
     }
 
     async fn call(
@@ -1074,21 +1094,13 @@ fn on_frame(
     }
     if header.verb < FIRST_APPLICATION_VERB {
         // Pings are answered here, ahead of any queue, so that a busy node still answers them.
-        let status = if header.verb == VERB_PING && class == ConnectionClass::Control {
-            Status::Ok
+        let (status, body) = if header.verb == VERB_PING && class == ConnectionClass::Control {
+            (Status::Ok, lock(&shared.heartbeat).clone())
         } else {
-            Status::UnknownVerb
+            (Status::UnknownVerb, Bytes::new())
         };
         if is_request {
-            shared.send_reply(
-                from,
-                class,
-                header.id,
-                header.verb,
-                status,
-                Bytes::new(),
-                deadline,
-            );
+            shared.send_reply(from, class, header.id, header.verb, status, body, deadline);
         }
         return Ok(());
     }

@@ -1013,3 +1013,24 @@ impl Trio {
         page.partitions.iter().map(|p| p.read.rows.len()).sum()
     }
 }
+
+#[tokio::test]
+async fn peers_show_the_schema_version_each_peer_reported() {
+    let mut trio = Trio::new().await;
+    let mine = trio.nodes[0].engine.schema_version();
+    let reported = Uuid::from_u128(42);
+    trio.nodes[0]
+        .engine
+        .set_peer_schema_version(host(2), reported);
+    let rows = trio.nodes[0]
+        .select("SELECT host_id, schema_version FROM system.peers", vec![])
+        .await;
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        let peer = Uuid::from_slice(row[0].as_deref().unwrap()).unwrap();
+        let version = Uuid::from_slice(row[1].as_deref().unwrap()).unwrap();
+        // Node 3 has reported nothing yet: this node's own version stands in.
+        let want = if peer == host(2) { reported } else { mine };
+        assert_eq!(version, want, "peer {peer}");
+    }
+}
