@@ -555,7 +555,7 @@ pub fn encode_scan_page(page: &ScanPage) -> Bytes {
 pub fn decode_scan_page(body: &Bytes) -> R<ScanPage> {
     let mut r = Reader::new(body);
     r.version()?;
-    let n = r.count(22)?;
+    let n = r.count(18)?;
     let mut partitions = Vec::with_capacity(n);
     for _ in 0..n {
         let token = r.i64()?;
@@ -987,7 +987,7 @@ impl<'a> Reader<'a> {
 
     fn read_row(&mut self) -> R<ReadRow> {
         let clustering = self.values()?;
-        let n = self.count(20)?;
+        let n = self.count(16)?;
         let mut cells = Vec::with_capacity(n);
         for _ in 0..n {
             cells.push(ReadCell {
@@ -1321,6 +1321,36 @@ mod tests {
             decode_scan_page(&encode_scan_page(&ScanPage::default())).unwrap(),
             ScanPage::default()
         );
+        // The smallest partition and the smallest row (each count's bound is exact).
+        let smallest = ScanPage {
+            partitions: vec![ScannedPartition {
+                token: 0,
+                partition_key: Bytes::new(),
+                read: PartitionRead {
+                    static_row: None,
+                    rows: vec![ReadRow {
+                        clustering: Vec::new(),
+                        cells: vec![ReadCell {
+                            column: 0,
+                            path: None,
+                            value: Bytes::new(),
+                            timestamp: 0,
+                            expiry: None,
+                        }],
+                        has_liveness: false,
+                    }],
+                    more: false,
+                },
+            }],
+            next: None,
+        };
+        assert_eq!(
+            decode_scan_page(&encode_scan_page(&smallest)).unwrap(),
+            smallest
+        );
+        let mut bare = smallest.clone();
+        bare.partitions[0].read.rows.clear();
+        assert_eq!(decode_scan_page(&encode_scan_page(&bare)).unwrap(), bare);
     }
 
     #[test]
