@@ -2,7 +2,8 @@
 //! replication factor 1 and 2, so that most partitions are not on the node asked. Every node
 //! answers every single-partition read (paged, at ONE and QUORUM) and every scan (SELECT *
 //! paged with a small page size, each page asked of the next node, and COUNT(*)) with every
-//! row exactly once; so does a round-robin (not token-aware) driver session. No driver retries:
+//! row exactly once; so does a round-robin (not token-aware) driver session. With RF 2 and one
+//! node killed, both survivors still answer every read at ONE. No driver retries:
 //! only a request the node's admission sheds under the shared machine's load ("Server is
 //! overloaded") is asked again, bounded; the old "not a replica" refusal fails the test.
 
@@ -267,4 +268,77 @@ async fn every_node_answers_every_read_at_rf1_and_rf2() {
         )
         .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_any_node_go_around_a_dead_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = Ports::free_on(3);
+    let mut nodes: Vec<ServeNode> = (1..=3)
+        .map(|i| ServeNode::start(dir.path(), i, ports, &[]).0)
+        .collect();
+    let mut pinned = Vec::new();
+    for i in 1..=3 {
+        pinned.push(session_without_retries(ports.cql_of(i)).await);
+    }
+    for q in [
+        "CREATE KEYSPACE r2 WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 2}",
+        "CREATE TABLE r2.t (pk int, ck int, v text, PRIMARY KEY (pk, ck))",
+    ] {
+        pinned[0].query_unpaged(q, &[]).await.unwrap();
+    }
+    let insert = prepare(
+        &pinned[0],
+        "INSERT INTO r2.t (pk, ck, v) VALUES (?, ?, ?)",
+        Consistency::All,
+        100,
+    )
+    .await;
+    let started = Instant::now();
+    for (pk, ck, v) in expected_rows() {
+        // ALL until the nodes have seen each other up (a fresh start), then every row is on
+        // both of its replicas.
+        while let Err(e) = page_of(
+            &pinned[0],
+            &insert,
+            (pk, ck, v.clone()),
+            &PagingState::start(),
+        )
+        .await
+        {
+            assert!(
+                started.elapsed() < PEERS_TIMEOUT,
+                "({pk}, {ck}) at ALL: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Node 3 dies: every partition still has a live replica.
+    nodes[2].kill9();
+    pinned.pop();
+    let alive: Vec<&Session> = pinned.iter().collect();
+    // Once both survivors' failure detectors have seen it go, every read through either of
+    // them, forwarded or scanned, is answered by a live replica.
+    let count = prepare(&pinned[0], "SELECT COUNT(*) FROM r2.t", Consistency::One, 5).await;
+    let deadline = Instant::now() + PEERS_TIMEOUT;
+    for session in &alive {
+        loop {
+            let counted = page_of(session, &count, (), &PagingState::start())
+                .await
+                .ok()
+                .and_then(|(r, _)| r.into_rows_result().ok())
+                .and_then(|r| r.single_row::<(i64,)>().ok());
+            if counted == Some((i64::from(PARTITIONS * ROWS_PER_PARTITION),)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "COUNT(*) with node 3 dead: {counted:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    check_reads("node 1, node 3 dead", &alive, "r2", Consistency::One).await;
+    let reversed: Vec<&Session> = alive.iter().rev().copied().collect();
+    check_reads("node 2, node 3 dead", &reversed, "r2", Consistency::One).await;
 }
