@@ -364,10 +364,10 @@ async fn handle(engine: &Engine, message: InboundMessage) {
     }
 }
 
-/// How often this node's schema version is put in its heartbeat, and its peers' read from
-/// theirs: about the failure detector's ping interval, so `system.peers` lags a change by a
-/// few hundred milliseconds at most.
-const SCHEMA_VERSION_EXCHANGE: Duration = Duration::from_millis(100);
+/// How often this node's schema version is checked for its heartbeat (a change is pinged to
+/// every peer at once) and the peers' recorded: `system.peers` lags a peer's change by about
+/// this plus a round trip.
+const SCHEMA_VERSION_EXCHANGE: Duration = Duration::from_millis(20);
 
 /// The schema versions carried in the failure detector's pings: this node's, and where each
 /// peer's goes (the engine's `schema_version` and `set_peer_schema_version`).
@@ -433,6 +433,7 @@ pub async fn follow_liveness(
         let mine = (versions.mine)();
         if *published != Some(mine) {
             messenger.set_heartbeat(Bytes::copy_from_slice(mine.as_bytes()));
+            detector.ping_now();
             *published = Some(mine);
         }
         let peers = peers.lock().unwrap_or_else(|p| p.into_inner());

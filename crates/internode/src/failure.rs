@@ -57,13 +57,11 @@ pub struct LivenessChange {
     pub at: Instant,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct PeerState {
     liveness: Liveness,
     last_pong: Option<Instant>,
     last_rtt: Option<Duration>,
-    /// The heartbeat of the latest pong (empty before the first).
-    heartbeat: Bytes,
     watched_since: Instant,
 }
 
@@ -71,11 +69,14 @@ struct Detector {
     config: FailureDetectorConfig,
     peers: Mutex<HashMap<SocketAddr, PeerState>>,
     events: broadcast::Sender<LivenessChange>,
+    /// Wakes the ping loop for a round before its next tick.
+    wake: tokio::sync::Notify,
 }
 
 /// Pings peers and tracks which are up. Dropping it stops the pings.
 pub struct FailureDetector {
     detector: Arc<Detector>,
+    shared: Arc<Shared>,
     stop: watch::Sender<bool>,
 }
 
@@ -87,13 +88,18 @@ impl FailureDetector {
             config,
             peers: Mutex::new(HashMap::new()),
             events,
+            wake: tokio::sync::Notify::new(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let shared = messenger.shared();
         shared
             .runtime()
             .spawn(ping_loop(detector.clone(), shared.clone(), stop_rx));
-        FailureDetector { detector, stop }
+        FailureDetector {
+            detector,
+            shared: shared.clone(),
+            stop,
+        }
     }
 
     /// Starts watching `peer`; it is down until its first pong.
@@ -104,7 +110,6 @@ impl FailureDetector {
                 liveness: Liveness::Down,
                 last_pong: None,
                 last_rtt: None,
-                heartbeat: Bytes::new(),
                 watched_since: Instant::now(),
             });
     }
@@ -128,13 +133,19 @@ impl FailureDetector {
             .and_then(|state| state.last_rtt)
     }
 
-    /// The heartbeat `peer` answered its latest ping with (`Messenger::set_heartbeat`), if
-    /// it is watched and has answered.
+    /// The latest heartbeat (`Messenger::set_heartbeat`) a watched `peer` sent with a ping or
+    /// answered one with.
     pub fn heartbeat(&self, peer: SocketAddr) -> Option<Bytes> {
-        lock(&self.detector.peers)
-            .get(&peer)
-            .filter(|state| state.last_pong.is_some())
-            .map(|state| state.heartbeat.clone())
+        if !lock(&self.detector.peers).contains_key(&peer) {
+            return None;
+        }
+        self.shared.peer_heartbeat(peer)
+    }
+
+    /// Pings every watched peer now rather than at the next tick (each ping carries this
+    /// node's heartbeat, so a change reaches the peers within a round trip).
+    pub fn ping_now(&self) {
+        self.detector.wake.notify_one();
     }
 
     /// Every change from now on.
@@ -156,7 +167,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Detector {
-    fn on_pong(&self, peer: SocketAddr, rtt: Duration, heartbeat: Bytes) {
+    fn on_pong(&self, peer: SocketAddr, rtt: Duration) {
         let now = Instant::now();
         let mut peers = lock(&self.peers);
         let Some(state) = peers.get_mut(&peer) else {
@@ -164,7 +175,6 @@ impl Detector {
         };
         state.last_pong = Some(now);
         state.last_rtt = Some(rtt);
-        state.heartbeat = heartbeat;
         if state.liveness == Liveness::Down {
             state.liveness = Liveness::Up;
             let _ = self.events.send(LivenessChange {
@@ -205,6 +215,7 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             _ = stop.wait_for(|stop| *stop) => return,
             _ = shutdown.wait_for(|stop| *stop) => return,
             _ = ticker.tick() => {}
+            _ = detector.wake.notified() => {}
         }
         let now = Instant::now();
         detector.check(now);
@@ -217,8 +228,8 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             let detector = detector.clone();
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Ok((rtt, heartbeat)) = shared.ping(peer, deadline).await {
-                    detector.on_pong(peer, rtt, heartbeat);
+                if let Ok((rtt, _)) = shared.ping(peer, deadline).await {
+                    detector.on_pong(peer, rtt);
                 }
             });
         }

@@ -1089,7 +1089,7 @@ async fn an_unspecified_listen_address_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pings_carry_the_peers_heartbeat() {
+async fn pings_carry_heartbeats_both_ways() {
     bounded(Duration::from_secs(20), async {
         let (a, b) = pair().await;
         let peer = b.local_addr();
@@ -1107,6 +1107,17 @@ async fn pings_carry_the_peers_heartbeat() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(changed.elapsed() < Duration::from_secs(2));
+        // Pings carry the sender's heartbeat too: B learns A's without pinging.
+        a.set_heartbeat(Bytes::from_static(b"from-a"));
+        detector.ping_now();
+        let sent = Instant::now();
+        while b.peer_heartbeat(a.local_addr()).as_deref() != Some(&b"from-a"[..]) {
+            assert!(
+                sent.elapsed() < Duration::from_secs(2),
+                "B never saw A's heartbeat"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // The plain ping still answers its round trip.
         assert!(a.ping(peer, in_ms(1000)).await.is_ok());
     })
