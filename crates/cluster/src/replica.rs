@@ -14,6 +14,7 @@ use bytes::Bytes;
 use sluice_engine::coordinator::{
     Replica, ReplicaError, ReplicaFuture, ReplicaRefusal, ReplicaTransport, ReplicaVerb,
 };
+use sluice_engine::replica_stats::{RefusalReason, ReplicaStats, ServedVerb};
 use sluice_engine::Engine;
 use sluice_internode::{
     CallError, ConnectionClass, FailureDetector, FailureDetectorConfig, InboundMessage,
@@ -23,7 +24,7 @@ use sluice_ring::{NodeState, TokenMetadata};
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_TRUNCATE};
+use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_SCAN, VERB_SELECT, VERB_TRUNCATE};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
@@ -67,6 +68,8 @@ pub const fn verb_of(verb: ReplicaVerb) -> u16 {
         ReplicaVerb::Read => VERB_READ,
         ReplicaVerb::Repair => VERB_REPAIR,
         ReplicaVerb::Truncate => VERB_TRUNCATE,
+        ReplicaVerb::Select => VERB_SELECT,
+        ReplicaVerb::Scan => VERB_SCAN,
     }
 }
 
@@ -123,20 +126,28 @@ impl ReplicaTransport for MessengerTransport {
 pub struct ReplicaAdmission {
     in_flight: usize,
     cap: usize,
-    /// Smoothed service time per verb (mutation, read, repair), in nanoseconds.
-    service_nanos: [f64; 3],
+    /// Smoothed service time per verb (in [`ServedVerb`] order), in nanoseconds.
+    service_nanos: [f64; ServedVerb::ALL.len()],
 }
 
 /// Weight of a new sample in the smoothed service time.
 const SERVICE_EWMA_WEIGHT: f64 = 0.1;
 
-fn verb_index(verb: u16) -> Option<usize> {
+/// The served verb of an internode verb, if the replica service runs it.
+pub const fn served_verb(verb: u16) -> Option<ServedVerb> {
     match verb {
-        VERB_MUTATION => Some(0),
-        VERB_READ => Some(1),
-        VERB_REPAIR => Some(2),
+        VERB_MUTATION => Some(ServedVerb::Mutation),
+        VERB_READ => Some(ServedVerb::Read),
+        VERB_REPAIR => Some(ServedVerb::Repair),
+        VERB_SELECT => Some(ServedVerb::Select),
+        VERB_SCAN => Some(ServedVerb::Scan),
+        VERB_TRUNCATE => Some(ServedVerb::Truncate),
         _ => None,
     }
+}
+
+fn verb_index(verb: u16) -> Option<usize> {
+    served_verb(verb).map(|v| v as usize)
 }
 
 impl ReplicaAdmission {
@@ -145,7 +156,7 @@ impl ReplicaAdmission {
         ReplicaAdmission {
             in_flight: 0,
             cap: cap.max(1),
-            service_nanos: [0.0; 3],
+            service_nanos: [0.0; ServedVerb::ALL.len()],
         }
     }
 
@@ -162,14 +173,19 @@ impl ReplicaAdmission {
 
     /// Admits a request with `remaining` budget, or says why not (a status to answer).
     pub fn try_admit(&mut self, verb: u16, remaining: Duration) -> Result<(), Status> {
+        self.admit(verb, remaining).map_err(status_of)
+    }
+
+    /// Admits a request with `remaining` budget, or gives the reason it is turned away.
+    pub fn admit(&mut self, verb: u16, remaining: Duration) -> Result<(), RefusalReason> {
         if self.in_flight >= self.cap {
-            return Err(Status::Overloaded);
+            return Err(RefusalReason::InFlightCap);
         }
         if remaining.is_zero() {
-            return Err(Status::Expired);
+            return Err(RefusalReason::Expired);
         }
         if remaining < self.expected(verb) {
-            return Err(Status::Overloaded);
+            return Err(RefusalReason::Budget);
         }
         self.in_flight += 1;
         debug_assert!(self.in_flight <= self.cap);
@@ -192,19 +208,19 @@ impl ReplicaAdmission {
     }
 }
 
-/// Counters of the replica side.
-#[derive(Debug, Default)]
-pub struct ReplicaCounters {
-    /// Requests run.
-    pub served: std::sync::atomic::AtomicU64,
-    /// Requests turned away by admission.
-    pub refused: std::sync::atomic::AtomicU64,
+/// The status that answers an admission refusal.
+const fn status_of(reason: RefusalReason) -> Status {
+    match reason {
+        RefusalReason::Expired => Status::Expired,
+        RefusalReason::InFlightCap | RefusalReason::Budget => Status::Overloaded,
+        RefusalReason::Failed => Status::Failed,
+    }
 }
 
 /// The thread that runs replica requests from other coordinators.
 pub struct ReplicaService {
     thread: Option<std::thread::JoinHandle<()>>,
-    counters: Arc<ReplicaCounters>,
+    engine: Arc<Engine>,
 }
 
 impl ReplicaService {
@@ -221,8 +237,7 @@ impl ReplicaService {
         cap: usize,
     ) -> std::io::Result<ReplicaService> {
         debug_assert_eq!(requests.class(), ConnectionClass::Requests);
-        let counters = Arc::new(ReplicaCounters::default());
-        let thread_counters = Arc::clone(&counters);
+        let service_engine = Arc::clone(&engine);
         let thread = std::thread::Builder::new()
             .name("sluice-replica".into())
             .spawn(move || {
@@ -238,24 +253,19 @@ impl ReplicaService {
                 };
                 let local = tokio::task::LocalSet::new();
                 if let Some(hints) = hints {
-                    local.spawn_local(serve(
-                        hints,
-                        Arc::clone(&engine),
-                        MAX_BULK_IN_FLIGHT,
-                        Arc::clone(&thread_counters),
-                    ));
+                    local.spawn_local(serve(hints, Arc::clone(&engine), MAX_BULK_IN_FLIGHT));
                 }
-                local.block_on(&runtime, serve(requests, engine, cap, thread_counters));
+                local.block_on(&runtime, serve(requests, engine, cap));
             })?;
         Ok(ReplicaService {
             thread: Some(thread),
-            counters,
+            engine: service_engine,
         })
     }
 
-    /// The service's counters.
-    pub fn counters(&self) -> &ReplicaCounters {
-        &self.counters
+    /// The service's counters (kept by the engine, which `GET /metrics` reads).
+    pub fn counters(&self) -> &ReplicaStats {
+        self.engine.replica_stats()
     }
 
     /// Waits for the thread to end (after the messenger shut down).
@@ -291,23 +301,21 @@ impl ReplicaRequests for mpsc::Receiver<InboundMessage> {
     }
 }
 
-async fn serve(
-    mut requests: impl ReplicaRequests,
-    engine: Arc<Engine>,
-    cap: usize,
-    counters: Arc<ReplicaCounters>,
-) {
-    use std::sync::atomic::Ordering::Relaxed;
+async fn serve(mut requests: impl ReplicaRequests, engine: Arc<Engine>, cap: usize) {
     let admission = std::rc::Rc::new(std::cell::RefCell::new(ReplicaAdmission::new(cap)));
     while let Some(message) = requests.next().await {
         let verb = message.verb;
+        let Some(served) = served_verb(verb) else {
+            message.reply_status(Status::UnknownVerb);
+            continue;
+        };
         let remaining = message.deadline().saturating_duration_since(Instant::now());
-        if let Err(status) = admission.borrow_mut().try_admit(verb, remaining) {
-            counters.refused.fetch_add(1, Relaxed);
-            message.reply_status(status);
+        if let Err(reason) = admission.borrow_mut().admit(verb, remaining) {
+            engine.replica_stats().count_refused(served, reason);
+            message.reply_status(status_of(reason));
             continue;
         }
-        counters.served.fetch_add(1, Relaxed);
+        engine.replica_stats().count_served(served);
         let engine = Arc::clone(&engine);
         let admission = std::rc::Rc::clone(&admission);
         tokio::task::spawn_local(async move {
@@ -334,30 +342,58 @@ async fn handle(engine: &Engine, message: InboundMessage) {
         VERB_TRUNCATE => engine
             .apply_replica_truncate(&message.body, deadline)
             .map(|()| Bytes::new()),
+        VERB_SELECT => engine.serve_forwarded_select(&message.body, deadline).await,
+        VERB_SCAN => engine.serve_scan(&message.body, deadline),
         _ => {
             message.reply_status(Status::UnknownVerb);
             return;
         }
     };
+    let stats = engine.replica_stats();
+    let served = served_verb(message.verb);
     match result {
         Ok(reply) => message.reply(reply),
-        Err(ReplicaRefusal::Expired) => message.reply_status(Status::Expired),
+        Err(ReplicaRefusal::Expired) => {
+            if let Some(v) = served {
+                stats.count_refused(v, RefusalReason::Expired);
+            }
+            message.reply_status(Status::Expired)
+        }
         Err(refusal) => {
+            if let Some(v) = served {
+                stats.count_refused(v, RefusalReason::Failed);
+            }
             tracing::debug!(?refusal, from = %message.from, "replica request refused");
             message.reply_status(Status::Failed);
         }
     }
 }
 
+/// How often this node's schema version is checked for its heartbeat (a change is pinged to
+/// every peer at once) and the peers' recorded: `system.peers` lags a peer's change by about
+/// this plus a round trip.
+const SCHEMA_VERSION_EXCHANGE: Duration = Duration::from_millis(20);
+
+/// The schema versions carried in the failure detector's pings: this node's, and where each
+/// peer's goes (the engine's `schema_version` and `set_peer_schema_version`).
+pub struct SchemaVersions {
+    /// This node's schema version now.
+    pub mine: Arc<dyn Fn() -> Uuid + Send + Sync>,
+    /// Records a peer's version (host id, version).
+    pub peer: Arc<dyn Fn(Uuid, Uuid) + Send + Sync>,
+}
+
 /// Watches every peer of the ring with a failure detector and reports each liveness
-/// change through `set_up(host_id, up)` (the engine's `set_node_up`). Runs until the ring's
-/// sender is dropped; call it on the messenger's runtime.
+/// change through `set_up(host_id, up)` (the engine's `set_node_up`); with `versions`, this
+/// node's schema version rides in its ping answers and each peer's is recorded. Runs until
+/// the ring's sender is dropped; call it on the messenger's runtime.
 pub async fn follow_liveness(
     messenger: Arc<Messenger>,
     mut ring: watch::Receiver<Arc<TokenMetadata>>,
     me: Uuid,
     config: FailureDetectorConfig,
     set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync>,
+    versions: Option<SchemaVersions>,
 ) {
     let detector = FailureDetector::start(&messenger, config);
     let mut events = detector.subscribe();
@@ -394,10 +430,35 @@ pub async fn follow_liveness(
             }
         }
     };
+    let mut published: Option<Uuid> = None;
+    let exchange_versions = |published: &mut Option<Uuid>| {
+        let Some(versions) = &versions else {
+            return;
+        };
+        let mine = (versions.mine)();
+        if *published != Some(mine) {
+            messenger.set_heartbeat(Bytes::copy_from_slice(mine.as_bytes()));
+            detector.ping_now();
+            *published = Some(mine);
+        }
+        let peers = peers.lock().unwrap_or_else(|p| p.into_inner());
+        for (addr, (host, _)) in peers.iter() {
+            if let Some(version) = detector
+                .heartbeat(*addr)
+                .and_then(|b| Uuid::from_slice(&b).ok())
+            {
+                (versions.peer)(*host, version);
+            }
+        }
+    };
     sync_peers(&ring.borrow_and_update());
+    exchange_versions(&mut published);
     let mut recheck = tokio::time::interval(LIVENESS_RECHECK);
+    let mut exchange = tokio::time::interval(SCHEMA_VERSION_EXCHANGE);
+    exchange.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = exchange.tick(), if versions.is_some() => exchange_versions(&mut published),
             changed = ring.changed() => {
                 if changed.is_err() {
                     return;
@@ -511,6 +572,16 @@ impl Coordination {
             Arc::clone(&engine),
             node.ring(),
         ));
+        let versions = SchemaVersions {
+            mine: {
+                let engine = Arc::clone(&engine);
+                Arc::new(move || engine.schema_version())
+            },
+            peer: {
+                let engine = Arc::clone(&engine);
+                Arc::new(move |host, version| engine.set_peer_schema_version(host, version))
+            },
+        };
         let set_up: Arc<dyn Fn(Uuid, bool) + Send + Sync> = Arc::new(move |host, up| {
             engine.set_node_up(host, up);
         });
@@ -520,6 +591,7 @@ impl Coordination {
             node.host_id(),
             FailureDetectorConfig::default(),
             set_up,
+            Some(versions),
         ));
         Ok(Coordination {
             service,
@@ -529,7 +601,7 @@ impl Coordination {
     }
 
     /// The replica side's counters.
-    pub fn counters(&self) -> &ReplicaCounters {
+    pub fn counters(&self) -> &ReplicaStats {
         self.service.counters()
     }
 

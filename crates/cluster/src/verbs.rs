@@ -29,6 +29,14 @@ pub const VERB_REPAIR: u16 = FIRST_APPLICATION_VERB + 10;
 /// A TRUNCATE of one table, on `ConnectionClass::Requests`; the reply is empty once this
 /// node dropped the table's rows (`sluice_engine::replica_msg::encode_truncate`).
 pub const VERB_TRUNCATE: u16 = FIRST_APPLICATION_VERB + 11;
+/// A SELECT forwarded by a coordinator that is not a replica of its partition, for this
+/// replica to run as the coordinator, on `ConnectionClass::Requests`; the reply is its rows or
+/// its error (`sluice_engine::replica_msg::encode_forwarded_select`).
+pub const VERB_SELECT: u16 = FIRST_APPLICATION_VERB + 14;
+
+/// One storage page of a token range of a table, for a coordinator's scan, on
+/// `ConnectionClass::Requests` (`sluice_engine::replica_msg::encode_scan`).
+pub const VERB_SCAN: u16 = FIRST_APPLICATION_VERB + 15;
 
 /// A chunk of a token range of a table, on `ConnectionClass::Bulk`: the body names the
 /// table, the range and the key to resume after; the reply carries the records (see
@@ -49,13 +57,15 @@ pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
 pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
 
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 10] = [
+pub const ALL: [u16; 12] = [
     VERB_RAFT,
     VERB_JOIN,
     VERB_MUTATION,
     VERB_READ,
     VERB_REPAIR,
     VERB_TRUNCATE,
+    VERB_SELECT,
+    VERB_SCAN,
     VERB_STREAM_FETCH,
     VERB_STREAM_GAINS,
     VERB_NODE_LOAD,

@@ -51,6 +51,12 @@ pub enum ReplicaVerb {
     Repair,
     /// Truncate a table ([`replica_msg::encode_truncate`]); the reply is empty.
     Truncate,
+    /// Run a SELECT as its coordinator ([`replica_msg::encode_forwarded_select`]); the reply
+    /// is its rows or its error ([`replica_msg::encode_forwarded_answer`]).
+    Select,
+    /// Answer one storage page of a token range ([`replica_msg::encode_scan`]); the reply is
+    /// [`replica_msg::encode_scan_page`].
+    Scan,
 }
 
 /// Why a replica did not answer with a result.

@@ -38,7 +38,9 @@ mod json;
 mod paging;
 pub mod rate_limit_option;
 mod read;
+mod remote_read;
 pub mod replica_msg;
+pub mod replica_stats;
 mod result;
 pub mod schema_group;
 mod shard_statements;
@@ -332,6 +334,9 @@ pub struct Engine {
     transactions: transaction::gate::TxnGate,
     /// Set in a cluster: statements are then coordinated across their partitions' replicas.
     replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
+    replica_stats: replica_stats::ReplicaStats,
+    /// Each peer's schema version as its heartbeat last said (`system.peers`).
+    peer_schema_versions: Mutex<HashMap<Uuid, Uuid>>,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -452,6 +457,8 @@ impl Engine {
             auth,
             transactions: transaction::gate::TxnGate::default(),
             replica_transport: std::sync::OnceLock::new(),
+            replica_stats: replica_stats::ReplicaStats::default(),
+            peer_schema_versions: Mutex::new(HashMap::new()),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(
@@ -538,6 +545,29 @@ impl Engine {
     /// The transport to other replicas, in a cluster.
     pub(crate) fn replica_transport(&self) -> Option<&Arc<dyn coordinator::ReplicaTransport>> {
         self.replica_transport.get()
+    }
+
+    /// Records the schema version `peer` last reported (its failure-detector heartbeat).
+    pub fn set_peer_schema_version(&self, peer: Uuid, version: Uuid) {
+        let mut versions = self
+            .peer_schema_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        versions.insert(peer, version);
+    }
+
+    /// The schema version `peer` last reported, if it has.
+    pub fn peer_schema_version(&self, peer: Uuid) -> Option<Uuid> {
+        self.peer_schema_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)
+            .copied()
+    }
+
+    /// What this node's replica service did for other coordinators.
+    pub fn replica_stats(&self) -> &replica_stats::ReplicaStats {
+        &self.replica_stats
     }
 
     /// How many partitions reads found differing across replicas and repaired.
@@ -1102,27 +1132,7 @@ impl Engine {
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
-            Plan::Select(s) => {
-                if let Some(transport) = self.replica_transport() {
-                    let cluster = self.cluster.is_multi_node();
-                    if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
-                        for pk in exec::partition_keys(&b, &s.table, &s.where_)? {
-                            // Boxed: a single node's read future stays as small as it was.
-                            Box::pin(coordinator::reconcile_partition(
-                                self,
-                                transport,
-                                &s.table,
-                                pk.token,
-                                &pk.key,
-                                params.consistency,
-                                ctx,
-                            ))
-                            .await?;
-                        }
-                    }
-                }
-                read::execute_select(self, p, s, &b, params, ctx).await
-            }
+            Plan::Select(s) => self.select(p, s, &values, &b, params, ctx, true).await,
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {
@@ -1182,6 +1192,142 @@ impl Engine {
             Plan::Transaction(t) => transaction::execute(self, p, t, &b, params, ctx).await,
             Plan::Dynamic(stmt) => self.execute_dynamic(session, p, stmt, params, ctx).await,
         }
+    }
+
+    /// Runs a SELECT as its coordinator: a partition this node does not hold is read on a
+    /// replica (the whole statement forwarded, when `may_forward`), the others are made
+    /// consistent at the level here and read locally.
+    #[allow(clippy::too_many_arguments)]
+    async fn select(
+        &self,
+        p: &Prepared,
+        s: &analyze::SelectPlan,
+        values: &[sluice_protocol::Value],
+        b: &exec::Binder<'_>,
+        params: &QueryParameters,
+        ctx: &RequestContext,
+        may_forward: bool,
+    ) -> Result<ResultMessage, DetailedError> {
+        if let Some(transport) = self.replica_transport() {
+            let cluster = self.cluster.is_multi_node();
+            if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
+                let keys = exec::partition_keys(b, &s.table, &s.where_)?;
+                if may_forward {
+                    let remote = keys
+                        .iter()
+                        .find(|pk| !remote_read::reads_locally(self, &s.table, pk.token));
+                    if let Some(pk) = remote {
+                        return Box::pin(remote_read::forward_select(
+                            self, transport, p, &s.table, pk.token, values, params, ctx,
+                        ))
+                        .await;
+                    }
+                }
+                for pk in keys {
+                    // Boxed: a single node's read future stays as small as it was.
+                    Box::pin(coordinator::reconcile_partition(
+                        self,
+                        transport,
+                        &s.table,
+                        pk.token,
+                        &pk.key,
+                        params.consistency,
+                        ctx,
+                    ))
+                    .await?;
+                }
+            }
+        }
+        read::execute_select(self, p, s, b, params, ctx).await
+    }
+
+    /// Replica side of a forwarded SELECT: runs it here as its coordinator (never forwarding
+    /// it again) and encodes its rows or its error as the reply.
+    pub async fn serve_forwarded_select(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Bytes, coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_forwarded_select(body)
+            .map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        let answer = self.run_forwarded_select(req, deadline).await;
+        let reply = replica_msg::encode_forwarded_answer(&answer);
+        if remote_read::forwarded_answer_fits(&reply) {
+            return Ok(reply);
+        }
+        Ok(replica_msg::encode_forwarded_answer(&Err(catalog::invalid(
+            "The result of this query is too large to pass between nodes; page it (set a fetch size)",
+        ))))
+    }
+
+    async fn run_forwarded_select(
+        &self,
+        req: replica_msg::ForwardedSelect,
+        deadline: Instant,
+    ) -> Result<replica_msg::ForwardedRows, DetailedError> {
+        let p = self.prepare(req.keyspace.as_deref(), &req.query)?;
+        let Plan::Select(s) = &p.plan else {
+            return Err(catalog::invalid("Only a SELECT is run for another node"));
+        };
+        let params = QueryParameters {
+            consistency: req.consistency,
+            values: req.values,
+            names: None,
+            skip_metadata: req.skip_metadata,
+            page_size: req.page_size,
+            paging_state: req.paging_state,
+            serial_consistency: None,
+            default_timestamp: None,
+        };
+        let values = exec::order_values(&p, &params)?;
+        exec::validate_values(&p, &values)?;
+        let ctx = RequestContext {
+            deadline: Some(remote_read::forwarded_deadline(deadline)),
+            now_micros: req.now_micros,
+            ack_barrier: None,
+        };
+        let b = exec::Binder::new(&values, ctx.now_micros);
+        match self
+            .select(&p, s, &values, &b, &params, &ctx, false)
+            .await?
+        {
+            ResultMessage::Rows(rows) => Ok(replica_msg::ForwardedRows {
+                row_count: rows.row_count,
+                column_count: rows.metadata.column_count as u32,
+                paging_state: rows.metadata.paging_state,
+                body: rows.body,
+            }),
+            _ => Err(DetailedError::new(
+                DbError::ServerError,
+                "A SELECT answered something other than rows",
+            )),
+        }
+    }
+
+    /// Replica side of a remote scan: one storage page of a token range of a table.
+    pub fn serve_scan(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Bytes, coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_scan(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let t = self
+            .table_by_id(&req.table)
+            .ok_or(ReplicaRefusal::UnknownTable)?;
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        remote_read::serve_scan(self, &t, &req).map_err(|e| {
+            ReplicaRefusal::Storage(match e.message {
+                std::borrow::Cow::Borrowed(m) => m,
+                std::borrow::Cow::Owned(_) => "the scan failed",
+            })
+        })
     }
 
     async fn execute_dynamic(

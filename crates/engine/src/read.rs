@@ -755,6 +755,7 @@ async fn select_applied(
                 engine.node(),
                 &engine.ring(),
                 &engine.auth().data(),
+                &|peer| engine.peer_schema_version(peer),
             )
         };
         let skip = match state.as_ref().map(|s| &s.pos) {
@@ -805,7 +806,8 @@ async fn select_applied(
                     now_secs,
                 )?
             } else {
-                scan(
+                // Boxed: a partition read's future stays as small as it was.
+                Box::pin(scan(
                     engine,
                     s,
                     b,
@@ -814,7 +816,8 @@ async fn select_applied(
                     ppl,
                     resume.as_ref(),
                     now_secs,
-                )?
+                ))
+                .await?
             };
             match pos {
                 // An internal read never ends at a slice: it lets the shard run its other
@@ -1147,11 +1150,11 @@ fn token_bound(b: &Binder, v: &Option<(Val, bool)>) -> Result<Bound<i64>, Detail
 }
 
 #[allow(clippy::too_many_arguments)]
-fn scan(
+async fn scan(
     engine: &Engine,
     s: &SelectPlan,
-    b: &Binder,
-    out: &mut Out,
+    b: &Binder<'_>,
+    out: &mut Out<'_>,
     budget: &mut Budget,
     ppl: Option<usize>,
     state: Option<&PagingState>,
@@ -1191,10 +1194,18 @@ fn scan(
         let resumed_inside = matches!(&start, ScanStart::Resume { after: Some(_), .. });
         budget.check_deadline()?;
         let want = budget.want(None, filtering);
-        let page = engine
-            .storage
-            .scan(&t.layout, &start, end, want, now_secs)
-            .map_err(storage_error)?;
+        // The ring's ranges are read where they live: here, or on one of their replicas.
+        let page = crate::remote_read::scan_page(
+            engine,
+            t,
+            &start,
+            end,
+            want,
+            now_secs,
+            budget.consistency,
+            budget.deadline,
+        )
+        .await?;
         let np = page.partitions.len();
         for (pi, part) in page.partitions.iter().enumerate() {
             let comps = codec::split_composite(&part.partition_key, pk_count)

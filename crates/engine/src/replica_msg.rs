@@ -3,8 +3,10 @@
 //! by the bytes present and answers a malformed body with an error, never a panic.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use sluice_protocol::{Consistency, DbError, DetailedError, OperationType, Value, WriteType};
 use sluice_storage::{
-    CellValue, CellWrite, Liveness, Mutation, RangeDeletion, RawPartition, RowMutation,
+    CellValue, CellWrite, Liveness, Mutation, PartitionRead, RangeDeletion, RawPartition, ReadCell,
+    ReadRow, RowMutation, ScanPage, ScanStart, ScannedPartition,
 };
 use std::ops::Bound;
 
@@ -246,6 +248,421 @@ pub fn decode_repair(body: &Bytes) -> R<RepairRequest> {
         partition_key,
         raw,
     })
+}
+
+/// A SELECT a coordinator that is not a replica of its partition hands to one that is, which
+/// runs it as the coordinator (its values already in marker order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedSelect {
+    /// The keyspace the statement was prepared in.
+    pub keyspace: Option<String>,
+    /// The statement's text.
+    pub query: String,
+    /// The request's consistency level.
+    pub consistency: Consistency,
+    /// The coordinator's "now" (TTL expiry is judged at the same instant).
+    pub now_micros: i64,
+    /// The client's page size.
+    pub page_size: Option<i32>,
+    /// The client's paging state.
+    pub paging_state: Option<Bytes>,
+    /// Whether the client skips the result metadata.
+    pub skip_metadata: bool,
+    /// Bound values, positional.
+    pub values: Vec<Value>,
+}
+
+/// The rows a forwarded SELECT answered (the coordinator adds its own column metadata).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedRows {
+    /// Rows in `body`.
+    pub row_count: u32,
+    /// Cells per row.
+    pub column_count: u32,
+    /// Where the next page starts.
+    pub paging_state: Option<Bytes>,
+    /// The encoded rows.
+    pub body: Bytes,
+}
+
+/// A scan of one token range of a table on a replica: storage's scan, run there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanRequest {
+    /// The table's id.
+    pub table: [u8; 16],
+    /// Where the scan starts.
+    pub start: ScanStart,
+    /// The last token (bound) of the range.
+    pub end: Bound<i64>,
+    /// Most rows in the answer.
+    pub row_limit: u32,
+    /// "Now" in seconds, for TTL expiry.
+    pub now_secs: u32,
+}
+
+fn put_opt_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
+    match b {
+        Some(b) => {
+            out.put_u8(1);
+            put_bytes(out, b);
+        }
+        None => out.put_u8(0),
+    }
+}
+
+/// Encodes a forwarded SELECT.
+pub fn encode_forwarded_select(req: &ForwardedSelect) -> Bytes {
+    let mut out = BytesMut::with_capacity(64 + req.query.len());
+    out.put_u8(VERSION);
+    put_opt_bytes(&mut out, req.keyspace.as_deref().map(str::as_bytes));
+    put_bytes(&mut out, req.query.as_bytes());
+    out.put_u16(req.consistency as u16);
+    out.put_i64(req.now_micros);
+    match req.page_size {
+        Some(n) => {
+            out.put_u8(1);
+            out.put_i32(n);
+        }
+        None => out.put_u8(0),
+    }
+    put_opt_bytes(&mut out, req.paging_state.as_deref());
+    out.put_u8(u8::from(req.skip_metadata));
+    out.put_u32(req.values.len() as u32);
+    for v in &req.values {
+        match v {
+            Value::Set(b) => {
+                out.put_u8(0);
+                put_bytes(&mut out, b);
+            }
+            Value::Null => out.put_u8(1),
+            Value::Unset => out.put_u8(2),
+        }
+    }
+    out.freeze()
+}
+
+/// Decodes a forwarded SELECT.
+pub fn decode_forwarded_select(body: &Bytes) -> R<ForwardedSelect> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let keyspace = r.opt_bytes()?.map(utf8).transpose()?;
+    let query = utf8(r.bytes()?)?;
+    let consistency = Consistency::from_code(r.u16()?).ok_or(MalformedBody("bad consistency"))?;
+    let now_micros = r.i64()?;
+    let page_size = match r.u8()? {
+        0 => None,
+        1 => Some(r.u32()? as i32),
+        _ => return Err(MalformedBody("bad option flag")),
+    };
+    let paging_state = r.opt_bytes()?;
+    let skip_metadata = r.bool()?;
+    let n = r.count(1)?;
+    let mut values = Vec::with_capacity(n);
+    for _ in 0..n {
+        values.push(match r.u8()? {
+            0 => Value::Set(r.bytes()?),
+            1 => Value::Null,
+            2 => Value::Unset,
+            _ => return Err(MalformedBody("bad value kind")),
+        });
+    }
+    r.finish()?;
+    Ok(ForwardedSelect {
+        keyspace,
+        query,
+        consistency,
+        now_micros,
+        page_size,
+        paging_state,
+        skip_metadata,
+        values,
+    })
+}
+
+fn utf8(b: Bytes) -> R<String> {
+    String::from_utf8(b.to_vec()).map_err(|_| MalformedBody("not UTF-8"))
+}
+
+/// Encodes the answer to a forwarded SELECT: its rows or its error.
+pub fn encode_forwarded_answer(answer: &Result<ForwardedRows, DetailedError>) -> Bytes {
+    let mut out = BytesMut::with_capacity(match answer {
+        Ok(rows) => 32 + rows.body.len(),
+        Err(e) => 64 + e.message.len(),
+    });
+    out.put_u8(VERSION);
+    match answer {
+        Ok(rows) => {
+            out.put_u8(0);
+            out.put_u32(rows.row_count);
+            out.put_u32(rows.column_count);
+            put_opt_bytes(&mut out, rows.paging_state.as_deref());
+            put_bytes(&mut out, &rows.body);
+        }
+        Err(e) => {
+            out.put_u8(1);
+            put_error(&mut out, &e.error);
+            put_bytes(&mut out, e.message.as_bytes());
+        }
+    }
+    out.freeze()
+}
+
+/// Decodes the answer to a forwarded SELECT.
+pub fn decode_forwarded_answer(body: &Bytes) -> R<Result<ForwardedRows, DetailedError>> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let answer = match r.u8()? {
+        0 => Ok(ForwardedRows {
+            row_count: r.u32()?,
+            column_count: r.u32()?,
+            paging_state: r.opt_bytes()?,
+            body: r.bytes()?,
+        }),
+        1 => {
+            let error = r.error()?;
+            let message = utf8(r.bytes()?)?;
+            Err(DetailedError::new(error, message))
+        }
+        _ => return Err(MalformedBody("bad answer kind")),
+    };
+    r.finish()?;
+    Ok(answer)
+}
+
+/// The errors a SELECT answers, with their fields; any other is sent as a Server_error.
+fn put_error(out: &mut BytesMut, e: &DbError) {
+    match *e {
+        DbError::Unavailable {
+            consistency,
+            required,
+            alive,
+        } => {
+            out.put_u8(1);
+            out.put_u16(consistency as u16);
+            out.put_i32(required);
+            out.put_i32(alive);
+        }
+        DbError::ReadTimeout {
+            consistency,
+            received,
+            block_for,
+            data_present,
+        } => {
+            out.put_u8(2);
+            out.put_u16(consistency as u16);
+            out.put_i32(received);
+            out.put_i32(block_for);
+            out.put_u8(u8::from(data_present));
+        }
+        DbError::ReplicaReadFailure {
+            consistency,
+            received,
+            block_for,
+            failures,
+            data_present,
+        } => {
+            out.put_u8(3);
+            out.put_u16(consistency as u16);
+            out.put_i32(received);
+            out.put_i32(block_for);
+            out.put_i32(failures);
+            out.put_u8(u8::from(data_present));
+        }
+        DbError::WriteTimeout {
+            consistency,
+            received,
+            block_for,
+            write_type,
+        } => {
+            out.put_u8(4);
+            out.put_u16(consistency as u16);
+            out.put_i32(received);
+            out.put_i32(block_for);
+            out.put_u8(write_type_code(write_type));
+        }
+        DbError::RateLimitReached {
+            op,
+            rejected_by_coordinator,
+        } => {
+            out.put_u8(5);
+            out.put_u8(u8::from(op == OperationType::Write));
+            out.put_u8(u8::from(rejected_by_coordinator));
+        }
+        DbError::Overloaded => out.put_u8(10),
+        DbError::ReadFailure => out.put_u8(11),
+        DbError::Invalid => out.put_u8(12),
+        DbError::SyntaxError => out.put_u8(13),
+        DbError::Unauthorized => out.put_u8(14),
+        DbError::IsBootstrapping => out.put_u8(15),
+        DbError::FunctionFailure => out.put_u8(16),
+        DbError::ConfigError => out.put_u8(17),
+        _ => out.put_u8(0),
+    }
+}
+
+fn write_type_code(w: WriteType) -> u8 {
+    match w {
+        WriteType::Simple => 0,
+        WriteType::Batch => 1,
+        WriteType::UnloggedBatch => 2,
+        WriteType::Counter => 3,
+        WriteType::Cas => 4,
+    }
+}
+
+/// Encodes a scan request.
+pub fn encode_scan(req: &ScanRequest) -> Bytes {
+    let mut out = BytesMut::with_capacity(64);
+    out.put_u8(VERSION);
+    out.put_slice(&req.table);
+    put_scan_start(&mut out, &req.start);
+    put_token_bound(&mut out, req.end);
+    out.put_u32(req.row_limit);
+    out.put_u32(req.now_secs);
+    out.freeze()
+}
+
+/// Decodes a scan request.
+pub fn decode_scan(body: &Bytes) -> R<ScanRequest> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let req = ScanRequest {
+        table: r.array16()?,
+        start: r.scan_start()?,
+        end: r.token_bound()?,
+        row_limit: r.u32()?,
+        now_secs: r.u32()?,
+    };
+    r.finish()?;
+    Ok(req)
+}
+
+/// Encodes a scan page (a scan's answer).
+pub fn encode_scan_page(page: &ScanPage) -> Bytes {
+    let mut out = BytesMut::with_capacity(256);
+    out.put_u8(VERSION);
+    out.put_u32(page.partitions.len() as u32);
+    for p in &page.partitions {
+        out.put_i64(p.token);
+        put_bytes(&mut out, &p.partition_key);
+        match &p.read.static_row {
+            Some(row) => {
+                out.put_u8(1);
+                put_read_row(&mut out, row);
+            }
+            None => out.put_u8(0),
+        }
+        out.put_u32(p.read.rows.len() as u32);
+        for row in &p.read.rows {
+            put_read_row(&mut out, row);
+        }
+        out.put_u8(u8::from(p.read.more));
+    }
+    match &page.next {
+        Some(next) => {
+            out.put_u8(1);
+            put_scan_start(&mut out, next);
+        }
+        None => out.put_u8(0),
+    }
+    out.freeze()
+}
+
+/// Decodes a scan page.
+pub fn decode_scan_page(body: &Bytes) -> R<ScanPage> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let n = r.count(18)?;
+    let mut partitions = Vec::with_capacity(n);
+    for _ in 0..n {
+        let token = r.i64()?;
+        let partition_key = r.bytes()?;
+        let static_row = match r.u8()? {
+            0 => None,
+            1 => Some(r.read_row()?),
+            _ => return Err(MalformedBody("bad static flag")),
+        };
+        let nrows = r.count(7)?;
+        let mut rows = Vec::with_capacity(nrows);
+        for _ in 0..nrows {
+            rows.push(r.read_row()?);
+        }
+        let more = r.bool()?;
+        partitions.push(ScannedPartition {
+            token,
+            partition_key,
+            read: PartitionRead {
+                static_row,
+                rows,
+                more,
+            },
+        });
+    }
+    let next = match r.u8()? {
+        0 => None,
+        1 => Some(r.scan_start()?),
+        _ => return Err(MalformedBody("bad option flag")),
+    };
+    r.finish()?;
+    Ok(ScanPage { partitions, next })
+}
+
+fn put_token_bound(out: &mut BytesMut, b: Bound<i64>) {
+    match b {
+        Bound::Unbounded => out.put_u8(0),
+        Bound::Included(t) => {
+            out.put_u8(1);
+            out.put_i64(t);
+        }
+        Bound::Excluded(t) => {
+            out.put_u8(2);
+            out.put_i64(t);
+        }
+    }
+}
+
+fn put_scan_start(out: &mut BytesMut, s: &ScanStart) {
+    match s {
+        ScanStart::Token(b) => {
+            out.put_u8(0);
+            put_token_bound(out, *b);
+        }
+        ScanStart::Resume {
+            token,
+            partition_key,
+            after,
+        } => {
+            out.put_u8(1);
+            out.put_i64(*token);
+            put_bytes(out, partition_key);
+            match after {
+                Some(values) => {
+                    out.put_u8(1);
+                    out.put_u16(values.len() as u16);
+                    for v in values {
+                        put_bytes(out, v);
+                    }
+                }
+                None => out.put_u8(0),
+            }
+        }
+    }
+}
+
+fn put_read_row(out: &mut BytesMut, row: &ReadRow) {
+    out.put_u16(row.clustering.len() as u16);
+    for v in &row.clustering {
+        put_bytes(out, v);
+    }
+    out.put_u32(row.cells.len() as u32);
+    for c in &row.cells {
+        out.put_u16(c.column);
+        put_opt_bytes(out, c.path.as_deref());
+        put_bytes(out, &c.value);
+        out.put_i64(c.timestamp);
+        put_expiry(out, c.expiry);
+    }
+    out.put_u8(u8::from(row.has_liveness));
 }
 
 fn put_raw(out: &mut BytesMut, raw: &RawPartition) {
@@ -527,6 +944,142 @@ impl<'a> Reader<'a> {
         })
     }
 
+    fn bool(&mut self) -> R<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(MalformedBody("bad flag")),
+        }
+    }
+
+    fn opt_bytes(&mut self) -> R<Option<Bytes>> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.bytes()?)),
+            _ => Err(MalformedBody("bad option flag")),
+        }
+    }
+
+    fn values(&mut self) -> R<Vec<Bytes>> {
+        let n = usize::from(self.u16()?);
+        if n.saturating_mul(4) > self.remaining() {
+            return Err(MalformedBody("count exceeds the body"));
+        }
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            values.push(self.bytes()?);
+        }
+        Ok(values)
+    }
+
+    fn token_bound(&mut self) -> R<Bound<i64>> {
+        match self.u8()? {
+            0 => Ok(Bound::Unbounded),
+            1 => Ok(Bound::Included(self.i64()?)),
+            2 => Ok(Bound::Excluded(self.i64()?)),
+            _ => Err(MalformedBody("bad bound kind")),
+        }
+    }
+
+    fn scan_start(&mut self) -> R<ScanStart> {
+        match self.u8()? {
+            0 => Ok(ScanStart::Token(self.token_bound()?)),
+            1 => {
+                let token = self.i64()?;
+                let partition_key = self.bytes()?;
+                let after = match self.u8()? {
+                    0 => None,
+                    1 => Some(self.values()?),
+                    _ => return Err(MalformedBody("bad option flag")),
+                };
+                Ok(ScanStart::Resume {
+                    token,
+                    partition_key,
+                    after,
+                })
+            }
+            _ => Err(MalformedBody("bad scan start")),
+        }
+    }
+
+    fn read_row(&mut self) -> R<ReadRow> {
+        let clustering = self.values()?;
+        let n = self.count(16)?;
+        let mut cells = Vec::with_capacity(n);
+        for _ in 0..n {
+            cells.push(ReadCell {
+                column: self.u16()?,
+                path: self.opt_bytes()?,
+                value: self.bytes()?,
+                timestamp: self.i64()?,
+                expiry: self.expiry()?,
+            });
+        }
+        Ok(ReadRow {
+            clustering,
+            cells,
+            has_liveness: self.bool()?,
+        })
+    }
+
+    fn consistency(&mut self) -> R<Consistency> {
+        Consistency::from_code(self.u16()?).ok_or(MalformedBody("bad consistency"))
+    }
+
+    fn error(&mut self) -> R<DbError> {
+        Ok(match self.u8()? {
+            1 => DbError::Unavailable {
+                consistency: self.consistency()?,
+                required: self.u32()? as i32,
+                alive: self.u32()? as i32,
+            },
+            2 => DbError::ReadTimeout {
+                consistency: self.consistency()?,
+                received: self.u32()? as i32,
+                block_for: self.u32()? as i32,
+                data_present: self.bool()?,
+            },
+            3 => DbError::ReplicaReadFailure {
+                consistency: self.consistency()?,
+                received: self.u32()? as i32,
+                block_for: self.u32()? as i32,
+                failures: self.u32()? as i32,
+                data_present: self.bool()?,
+            },
+            4 => DbError::WriteTimeout {
+                consistency: self.consistency()?,
+                received: self.u32()? as i32,
+                block_for: self.u32()? as i32,
+                write_type: match self.u8()? {
+                    0 => WriteType::Simple,
+                    1 => WriteType::Batch,
+                    2 => WriteType::UnloggedBatch,
+                    3 => WriteType::Counter,
+                    4 => WriteType::Cas,
+                    _ => return Err(MalformedBody("bad write type")),
+                },
+            },
+            5 => DbError::RateLimitReached {
+                op: if self.bool()? {
+                    OperationType::Write
+                } else {
+                    OperationType::Read
+                },
+                rejected_by_coordinator: self.bool()?,
+            },
+            10 => DbError::Overloaded,
+            11 => DbError::ReadFailure,
+            12 => DbError::Invalid,
+            13 => DbError::SyntaxError,
+            14 => DbError::Unauthorized,
+            15 => DbError::IsBootstrapping,
+            16 => DbError::FunctionFailure,
+            17 => DbError::ConfigError,
+            0 => DbError::ServerError,
+            _ => return Err(MalformedBody("bad error kind")),
+        })
+    }
+
     fn raw(&mut self) -> R<RawPartition> {
         let header = match self.u8()? {
             0 => None,
@@ -646,6 +1199,175 @@ mod tests {
         };
         assert_ne!(digest(&raw), digest(&other));
         assert_eq!(digest(&raw), digest(&raw.clone()));
+    }
+
+    #[test]
+    fn forwarded_selects_and_answers_round_trip() {
+        let req = ForwardedSelect {
+            keyspace: Some("ks".into()),
+            query: "SELECT v FROM t WHERE pk = ?".into(),
+            consistency: Consistency::LocalQuorum,
+            now_micros: 1_700_000_000_000_000,
+            page_size: Some(2),
+            paging_state: Some(Bytes::from_static(b"state")),
+            skip_metadata: true,
+            values: vec![
+                Value::Set(Bytes::from_static(b"\0\0\0\x01")),
+                Value::Null,
+                Value::Unset,
+            ],
+        };
+        let body = encode_forwarded_select(&req);
+        assert_eq!(decode_forwarded_select(&body).unwrap(), req);
+        for cut in 0..body.len() {
+            assert!(
+                decode_forwarded_select(&body.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let rows = ForwardedRows {
+            row_count: 2,
+            column_count: 1,
+            paging_state: None,
+            body: Bytes::from_static(b"\0\0\0\x01a\0\0\0\x01b"),
+        };
+        let answer = encode_forwarded_answer(&Ok(rows.clone()));
+        assert_eq!(decode_forwarded_answer(&answer).unwrap(), Ok(rows));
+        // Errors keep the fields drivers parse.
+        for error in [
+            DbError::Unavailable {
+                consistency: Consistency::Quorum,
+                required: 2,
+                alive: 1,
+            },
+            DbError::ReadTimeout {
+                consistency: Consistency::All,
+                received: 1,
+                block_for: 3,
+                data_present: true,
+            },
+            DbError::ReplicaReadFailure {
+                consistency: Consistency::Two,
+                received: 0,
+                block_for: 2,
+                failures: 2,
+                data_present: false,
+            },
+            DbError::RateLimitReached {
+                op: OperationType::Read,
+                rejected_by_coordinator: true,
+            },
+            DbError::Overloaded,
+            DbError::Invalid,
+        ] {
+            let e = DetailedError::new(error, "why");
+            let body = encode_forwarded_answer(&Err(e.clone()));
+            let back = decode_forwarded_answer(&body).unwrap().unwrap_err();
+            assert_eq!((back.error, &*back.message), (e.error, "why"));
+            for cut in 0..body.len() {
+                assert!(decode_forwarded_answer(&body.slice(..cut)).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn scans_and_scan_pages_round_trip() {
+        let req = ScanRequest {
+            table: [3; 16],
+            start: ScanStart::Resume {
+                token: -7,
+                partition_key: Bytes::from_static(b"pk"),
+                after: Some(vec![Bytes::from_static(b"c"), Bytes::new()]),
+            },
+            end: Bound::Included(99),
+            row_limit: 1000,
+            now_secs: 1_800_000_000,
+        };
+        let body = encode_scan(&req);
+        assert_eq!(decode_scan(&body).unwrap(), req);
+        for cut in 0..body.len() {
+            assert!(decode_scan(&body.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let row = ReadRow {
+            clustering: vec![Bytes::from_static(b"c1")],
+            cells: vec![ReadCell {
+                column: 2,
+                path: Some(Bytes::from_static(b"k")),
+                value: Bytes::from_static(b"v"),
+                timestamp: 5,
+                expiry: Some((10, 3)),
+            }],
+            has_liveness: true,
+        };
+        let page = ScanPage {
+            partitions: vec![
+                ScannedPartition {
+                    token: i64::MIN,
+                    partition_key: Bytes::from_static(b"a"),
+                    read: PartitionRead {
+                        static_row: Some(ReadRow {
+                            clustering: Vec::new(),
+                            cells: Vec::new(),
+                            has_liveness: false,
+                        }),
+                        rows: vec![row.clone(), row],
+                        more: true,
+                    },
+                },
+                ScannedPartition {
+                    token: 4,
+                    partition_key: Bytes::new(),
+                    read: PartitionRead {
+                        static_row: None,
+                        rows: Vec::new(),
+                        more: false,
+                    },
+                },
+            ],
+            next: Some(ScanStart::Token(Bound::Excluded(4))),
+        };
+        let body = encode_scan_page(&page);
+        assert_eq!(decode_scan_page(&body).unwrap(), page);
+        for cut in 0..body.len() {
+            assert!(
+                decode_scan_page(&body.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(
+            decode_scan_page(&encode_scan_page(&ScanPage::default())).unwrap(),
+            ScanPage::default()
+        );
+        // The smallest partition and the smallest row (each count's bound is exact).
+        let smallest = ScanPage {
+            partitions: vec![ScannedPartition {
+                token: 0,
+                partition_key: Bytes::new(),
+                read: PartitionRead {
+                    static_row: None,
+                    rows: vec![ReadRow {
+                        clustering: Vec::new(),
+                        cells: vec![ReadCell {
+                            column: 0,
+                            path: None,
+                            value: Bytes::new(),
+                            timestamp: 0,
+                            expiry: None,
+                        }],
+                        has_liveness: false,
+                    }],
+                    more: false,
+                },
+            }],
+            next: None,
+        };
+        assert_eq!(
+            decode_scan_page(&encode_scan_page(&smallest)).unwrap(),
+            smallest
+        );
+        let mut bare = smallest.clone();
+        bare.partitions[0].read.rows.clear();
+        assert_eq!(decode_scan_page(&encode_scan_page(&bare)).unwrap(), bare);
     }
 
     #[test]

@@ -690,13 +690,15 @@ fn described_keyspace(name: &str) -> bool {
     !crate::catalog::is_virtual_keyspace(name)
 }
 
-/// Generates the rows of a virtual table.
+/// Generates the rows of a virtual table. `peer_version` gives a peer's schema version as it
+/// last reported it.
 pub fn rows(
     t: &TableDef,
     schema: &Schema,
     node: &NodeInfo,
     ring: &TokenMetadata,
     auth: &crate::auth::AuthData,
+    peer_version: &dyn Fn(Uuid) -> Option<Uuid>,
 ) -> Vec<SystemRow> {
     let Some(kind) = t.system else {
         return Vec::new();
@@ -784,7 +786,14 @@ pub fn rows(
             .nodes()
             .iter()
             .filter(|n| crate::cluster::is_served_peer(node.host_id, n))
-            .map(|n| peer_row(t, kind, n, schema.version))
+            .map(|n| {
+                peer_row(
+                    t,
+                    kind,
+                    n,
+                    peer_version(n.host_id).unwrap_or(schema.version),
+                )
+            })
             .collect(),
         SystemTable::Local => {
             // The ring's tokens for this node once the cluster has assigned them.
@@ -939,8 +948,8 @@ fn token_texts(tokens: impl Iterator<Item = i64>) -> Vec<String> {
     texts
 }
 
-/// A `system.peers` or `system.peers_v2` row for `peer`. `schema_version` is this node's:
-/// every node has the same schema until DDL goes through the metadata group.
+/// A `system.peers` or `system.peers_v2` row for `peer`. `schema_version` is the one the peer
+/// last reported in its heartbeat, or this node's before it has reported one.
 fn peer_row(t: &TableDef, kind: SystemTable, peer: &Node, schema_version: Uuid) -> SystemRow {
     let tokens = token_texts(peer.tokens.iter().map(|t| t.0));
     let internode = peer.internode_address;

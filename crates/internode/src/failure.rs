@@ -5,6 +5,7 @@
 //! each change. Pings are answered by the peer's connection reader ahead of every handler
 //! queue, so a peer that is busy but alive stays up while a stopped or dead one goes down.
 
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -68,11 +69,14 @@ struct Detector {
     config: FailureDetectorConfig,
     peers: Mutex<HashMap<SocketAddr, PeerState>>,
     events: broadcast::Sender<LivenessChange>,
+    /// Wakes the ping loop for a round before its next tick.
+    wake: tokio::sync::Notify,
 }
 
 /// Pings peers and tracks which are up. Dropping it stops the pings.
 pub struct FailureDetector {
     detector: Arc<Detector>,
+    shared: Arc<Shared>,
     stop: watch::Sender<bool>,
 }
 
@@ -84,13 +88,18 @@ impl FailureDetector {
             config,
             peers: Mutex::new(HashMap::new()),
             events,
+            wake: tokio::sync::Notify::new(),
         });
         let (stop, stop_rx) = watch::channel(false);
         let shared = messenger.shared();
         shared
             .runtime()
             .spawn(ping_loop(detector.clone(), shared.clone(), stop_rx));
-        FailureDetector { detector, stop }
+        FailureDetector {
+            detector,
+            shared: shared.clone(),
+            stop,
+        }
     }
 
     /// Starts watching `peer`; it is down until its first pong.
@@ -122,6 +131,21 @@ impl FailureDetector {
         lock(&self.detector.peers)
             .get(&peer)
             .and_then(|state| state.last_rtt)
+    }
+
+    /// The latest heartbeat (`Messenger::set_heartbeat`) a watched `peer` sent with a ping or
+    /// answered one with.
+    pub fn heartbeat(&self, peer: SocketAddr) -> Option<Bytes> {
+        if !lock(&self.detector.peers).contains_key(&peer) {
+            return None;
+        }
+        self.shared.peer_heartbeat(peer)
+    }
+
+    /// Pings every watched peer now rather than at the next tick (each ping carries this
+    /// node's heartbeat, so a change reaches the peers within a round trip).
+    pub fn ping_now(&self) {
+        self.detector.wake.notify_one();
     }
 
     /// Every change from now on.
@@ -191,6 +215,7 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             _ = stop.wait_for(|stop| *stop) => return,
             _ = shutdown.wait_for(|stop| *stop) => return,
             _ = ticker.tick() => {}
+            _ = detector.wake.notified() => {}
         }
         let now = Instant::now();
         detector.check(now);
@@ -203,7 +228,7 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             let detector = detector.clone();
             let shared = shared.clone();
             tokio::spawn(async move {
-                if let Ok(rtt) = shared.ping(peer, deadline).await {
+                if let Ok((rtt, _)) = shared.ping(peer, deadline).await {
                     detector.on_pong(peer, rtt);
                 }
             });

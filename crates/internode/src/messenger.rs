@@ -243,7 +243,17 @@ pub(crate) struct Shared {
     runtime: tokio::runtime::Handle,
     shutdown_tx: watch::Sender<bool>,
     shutdown_rx: watch::Receiver<bool>,
+    /// What this node sends and answers pings with (see [`Messenger::set_heartbeat`]).
+    heartbeat: Mutex<Bytes>,
+    /// The latest heartbeat each peer sent or answered, by its internode address.
+    peer_heartbeats: Mutex<HashMap<SocketAddr, Bytes>>,
 }
+
+/// Most peers whose heartbeats are kept (more are not recorded).
+const MAX_PEER_HEARTBEATS: usize = 1024;
+
+/// Most bytes of a heartbeat: pings stay small and answered ahead of every queue.
+pub const MAX_HEARTBEAT_BYTES: usize = 64;
 
 /// A node's endpoint for internode messaging. Dropping it stops every task it started.
 pub struct Messenger {
@@ -294,6 +304,8 @@ impl Messenger {
             runtime: tokio::runtime::Handle::current(),
             shutdown_tx,
             shutdown_rx,
+            heartbeat: Mutex::new(Bytes::new()),
+            peer_heartbeats: Mutex::new(HashMap::new()),
         });
         let task = shared.runtime.spawn(accept_loop(shared.clone(), listener));
         Ok(Messenger {
@@ -365,7 +377,25 @@ impl Messenger {
 
     /// Pings `peer` on the Control class and returns the round-trip time.
     pub async fn ping(&self, peer: SocketAddr, deadline: Instant) -> Result<Duration, CallError> {
-        self.shared.ping(peer, deadline).await
+        self.shared.ping(peer, deadline).await.map(|(rtt, _)| rtt)
+    }
+
+    /// Sets the bytes this node sends with every ping and answers every ping with (a small
+    /// piece of state its peers keep, such as a schema version); at most
+    /// [`MAX_HEARTBEAT_BYTES`].
+    pub fn set_heartbeat(&self, heartbeat: Bytes) {
+        debug_assert!(
+            heartbeat.len() <= MAX_HEARTBEAT_BYTES,
+            "heartbeat too large"
+        );
+        if heartbeat.len() <= MAX_HEARTBEAT_BYTES {
+            *lock(&self.shared.heartbeat) = heartbeat;
+        }
+    }
+
+    /// The latest heartbeat `peer` sent with a ping or answered one with, if any.
+    pub fn peer_heartbeat(&self, peer: SocketAddr) -> Option<Bytes> {
+        self.shared.peer_heartbeat(peer)
     }
 
     /// The inbound queue of `class`, once: its owner runs the requests that arrive.
@@ -450,21 +480,35 @@ impl Shared {
         self.shutdown_rx.clone()
     }
 
+    /// Pings `peer` with this node's heartbeat: the round-trip time and the peer's heartbeat
+    /// (also recorded).
     pub(crate) async fn ping(
         self: &Arc<Shared>,
         peer: SocketAddr,
         deadline: Instant,
-    ) -> Result<Duration, CallError> {
+    ) -> Result<(Duration, Bytes), CallError> {
         let start = Instant::now();
-        self.call(
-            peer,
-            ConnectionClass::Control,
-            VERB_PING,
-            Bytes::new(),
-            deadline,
-        )
-        .await?;
-        Ok(start.elapsed())
+        let mine = lock(&self.heartbeat).clone();
+        let heartbeat = self
+            .call(peer, ConnectionClass::Control, VERB_PING, mine, deadline)
+            .await?;
+        self.record_heartbeat(peer, &heartbeat);
+        Ok((start.elapsed(), heartbeat))
+    }
+
+    /// Keeps a peer's heartbeat (a ping's body or its answer), within the bounds.
+    fn record_heartbeat(&self, peer: SocketAddr, heartbeat: &Bytes) {
+        if heartbeat.is_empty() || heartbeat.len() > MAX_HEARTBEAT_BYTES {
+            return;
+        }
+        let mut beats = lock(&self.peer_heartbeats);
+        if beats.len() < MAX_PEER_HEARTBEATS || beats.contains_key(&peer) {
+            beats.insert(peer, heartbeat.clone());
+        }
+    }
+
+    pub(crate) fn peer_heartbeat(&self, peer: SocketAddr) -> Option<Bytes> {
+        lock(&self.peer_heartbeats).get(&peer).cloned()
     }
 
     async fn call(
@@ -1074,21 +1118,14 @@ fn on_frame(
     }
     if header.verb < FIRST_APPLICATION_VERB {
         // Pings are answered here, ahead of any queue, so that a busy node still answers them.
-        let status = if header.verb == VERB_PING && class == ConnectionClass::Control {
-            Status::Ok
+        let (status, body) = if header.verb == VERB_PING && class == ConnectionClass::Control {
+            shared.record_heartbeat(from, &body);
+            (Status::Ok, lock(&shared.heartbeat).clone())
         } else {
-            Status::UnknownVerb
+            (Status::UnknownVerb, Bytes::new())
         };
         if is_request {
-            shared.send_reply(
-                from,
-                class,
-                header.id,
-                header.verb,
-                status,
-                Bytes::new(),
-                deadline,
-            );
+            shared.send_reply(from, class, header.id, header.verb, status, body, deadline);
         }
         return Ok(());
     }

@@ -1087,3 +1087,39 @@ async fn an_unspecified_listen_address_is_refused() {
         Some(std::io::ErrorKind::InvalidInput)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_carry_heartbeats_both_ways() {
+    bounded(Duration::from_secs(20), async {
+        let (a, b) = pair().await;
+        let peer = b.local_addr();
+        let detector = FailureDetector::start(&a, FailureDetectorConfig::default());
+        assert_eq!(detector.heartbeat(peer), None, "not watched");
+        b.set_heartbeat(Bytes::from_static(b"version-1"));
+        detector.watch(peer);
+        while detector.heartbeat(peer).as_deref() != Some(&b"version-1"[..]) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A change is seen by the next pings.
+        b.set_heartbeat(Bytes::from_static(b"version-2"));
+        let changed = Instant::now();
+        while detector.heartbeat(peer).as_deref() != Some(&b"version-2"[..]) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(changed.elapsed() < Duration::from_secs(2));
+        // Pings carry the sender's heartbeat too: B learns A's without pinging.
+        a.set_heartbeat(Bytes::from_static(b"from-a"));
+        detector.ping_now();
+        let sent = Instant::now();
+        while b.peer_heartbeat(a.local_addr()).as_deref() != Some(&b"from-a"[..]) {
+            assert!(
+                sent.elapsed() < Duration::from_secs(2),
+                "B never saw A's heartbeat"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The plain ping still answers its round trip.
+        assert!(a.ping(peer, in_ms(1000)).await.is_ok());
+    })
+    .await;
+}

@@ -3,6 +3,7 @@
 //! Each shard only writes its own [`ShardMetrics`] (relaxed atomics, no contention); the
 //! endpoint reads all of them. Metric names use the `sluice_` prefix in snake case.
 
+use sluice_engine::replica_stats::{RefusalReason, ServedVerb};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -419,6 +420,10 @@ pub struct CoordinatorCounts {
     pub speculative_reads: u64,
     /// The hints held for replicas that are down.
     pub hints: sluice_engine::coordinator::HintStats,
+    /// Replica requests from other coordinators run here, per verb (in `ServedVerb` order).
+    pub replica_served: [u64; ServedVerb::ALL.len()],
+    /// Replica requests refused or failed here, per verb and reason (`RefusalReason` order).
+    pub replica_refused: [[u64; RefusalReason::ALL.len()]; ServedVerb::ALL.len()],
 }
 
 impl CoordinatorCounts {
@@ -428,6 +433,9 @@ impl CoordinatorCounts {
             read_repairs: engine.read_repairs(),
             speculative_reads: engine.speculative_reads(),
             hints: engine.hint_stats(),
+            replica_served: ServedVerb::ALL.map(|v| engine.replica_stats().served(v)),
+            replica_refused: ServedVerb::ALL
+                .map(|v| RefusalReason::ALL.map(|r| engine.replica_stats().refused(v, r))),
         }
     }
 }
@@ -475,6 +483,35 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
     for (name, kind, help, v) in rows {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    family(
+        out,
+        "sluice_replica_requests_total",
+        "counter",
+        "Requests from other coordinators this node admitted as a replica, per verb.",
+    );
+    for (v, n) in ServedVerb::ALL.iter().zip(c.replica_served) {
+        let _ = writeln!(
+            out,
+            "sluice_replica_requests_total{{verb=\"{}\"}} {n}",
+            v.label()
+        );
+    }
+    family(
+        out,
+        "sluice_replica_refused_total",
+        "counter",
+        "Requests from other coordinators this node turned away or failed, per verb and reason.",
+    );
+    for (v, per_reason) in ServedVerb::ALL.iter().zip(c.replica_refused) {
+        for (r, n) in RefusalReason::ALL.iter().zip(per_reason) {
+            let _ = writeln!(
+                out,
+                "sluice_replica_refused_total{{verb=\"{}\",reason=\"{}\"}} {n}",
+                v.label(),
+                r.label()
+            );
+        }
     }
 }
 
@@ -659,6 +696,12 @@ mod tests {
                 stored: 5,
                 dropped: 1,
             },
+            replica_served: [4, 0, 0, 7, 2],
+            replica_refused: {
+                let mut r = [[0; RefusalReason::ALL.len()]; ServedVerb::ALL.len()];
+                r[ServedVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
+                r
+            },
         };
         let mut text = String::new();
         render_coordinator(&mut text, &counts);
@@ -672,6 +715,14 @@ mod tests {
         assert!(text.contains("sluice_hint_bytes 300"));
         assert!(text.contains("sluice_hints_stored_total 5"));
         assert!(text.contains("sluice_hints_dropped_total 1"));
+        assert!(text.contains("# TYPE sluice_replica_requests_total counter"));
+        assert!(text.contains("sluice_replica_requests_total{verb=\"mutation\"} 4"));
+        assert!(text.contains("sluice_replica_requests_total{verb=\"select\"} 7"));
+        assert!(text.contains("sluice_replica_requests_total{verb=\"scan\"} 2"));
+        assert!(text.contains("sluice_replica_refused_total{verb=\"scan\",reason=\"budget\"} 6"));
+        assert!(
+            text.contains("sluice_replica_refused_total{verb=\"read\",reason=\"in_flight_cap\"} 0")
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! second and third joining through the first): DDL on one node is usable on every node, the
 //! three `schema_version`s agree, the Rust driver's schema-agreement wait ends in under a
 //! second, concurrent DDL from two nodes converges, and a node restarted after a change it
-//! missed has that change before its CQL port opens.
+//! missed has that change before its CQL port opens; each row of `system.peers` shows that
+//! peer's own schema version (a stopped node's stays at the one it had).
 
 mod common;
 
@@ -352,4 +353,131 @@ async fn a_local_schema_becomes_the_groups_first() {
     assert_eq!(table_id(&session, "a").await, id);
     drop(session);
     node.stop();
+}
+
+/// A session pinned to `addr` that does not wait for schema agreement (a node is down).
+async fn session_no_agreement_wait(addr: SocketAddr) -> Session {
+    use scylla::client::execution_profile::ExecutionProfile;
+    use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
+    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .build();
+    SessionBuilder::new()
+        .known_node(addr.to_string())
+        .default_execution_profile_handle(profile.into_handle())
+        .auto_await_schema_agreement(false)
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// `system.peers` of `session`'s node: (peer address, schema version) by address.
+async fn peer_versions(session: &Session) -> Vec<(std::net::IpAddr, Uuid)> {
+    let rows = session
+        .query_unpaged("SELECT peer, schema_version FROM system.peers", &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let mut out: Vec<(std::net::IpAddr, Uuid)> = rows
+        .rows::<(std::net::IpAddr, Uuid)>()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    out.sort();
+    out
+}
+
+/// Polls `check` every 50 ms until it holds, or panics after `within`.
+async fn within<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_show_each_peers_own_schema_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = Ports::free_on(NODES);
+    let mut nodes: Vec<ServeNode> = (1..=NODES)
+        .map(|i| ServeNode::start(dir.path(), i, ports, OTHER_TIMEOUT).0)
+        .collect();
+    let mut sessions = Vec::new();
+    for i in 1..=NODES {
+        sessions.push(session_no_agreement_wait(ports.cql_of(i)).await);
+    }
+    sessions[0]
+        .query_unpaged(
+            "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Every node's peers show the one version, which every node reports for itself.
+    let first = within(
+        "one version everywhere",
+        Duration::from_secs(10),
+        || async {
+            let mut all = Vec::new();
+            for s in &sessions {
+                all.push(schema_version(s).await);
+                all.extend(peer_versions(s).await.into_iter().map(|(_, v)| v));
+            }
+            all.len() == 9 && all.iter().all(|v| *v == all[0])
+        },
+    )
+    .await;
+    let before = schema_version(&sessions[0]).await;
+    println!("peers agreed {first:?} after the keyspace");
+    // Node 3 stops; a change through node 1 does not reach it.
+    nodes[2].kill9();
+    sessions.pop();
+    sessions[0]
+        .query_unpaged("CREATE TABLE ks.after (pk int PRIMARY KEY)", &[])
+        .await
+        .unwrap();
+    let after = schema_version(&sessions[0]).await;
+    assert_ne!(after, before);
+    // Nodes 1 and 2 show each other at the new version, and node 3 at the one it last had:
+    // each row is that peer's own version, not the asking node's.
+    let node3 = ports.cql_of(3).ip();
+    let took = within(
+        "peers' versions follow the change",
+        Duration::from_secs(5),
+        || async {
+            let mut ok = true;
+            for s in &sessions {
+                for (peer, version) in peer_versions(s).await {
+                    let want = if peer == node3 { before } else { after };
+                    ok &= version == want;
+                }
+            }
+            ok
+        },
+    )
+    .await;
+    println!("peers showed the new version {took:?} after the change");
+    assert!(took < AGREEMENT_BOUND, "{took:?}");
+    // Node 3 back: it catches up and its peers show it so.
+    nodes[2].restart();
+    within(
+        "node 3's version catches up",
+        Duration::from_secs(20),
+        || async {
+            peer_versions(&sessions[0])
+                .await
+                .iter()
+                .all(|(_, v)| *v == after)
+        },
+    )
+    .await;
 }

@@ -84,6 +84,8 @@ impl ReplicaTransport for FakeTransport {
                         ReplicaVerb::Truncate => engine
                             .apply_replica_truncate(&body, deadline)
                             .map(|()| Bytes::new()),
+                        ReplicaVerb::Select => engine.serve_forwarded_select(&body, deadline).await,
+                        ReplicaVerb::Scan => engine.serve_scan(&body, deadline),
                     };
                     result.map_err(|_| ReplicaError::Refused)
                 }
@@ -963,5 +965,249 @@ async fn truncate_empties_the_table_on_every_node_and_needs_them_all() {
         .unwrap();
     for node in 0..3 {
         assert!(trio.local_rows(node).await.is_empty(), "node {node}");
+    }
+}
+
+const RF1_TABLE_ID: &str = "2c8e61f0-5d7a-4b8e-a1f3-6e9d0c4b7a52";
+
+/// The trio with a keyspace of replication factor 1 on every node, each row of partitions
+/// 0..partitions (three per partition) written only to its one replica's storage.
+async fn trio_rf1(partitions: i32) -> Trio {
+    let mut trio = Trio::new().await;
+    for h in &mut trio.nodes {
+        h.ok("CREATE KEYSPACE k1 WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}").await;
+        h.ok(&format!(
+            "CREATE TABLE k1.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {RF1_TABLE_ID}"
+        ))
+        .await;
+    }
+    let ring = trio.nodes[0].engine.ring();
+    for pk in 0..partitions {
+        let owner = ring
+            .owner_of(Token::of_key(&pk.to_be_bytes()))
+            .expect("a ring with tokens");
+        let node = (1..=3)
+            .position(|i| ring.node(owner).host_id == host(i))
+            .unwrap();
+        for ck in 0..3 {
+            // Nodes 2 and 3 have no ring of their own: they write locally.
+            let q = format!("INSERT INTO k1.t (pk, ck, v) VALUES ({pk}, {ck}, '{pk}-{ck}')");
+            trio.run(node, &q, Consistency::One).await.unwrap();
+        }
+    }
+    trio
+}
+
+/// Runs `q` on node 1 at `cl` with a page size, following paging states to the end.
+async fn all_pages(
+    trio: &mut Trio,
+    q: &str,
+    cl: Consistency,
+    page: i32,
+) -> Vec<Vec<Option<Bytes>>> {
+    let h = &mut trio.nodes[0];
+    let p = h.engine.prepare(None, q).unwrap();
+    let mut params = QueryParameters {
+        consistency: cl,
+        page_size: Some(page),
+        ..QueryParameters::default()
+    };
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        let ctx = h.ctx();
+        let rows = match h.engine.execute(&mut h.session, &p, &params, &ctx).await {
+            Ok(ResultMessage::Rows(r)) => r,
+            other => panic!("{q}: {other:?}"),
+        };
+        assert!(
+            rows.row_count as i32 <= page,
+            "a page holds at most its size"
+        );
+        out.extend(cells(&rows));
+        match rows.metadata.paging_state {
+            Some(state) => params.paging_state = Some(state),
+            None => return out,
+        }
+    }
+    panic!("{q}: paging did not end");
+}
+
+#[tokio::test]
+async fn a_node_that_is_not_a_replica_forwards_reads_and_scans_the_whole_ring() {
+    let mut trio = trio_rf1(30).await;
+    let mine = trio.local_rows_of_k1(0).await;
+    assert!(
+        mine < 90,
+        "node 1 holds only its ranges ({mine} of 90 rows)"
+    );
+    // Every partition through node 1, two rows a page: the pages of a partition node 1 does
+    // not hold come from its replica.
+    for pk in 0..30 {
+        let rows = all_pages(
+            &mut trio,
+            &format!("SELECT ck, v FROM k1.t WHERE pk = {pk}"),
+            Consistency::One,
+            2,
+        )
+        .await;
+        let want: Vec<String> = (0..3).map(|ck| format!("{pk}-{ck}")).collect();
+        let got: Vec<String> = rows.iter().map(|r| ctext(&r[1])).collect();
+        assert_eq!(got, want, "pk {pk}");
+    }
+    assert!(trio
+        .transport
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(_, v)| *v == ReplicaVerb::Select));
+    // The whole table, four rows a page, and COUNT(*): every row once.
+    let rows = all_pages(&mut trio, "SELECT pk, ck, v FROM k1.t", Consistency::One, 4).await;
+    let mut seen: Vec<String> = rows.iter().map(|r| ctext(&r[2])).collect();
+    assert_eq!(seen.len(), 90);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 90, "no row twice");
+    assert!(trio
+        .transport
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(_, v)| *v == ReplicaVerb::Scan));
+    let count = trio.nodes[0]
+        .select("SELECT COUNT(*) FROM k1.t", vec![])
+        .await;
+    assert_eq!(count[0][0].as_deref(), Some(&90i64.to_be_bytes()[..]));
+    // A token restriction reads only the ranges it names.
+    let all = trio.nodes[0]
+        .select("SELECT pk FROM k1.t WHERE token(pk) > 0", vec![])
+        .await;
+    let upper = trio.nodes[0]
+        .select("SELECT pk FROM k1.t WHERE token(pk) <= 0", vec![])
+        .await;
+    assert_eq!(all.len() + upper.len(), 90);
+}
+
+#[tokio::test]
+async fn a_forwarded_read_answers_the_replicas_errors_and_its_own_timeout() {
+    let mut trio = trio_rf1(30).await;
+    let ring = trio.nodes[0].engine.ring();
+    let remote_pk = (0..30)
+        .find(|pk: &i32| {
+            ring.node(ring.owner_of(Token::of_key(&pk.to_be_bytes())).unwrap())
+                .host_id
+                == host(2)
+        })
+        .expect("a partition on node 2");
+    let q = format!("SELECT v FROM k1.t WHERE pk = {remote_pk}");
+    // The only replica refuses: Read_failure with its counts, at once.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    let e = error_of(trio.run(0, &q, Consistency::One).await);
+    assert!(
+        matches!(
+            e,
+            DbError::ReplicaReadFailure {
+                consistency: Consistency::One,
+                received: 0,
+                block_for: 1,
+                failures: 1,
+                data_present: false,
+            }
+        ),
+        "{e:?}"
+    );
+    // Silent: Read_timeout at the deadline.
+    trio.transport.set(host(2), Behaviour::Drop);
+    let started = Instant::now();
+    let e = error_of(
+        trio.run_with_deadline(0, &q, Consistency::One, Duration::from_millis(300))
+            .await,
+    );
+    assert!(
+        matches!(
+            e,
+            DbError::ReadTimeout {
+                block_for: 1,
+                data_present: false,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Down for the failure detector: Unavailable before anything is sent.
+    trio.transport.set(host(2), Behaviour::Serve);
+    trio.nodes[0].engine.set_node_up(host(2), false);
+    let e = error_of(trio.run(0, &q, Consistency::One).await);
+    assert!(
+        matches!(
+            e,
+            DbError::Unavailable {
+                required: 1,
+                alive: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = error_of(
+        trio.run(0, "SELECT COUNT(*) FROM k1.t", Consistency::One)
+            .await,
+    );
+    assert!(matches!(e, DbError::Unavailable { .. }), "{e:?}");
+    // TWO of a single replica is Unavailable before anything is sent.
+    trio.nodes[0].engine.set_node_up(host(2), true);
+    let e = error_of(trio.run(0, &q, Consistency::Two).await);
+    assert!(
+        matches!(
+            e,
+            DbError::Unavailable {
+                required: 2,
+                alive: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+impl Trio {
+    /// Rows of `k1.t` in one node's own storage.
+    async fn local_rows_of_k1(&mut self, node: usize) -> usize {
+        let t = self.nodes[node].engine.table("k1", "t").unwrap();
+        let page = self.nodes[node]
+            .engine
+            .storage()
+            .scan(
+                &t.layout,
+                &sluice_storage::ScanStart::Token(std::ops::Bound::Unbounded),
+                std::ops::Bound::Unbounded,
+                10_000,
+                0,
+            )
+            .unwrap();
+        page.partitions.iter().map(|p| p.read.rows.len()).sum()
+    }
+}
+
+#[tokio::test]
+async fn peers_show_the_schema_version_each_peer_reported() {
+    let mut trio = Trio::new().await;
+    let mine = trio.nodes[0].engine.schema_version();
+    let reported = Uuid::from_u128(42);
+    trio.nodes[0]
+        .engine
+        .set_peer_schema_version(host(2), reported);
+    let rows = trio.nodes[0]
+        .select("SELECT host_id, schema_version FROM system.peers", vec![])
+        .await;
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        let peer = Uuid::from_slice(row[0].as_deref().unwrap()).unwrap();
+        let version = Uuid::from_slice(row[1].as_deref().unwrap()).unwrap();
+        // Node 3 has reported nothing yet: this node's own version stands in.
+        let want = if peer == host(2) { reported } else { mine };
+        assert_eq!(version, want, "peer {peer}");
     }
 }

@@ -1,0 +1,98 @@
+"""Reads through any node as a round-robin (not token-aware) Python driver sees them:
+`sluice cluster --nodes 3` on 127.0.0.1-3, keyspaces of replication factor 1 and 2, so that
+most partitions are not on the node a request lands on. Every single-partition read (at ONE
+and QUORUM, paged), every paged SELECT without a partition key and COUNT(*) answers every row,
+with no driver retries (a request the node's admission sheds under the shared machine's load,
+"Server is overloaded", is asked again, bounded; the old "not a replica" refusal is not); each
+node's system.peers shows the other two at its own schema version."""
+
+import time
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.policies import FallthroughRetryPolicy, RoundRobinPolicy
+from cassandra.protocol import OverloadedErrorMessage
+from cassandra.query import SimpleStatement
+
+from conftest import LOCAL_CLUSTER_NODES as NODES
+
+PARTITIONS = 30
+ROWS = 3
+SHED_RETRIES = 20
+
+
+def shed_tolerant(run):
+    """`run()`, asked again while the answer is the admission's load shedding."""
+    for _ in range(SHED_RETRIES):
+        try:
+            return run()
+        except OverloadedErrorMessage as e:
+            if "Server is overloaded" not in str(e):
+                raise
+            time.sleep(0.05)
+    raise AssertionError(f"shed {SHED_RETRIES} times in a row")
+
+
+def test_round_robin_reads_answer_every_row(local_cluster):
+    port = local_cluster
+    ips = [f"127.0.0.{i}" for i in range(1, NODES + 1)]
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(),
+                               retry_policy=FallthroughRetryPolicy(), request_timeout=10)
+    cluster = Cluster(ips, port=port, protocol_version=4,
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    s = cluster.connect()
+    try:
+        deadline = time.time() + 20
+        while len([h for h in cluster.metadata.all_hosts() if h.is_up]) < NODES:
+            assert time.time() < deadline, "three hosts up"
+            time.sleep(0.1)
+        want = sorted((pk, ck, f"{pk}-{ck}") for pk in range(PARTITIONS) for ck in range(ROWS))
+        for ks, rf, cl in (("rr1", 1, ConsistencyLevel.ONE), ("rr2", 2, ConsistencyLevel.QUORUM)):
+            s.execute(f"CREATE KEYSPACE {ks} WITH replication = "
+                      f"{{'class': 'SimpleStrategy', 'replication_factor': {rf}}}")
+            s.execute(f"CREATE TABLE {ks}.t (pk int, ck int, v text, PRIMARY KEY (pk, ck))")
+            insert = s.prepare(f"INSERT INTO {ks}.t (pk, ck, v) VALUES (?, ?, ?)")
+            insert.consistency_level = cl
+            for row in want:
+                shed_tolerant(lambda: s.execute(insert, row))
+            by_pk = s.prepare(f"SELECT ck, v FROM {ks}.t WHERE pk = ?")
+            by_pk.consistency_level = cl
+            by_pk.fetch_size = 2
+            # Three rounds: each partition's read lands on each node in turn.
+            for _ in range(NODES):
+                for pk in range(PARTITIONS):
+                    got = shed_tolerant(lambda: [(r.ck, r.v) for r in s.execute(by_pk, (pk,))])
+                    assert got == [(ck, f"{pk}-{ck}") for ck in range(ROWS)], (ks, pk)
+            for _ in range(NODES):
+                scan = SimpleStatement(f"SELECT pk, ck, v FROM {ks}.t", consistency_level=cl,
+                                       fetch_size=7)
+                got = shed_tolerant(lambda: [(r.pk, r.ck, r.v) for r in s.execute(scan)])
+                assert len(got) == len(want), (ks, len(got))
+                assert sorted(got) == want, ks
+                count = shed_tolerant(lambda: s.execute(SimpleStatement(
+                    f"SELECT COUNT(*) FROM {ks}.t", consistency_level=cl)).one()[0])
+                assert count == len(want), (ks, count)
+        # Each node's peers report their own schema version, which is the one every node has.
+        for ip in ips:
+            pinned = ExecutionProfile(load_balancing_policy=_Only(ip), request_timeout=10)
+            cluster.add_execution_profile(f"on-{ip}", pinned)
+            local = s.execute("SELECT schema_version FROM system.local",
+                              execution_profile=f"on-{ip}").one()[0]
+            peers = list(s.execute("SELECT peer, schema_version FROM system.peers",
+                                   execution_profile=f"on-{ip}"))
+            assert len(peers) == NODES - 1
+            assert all(p.schema_version == local for p in peers), (ip, peers, local)
+    finally:
+        cluster.shutdown()
+
+
+class _Only(RoundRobinPolicy):
+    """Every statement to one address."""
+
+    def __init__(self, ip):
+        super().__init__()
+        self.ip = ip
+
+    def make_query_plan(self, working_keyspace=None, query=None):
+        return [h for h in super().make_query_plan(working_keyspace, query)
+                if h.address == self.ip]
