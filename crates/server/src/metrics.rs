@@ -696,7 +696,7 @@ mod tests {
                 stored: 5,
                 dropped: 1,
             },
-            replica_served: [4, 0, 0, 7, 2],
+            replica_served: [4, 0, 0, 7, 2, 0],
             replica_refused: {
                 let mut r = [[0; RefusalReason::ALL.len()]; ServedVerb::ALL.len()];
                 r[ServedVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
