@@ -331,6 +331,12 @@ pub struct Engine {
     transactions: transaction::gate::TxnGate,
     /// Set in a cluster: statements are then coordinated across their partitions' replicas.
     replica_transport: std::sync::OnceLock<Arc<dyn coordinator::ReplicaTransport>>,
+    /// Set in a cluster: transactions and LWT go through the cluster's transaction log.
+    txn_log: std::sync::OnceLock<Arc<dyn transaction::replicated::TxnLog>>,
+    /// Set when this node's storage may lack logged commits (a snapshot from another node).
+    txn_commits_missed: std::sync::atomic::AtomicBool,
+    /// Logged transactions this coordinator proposed that the log found in conflict.
+    txn_log_conflicts: AtomicU64,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -451,6 +457,9 @@ impl Engine {
             auth,
             transactions: transaction::gate::TxnGate::default(),
             replica_transport: std::sync::OnceLock::new(),
+            txn_log: std::sync::OnceLock::new(),
+            txn_commits_missed: std::sync::atomic::AtomicBool::new(false),
+            txn_log_conflicts: AtomicU64::new(0),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(
@@ -1077,6 +1086,18 @@ impl Engine {
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
             Plan::Select(s) => {
+                if params.consistency.is_serial() {
+                    // Linearizable: the read reflects every transaction committed before it.
+                    transaction::replicated::serial_read_barrier(
+                        self,
+                        &s.table,
+                        &b,
+                        &s.where_,
+                        params.consistency,
+                        ctx,
+                    )
+                    .await?;
+                }
                 if let Some(transport) = self.replica_transport() {
                     let cluster = self.cluster.is_multi_node();
                     if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
