@@ -337,6 +337,8 @@ pub struct Engine {
     txn_commits_missed: std::sync::atomic::AtomicBool,
     /// Logged transactions this coordinator proposed that the log found in conflict.
     txn_log_conflicts: AtomicU64,
+    /// Logged transactions and writes this coordinator committed.
+    txn_log_commits: AtomicU64,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -460,6 +462,7 @@ impl Engine {
             txn_log: std::sync::OnceLock::new(),
             txn_commits_missed: std::sync::atomic::AtomicBool::new(false),
             txn_log_conflicts: AtomicU64::new(0),
+            txn_log_commits: AtomicU64::new(0),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(

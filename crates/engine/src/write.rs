@@ -639,7 +639,8 @@ pub(crate) async fn execute_writes(
     let rebound = binders.as_deref().map(|b| rebind(entries, b));
     let entries = rebound.as_deref().unwrap_or(entries);
     // One timestamp for the whole request (a batch's statements share it).
-    let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
+    let request_ts = default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros));
+    let default_ts = Some(request_ts);
     let mut muts = Vec::with_capacity(entries.len());
     for (w, b) in entries {
         build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
@@ -651,6 +652,25 @@ pub(crate) async fn execute_writes(
     // Never start storage work after the deadline.
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
+    }
+    // `transactional_mode = 'full'` on a cluster: the write is ordered with every transaction
+    // and LWT of the table through the log, with the log's timestamp.
+    if commit_assigns_timestamp(entries, batch_ts, &muts) {
+        if let Some(log) = engine.txn_log_for(entries.iter().map(|(w, _)| &*w.table)) {
+            let deadline = ctx
+                .deadline
+                .unwrap_or_else(|| std::time::Instant::now() + LOGGED_LWT_DEFAULT_WAIT);
+            Box::pin(crate::transaction::replicated::commit_blind(
+                engine,
+                log,
+                muts,
+                request_ts,
+                deadline,
+                || exec::write_timeout(consistency, write_type),
+            ))
+            .await?;
+            return Ok(ResultMessage::Void);
+        }
     }
     let muts = match engine.replica_transport() {
         // Boxed: a single node's write future stays as small as it was.

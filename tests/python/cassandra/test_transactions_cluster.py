@@ -36,6 +36,7 @@ class ClusterNodes:
         self.cql = port_free_on_every_ip(NODES)
         self.shard_aware = port_free_on_every_ip(NODES)
         self.internode = port_free_on_every_ip(NODES)
+        self.metrics_port = port_free_on_every_ip(NODES)
         self.procs = {}
         for index in range(1, NODES + 1):
             self.start(index)
@@ -48,7 +49,7 @@ class ClusterNodes:
         args = [sluice_bin(), "serve", "--listen", f"{ip}:{self.cql}",
                 "--shard-aware-port", str(self.shard_aware),
                 "--internode-listen", f"{ip}:{self.internode}",
-                "--metrics-listen", "off",
+                "--metrics-listen", f"{ip}:{self.metrics_port}",
                 "--data-dir", os.path.join(self.dir, f"node{index}"),
                 "--shards", "2", "--num-tokens", "8", "--durability", "periodic"]
         if index > 1:
@@ -65,6 +66,16 @@ class ClusterNodes:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {index} did not serve within 120 s: {self.log(index)}")
             time.sleep(0.1)
+
+    def metric(self, index, name):
+        import urllib.request
+
+        url = f"http://{self.ip(index)}:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise KeyError(name)
 
     def log(self, index):
         with open(os.path.join(self.dir, f"node{index}.log"), "rb") as f:
@@ -179,6 +190,12 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes):
         w.start()
     time.sleep(4)
     acked_before_kill = len(acked)
+    commits = sum(nodes.metric(i, "sluice_txn_log_commits_total") for i in range(1, NODES + 1))
+    conflicts = sum(nodes.metric(i, "sluice_txn_log_conflicts_total")
+                    for i in range(1, NODES + 1))
+    print(f"\nbefore the kill: {commits:.0f} commits through the log, {conflicts:.0f} conflicts "
+          f"({conflicts / max(commits, 1):.2f} per commit)")
+    assert commits >= acked_before_kill
     node3_dead.set()
     nodes.kill(3)
     time.sleep(4)
@@ -295,3 +312,40 @@ def test_lwt_increments_through_three_coordinators_lose_nothing(nodes):
     assert len(set(finals)) == 1, finals
     # Every acknowledged increment is there, and only an unanswered one can add to them.
     assert increments[0] <= finals[0] <= increments[0] + unknown[0], (finals, increments, unknown)
+
+
+def test_full_transactional_mode_sends_plain_writes_through_the_log(nodes):
+    for index in range(1, NODES + 1):
+        if nodes.procs[index].poll() is not None:
+            nodes.start(index)
+    cluster, s = pinned(nodes, 1)
+    s.execute("CREATE KEYSPACE IF NOT EXISTS fullmode WITH replication = "
+              "{'class': 'SimpleStrategy', 'replication_factor': 3}")
+    s.execute("CREATE TABLE IF NOT EXISTS fullmode.kv (k int PRIMARY KEY, v int) "
+              "WITH transactional_mode = 'full'")
+    s.execute("CREATE TABLE IF NOT EXISTS fullmode.off (k int PRIMARY KEY, v int)")
+    cluster.shutdown()
+    from cassandra import ConsistencyLevel
+    from cassandra.query import SimpleStatement
+
+    sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
+    try:
+        before = nodes.metric(2, "sluice_txn_log_commits_total")
+        s2 = sessions[2][1]
+        for v in range(20):
+            s2.execute("UPDATE fullmode.kv SET v = %s WHERE k = 1", (v,))
+            s2.execute("UPDATE fullmode.off SET v = %s WHERE k = 1", (v,))
+        # The 20 plain writes of the 'full' table went through the log; the 'off' ones did not.
+        assert nodes.metric(2, "sluice_txn_log_commits_total") - before == 20
+        # A plain write is ordered with LWT: a conditional write through another coordinator
+        # right after it sees it.
+        s2.execute("UPDATE fullmode.kv SET v = 100 WHERE k = 1")
+        row = sessions[3][1].execute("UPDATE fullmode.kv SET v = 101 WHERE k = 1 IF v = 100").one()
+        assert row[0] is True, row
+        for index in range(1, NODES + 1):
+            read = SimpleStatement("SELECT v FROM fullmode.kv WHERE k = 1",
+                                   consistency_level=ConsistencyLevel.SERIAL)
+            assert sessions[index][1].execute(read).one().v == 101
+    finally:
+        for c, _ in sessions.values():
+            c.shutdown()

@@ -290,6 +290,11 @@ impl Engine {
     pub fn txn_log_conflicts(&self) -> u64 {
         self.txn_log_conflicts.load(Ordering::Relaxed)
     }
+
+    /// Transactions and writes this coordinator committed through the log.
+    pub fn txn_log_commits(&self) -> u64 {
+        self.txn_log_commits.load(Ordering::Relaxed)
+    }
 }
 
 /// Before a SERIAL or LOCAL_SERIAL read of a logged table on a cluster: a read barrier, so
@@ -367,12 +372,51 @@ pub(crate) async fn read_and_commit<T>(
         match log.submit(txn, deadline).await.map_err(map)? {
             LoggedDecision::Committed { timestamp } => {
                 engine.note_write_timestamp(timestamp);
+                engine.txn_log_commits.fetch_add(1, Ordering::Relaxed);
                 return Ok(evaluated.result);
             }
             LoggedDecision::Conflict => {
                 engine.txn_log_conflicts.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// Commits a write that read nothing (a plain write to a `transactional_mode = 'full'`
+/// table) through the log: no read barrier, and it cannot conflict.
+pub(crate) async fn commit_blind(
+    engine: &Engine,
+    log: &Arc<dyn TxnLog>,
+    mutations: Vec<Mutation>,
+    provisional: i64,
+    deadline: Instant,
+    timeout: impl Fn() -> DetailedError,
+) -> Result<(), DetailedError> {
+    let refs: Vec<&Mutation> = mutations.iter().collect();
+    let body = crate::replica_msg::encode_mutations(&refs, 0);
+    if body.len() > log.max_txn_bytes() {
+        return Err(crate::catalog::invalid(
+            "The write is larger than one transaction log entry",
+        ));
+    }
+    let mut writes: Vec<LoggedPartition> = mutations.iter().map(partition_of).collect();
+    writes.sort_by_key(|p| (p.table, p.token, p.key_hash));
+    writes.dedup();
+    let txn = LoggedTxn {
+        read_at: log.last_applied(),
+        provisional,
+        reads: Vec::new(),
+        writes,
+        mutations: body,
+    };
+    match log.submit(txn, deadline).await {
+        Ok(LoggedDecision::Committed { timestamp }) => {
+            engine.note_write_timestamp(timestamp);
+            engine.txn_log_commits.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        // A write that read nothing never conflicts; answer as the deadline would.
+        Ok(LoggedDecision::Conflict) | Err(_) => Err(timeout()),
     }
 }
 
