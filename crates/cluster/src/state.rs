@@ -56,7 +56,7 @@ impl ClusterState {
 
 impl Apply for ClusterState {
     fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8> {
-        self.txn.note_index(index);
+        self.txn.note_applied();
         match command.first() {
             Some(&SCHEMA_TAG) => self.schema.apply(command).encode(),
             Some(&TXN_TAG) => self.txn.apply(index, command).encode(),
@@ -192,6 +192,67 @@ mod tests {
         assert_eq!(restored.apply(3, &next), state.apply(3, &next));
         assert_eq!(restored.apply(4, &join(2)), state.apply(4, &join(2)));
         assert_eq!(restored.snapshot(), state.snapshot());
+    }
+
+    fn transfer(read_at: u64, a: i64, b: i64) -> Vec<u8> {
+        use crate::txn_log::{PartitionRef, TxnBatch, TxnProposal};
+        let p = |token| PartitionRef {
+            table: [1; 16],
+            token,
+            key_hash: token as u64,
+        };
+        TxnBatch {
+            transactions: vec![TxnProposal {
+                read_at,
+                provisional: 1_000,
+                reads: vec![p(a), p(b)],
+                writes: vec![p(a), p(b)],
+                mutations: vec![9; 4],
+            }],
+        }
+        .encode()
+        .unwrap()
+    }
+
+    #[test]
+    fn transactions_share_the_log_and_the_snapshot_with_the_other_parts() {
+        use crate::txn_log::{TxnOutcome, TxnResponse};
+        let mut state = ClusterState::default();
+        state.apply(1, &join(1));
+        state.apply(2, &schema_put(0, "keyspace/ks"));
+        assert_eq!(
+            TxnResponse::decode(&state.apply(3, &transfer(2, 1, 2))),
+            Ok(TxnResponse::Outcomes(vec![TxnOutcome::Committed {
+                timestamp: 1_000
+            }]))
+        );
+        let snapshot = state.snapshot();
+        assert_eq!(snapshot[0], SNAPSHOT_TAG_WITH_TXN);
+        let mut restored = ClusterState::default();
+        restored.restore(&snapshot).unwrap();
+        assert_eq!(restored.snapshot(), snapshot);
+        assert_eq!(restored.txn().counts(), state.txn().counts());
+        // A read before the committed write conflicts on both; a later one commits on both
+        // with the same timestamp.
+        for (index, command) in [(4, transfer(2, 2, 3)), (5, transfer(3, 2, 3))] {
+            assert_eq!(
+                restored.apply(index, &command),
+                state.apply(index, &command)
+            );
+        }
+        assert_eq!(state.txn().counts().conflicts, 1);
+        assert_eq!(state.txn().counts().commits, 2);
+        assert_eq!(restored.snapshot(), state.snapshot());
+        // A two-part snapshot from before the transaction log restores with an empty one.
+        let mut old = vec![SNAPSHOT_TAG];
+        let topology = state.topology().snapshot();
+        old.extend_from_slice(&(topology.len() as u32).to_be_bytes());
+        old.extend_from_slice(&topology);
+        old.extend_from_slice(&state.schema().snapshot());
+        let mut from_old = ClusterState::default();
+        from_old.restore(&old).unwrap();
+        assert_eq!(from_old.txn().counts(), Default::default());
+        assert_eq!(from_old.schema().epoch(), 1);
     }
 
     #[test]

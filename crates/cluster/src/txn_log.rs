@@ -403,7 +403,7 @@ pub struct TxnCounts {
 
 /// The transaction part of the group's state machine.
 pub struct TxnState {
-    /// The last log index applied to the whole state machine (for snapshots).
+    /// The log index of the last transaction command applied.
     last_index: u64,
     table: WriteTable,
     last_timestamp: i64,
@@ -479,16 +479,17 @@ impl TxnState {
             .clone()
     }
 
-    /// Notes that the state machine applied a command at `index` (of any part).
-    pub fn note_index(&mut self, index: u64) {
-        debug_assert!(index >= self.last_index);
-        self.last_index = index;
+    /// Notes that the state machine applied a command (of any part): a restore after this is
+    /// a snapshot from another node.
+    pub fn note_applied(&mut self) {
         self.touched = true;
     }
 
     /// Applies one batch at `index` and answers it.
     pub fn apply(&mut self, index: u64, command: &[u8]) -> TxnResponse {
         self.touched = true;
+        debug_assert!(index >= self.last_index);
+        self.last_index = index;
         let batch = match TxnBatch::decode(command) {
             Ok(batch) => batch,
             Err(e) => return TxnResponse::Rejected(e),
