@@ -339,6 +339,8 @@ pub struct Engine {
     txn_log_conflicts: AtomicU64,
     /// Logged transactions and writes this coordinator committed.
     txn_log_commits: AtomicU64,
+    /// Odd while a logged commit is being written to storage (a sequence lock for readers).
+    txn_apply_seq: AtomicU64,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -463,6 +465,7 @@ impl Engine {
             txn_commits_missed: std::sync::atomic::AtomicBool::new(false),
             txn_log_conflicts: AtomicU64::new(0),
             txn_log_commits: AtomicU64::new(0),
+            txn_apply_seq: AtomicU64::new(0),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(

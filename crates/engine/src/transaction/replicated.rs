@@ -262,7 +262,14 @@ impl Engine {
             })
             .collect();
         self.note_write_timestamp(timestamp);
-        if let Err(e) = self.storage.apply(&batch) {
+        // Odd while the commit is being written: its parts in different stores become visible
+        // one after the other, and an evaluation that overlaps them reads again.
+        let before = self.txn_apply_seq.fetch_add(1, Ordering::AcqRel);
+        debug_assert_eq!(before % 2, 0, "one logged commit is written at a time");
+        let applied = self.storage.apply(&batch);
+        let after = self.txn_apply_seq.fetch_add(1, Ordering::AcqRel);
+        debug_assert_eq!(after, before + 1);
+        if let Err(e) = applied {
             // The log stays the truth: a restart replays it from the last snapshot.
             tracing::error!(error = %e, "a committed transaction's writes were not stored");
             self.txn_commits_missed.store(true, Ordering::Release);
@@ -347,9 +354,29 @@ pub(crate) async fn read_and_commit<T>(
             return Err(timeout());
         }
         let barrier = log.read_barrier(deadline).await.map_err(map)?;
-        // Everything applied here is in storage: reads reflect at least this index.
-        let read_at = barrier.max(log.last_applied());
-        let evaluated = evaluate()?;
+        let mut spins = 0u32;
+        let (read_at, evaluated) = loop {
+            let before = engine.txn_apply_seq.load(Ordering::Acquire);
+            if before % 2 == 0 {
+                // Everything applied here is in storage: reads reflect at least this index.
+                let read_at = barrier.max(log.last_applied());
+                let evaluated = evaluate()?;
+                // No logged commit was written while it read: what it read is the state after
+                // a prefix of the log, never part of a commit.
+                if engine.txn_apply_seq.load(Ordering::Acquire) == before {
+                    break (read_at, evaluated);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout());
+            }
+            spins += 1;
+            if spins < 16 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+        };
         if evaluated.mutations.is_empty() {
             return Ok(evaluated.result);
         }
