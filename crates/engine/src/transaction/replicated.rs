@@ -265,7 +265,10 @@ impl Engine {
         // Odd while the commit is being written: its parts in different stores become visible
         // one after the other, and an evaluation that overlaps them reads again.
         let before = self.txn_apply_seq.fetch_add(1, Ordering::AcqRel);
-        debug_assert_eq!(before % 2, 0, "one logged commit is written at a time");
+        debug_assert!(
+            before.is_multiple_of(2),
+            "one logged commit is written at a time"
+        );
         let applied = self.storage.apply(&batch);
         let after = self.txn_apply_seq.fetch_add(1, Ordering::AcqRel);
         debug_assert_eq!(after, before + 1);
@@ -357,7 +360,7 @@ pub(crate) async fn read_and_commit<T>(
         let mut spins = 0u32;
         let (read_at, evaluated) = loop {
             let before = engine.txn_apply_seq.load(Ordering::Acquire);
-            if before % 2 == 0 {
+            if before.is_multiple_of(2) {
                 // Everything applied here is in storage: reads reflect at least this index.
                 let read_at = barrier.max(log.last_applied());
                 let evaluated = evaluate()?;
