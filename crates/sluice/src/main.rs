@@ -188,7 +188,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     // The schema is the group's before any client can reach this node; DDL goes through it.
     schema_link::connect(&engine, &cluster, cluster_runtime.handle())?;
     // Committed transactions (those replayed from the log included) reach this node's storage.
-    txn_link::follow(&engine, &cluster);
+    txn_link::follow(&engine, &cluster, &cfg.data_dir);
     cluster
         .lifecycle()
         .attach(Arc::new(stream_link::EngineData::new(

@@ -3,6 +3,7 @@
 //! and LWT are proposed through one committer per node that batches what is ready into one
 //! proposal (`sluice_engine::transaction::replicated::TxnLog`).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,10 +26,21 @@ const COMMITTER_QUEUE: usize = 4096;
 /// Room in a command for the batch header and the partitions of a transaction.
 const PARTITION_ROOM: usize = 4096;
 
+/// The file whose presence says this node's storage may lack logged commits: it installed
+/// a snapshot from another node. It outlives restarts (the storage still lacks them).
+const MISSED_COMMITS_MARKER: &str = "txn-commits-missed";
+
 /// Has `engine` write every committed transaction it replicates, from the ones replayed at
 /// start-up on. Called before the CQL port opens, once the engine has the group's schema.
-pub fn follow(engine: &Arc<Engine>, cluster: &ClusterNode) {
-    let follower = Arc::new(EngineTxnFollower(Arc::clone(engine)));
+pub fn follow(engine: &Arc<Engine>, cluster: &ClusterNode, data_dir: &Path) {
+    let marker = data_dir.join(MISSED_COMMITS_MARKER);
+    if marker.exists() {
+        engine.note_logged_commits_skipped(0);
+    }
+    let follower = Arc::new(EngineTxnFollower {
+        engine: Arc::clone(engine),
+        marker,
+    });
     cluster
         .meta()
         .with_state(|s| s.txn().attach(follower as Arc<dyn TxnFollower>));
@@ -52,21 +64,37 @@ pub fn connect(engine: &Arc<Engine>, cluster: &ClusterNode, runtime: &Handle) {
 }
 
 /// The engine, as the log's follower.
-struct EngineTxnFollower(Arc<Engine>);
+struct EngineTxnFollower {
+    engine: Arc<Engine>,
+    marker: PathBuf,
+}
 
 impl TxnFollower for EngineTxnFollower {
     fn commit(&self, commit: &TxnCommit<'_>) {
-        self.0
+        self.engine
             .apply_logged_commit(commit.timestamp, commit.provisional, commit.mutations);
     }
 
     fn make_durable(&self) {
-        self.0.make_logged_commits_durable();
+        self.engine.make_logged_commits_durable();
     }
 
     fn skipped(&self, index: u64) {
-        self.0.note_logged_commits_skipped(index);
+        if let Err(e) = write_marker(&self.marker) {
+            tracing::error!(error = %e, "cannot record that transaction writes were skipped");
+        }
+        self.engine.note_logged_commits_skipped(index);
     }
+}
+
+/// Creates the marker file and makes it durable.
+fn write_marker(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::File::create(path)?;
+    file.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// One transaction waiting for the committer.
@@ -242,5 +270,22 @@ async fn commit_loop(meta: Arc<ClusterMeta>, mut queue: mpsc::Receiver<Job>, max
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_is_written_and_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join(MISSED_COMMITS_MARKER);
+        assert!(!marker.exists());
+        write_marker(&marker).unwrap();
+        assert!(marker.exists());
+        // Writing it again (a second snapshot install) keeps it.
+        write_marker(&marker).unwrap();
+        assert!(marker.exists());
     }
 }
