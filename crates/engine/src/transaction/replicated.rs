@@ -336,9 +336,10 @@ pub(crate) async fn serial_read_barrier(
     }
 }
 
-/// Reads at a log index and proposes until the log commits or refuses, or the deadline
-/// passes. `evaluate(read_at)` reads and evaluates on this node's storage and answers the
-/// write set (nothing to propose when empty) with the result to answer once committed.
+/// Reads at a log index and proposes until the log commits, or the deadline passes (a
+/// conflict reads and evaluates again). `evaluate` reads and evaluates on this node's
+/// storage and answers the write set (nothing to propose when empty) with the result to
+/// answer once committed.
 pub(crate) async fn read_and_commit<T>(
     engine: &Engine,
     log: &Arc<dyn TxnLog>,
@@ -365,7 +366,9 @@ pub(crate) async fn read_and_commit<T>(
                 let read_at = barrier.max(log.last_applied());
                 let evaluated = evaluate()?;
                 // No logged commit was written while it read: what it read is the state after
-                // a prefix of the log, never part of a commit.
+                // a prefix of the log, never part of a commit. The fence keeps the reads
+                // before the second look at the sequence.
+                std::sync::atomic::fence(Ordering::SeqCst);
                 if engine.txn_apply_seq.load(Ordering::Acquire) == before {
                     break (read_at, evaluated);
                 }
