@@ -42,6 +42,7 @@ pub mod schema;
 pub mod state;
 pub mod streaming;
 pub mod topology;
+pub mod txn_log;
 pub mod verbs;
 
 pub use control::{serve_control, ControlHandler, ControlVerb};
@@ -52,3 +53,6 @@ pub use schema::{SchemaCommand, SchemaEdit, SchemaError, SchemaFollower, SchemaR
 pub use state::ClusterState;
 pub use streaming::{LocalData, StreamChunk, StreamStats, StreamTable};
 pub use topology::{Topology, TopologyCommand, TopologyError, TopologyResponse, TopologyWatch};
+pub use txn_log::{
+    PartitionRef, TxnBatch, TxnCommit, TxnFollower, TxnOutcome, TxnProposal, TxnResponse,
+};

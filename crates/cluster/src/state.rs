@@ -2,23 +2,30 @@
 //!
 //! A command's first byte says whose it is: [`TOPOLOGY_VERSION_BYTE`] for the topology (its
 //! encoding from before the schema joined the group, so existing logs replay unchanged) and
-//! [`SCHEMA_TAG`] for the schema. A snapshot carries both parts behind [`SNAPSHOT_TAG`]; a
-//! topology-only snapshot written before is still restored, with an empty schema.
+//! [`SCHEMA_TAG`] for the schema, [`TXN_TAG`] for the transaction log. A snapshot carries the
+//! three parts behind [`SNAPSHOT_TAG_WITH_TXN`]; the two-part snapshots ([`SNAPSHOT_TAG`]) and
+//! topology-only ones written before are still restored, with the missing parts empty.
 
 use sluice_meta::{Apply, MetaError};
 
 use crate::schema::{SchemaState, SCHEMA_TAG};
 use crate::topology::{Topology, TopologyError, TopologyResponse, TOPOLOGY_VERSION_BYTE};
+use crate::txn_log::{TxnSnapshot, TxnState, DEFAULT_WRITE_TABLE_BYTES, TXN_TAG};
 
 /// The first byte of a snapshot of both parts: then the topology part's length (4 bytes,
 /// big-endian), the topology part, and the schema part.
 pub const SNAPSHOT_TAG: u8 = 0xC5;
+
+/// The first byte of a snapshot of the three parts: the topology part's length (4 bytes,
+/// big-endian) and the part, the schema part's length and the part, then the transaction part.
+pub const SNAPSHOT_TAG_WITH_TXN: u8 = 0xC6;
 
 /// The topology and the schema, as one `Apply` state machine.
 #[derive(Default)]
 pub struct ClusterState {
     topology: Topology,
     schema: SchemaState,
+    txn: TxnState,
 }
 
 impl ClusterState {
@@ -27,7 +34,13 @@ impl ClusterState {
         ClusterState {
             topology,
             schema: SchemaState::new(),
+            txn: TxnState::default(),
         }
+    }
+
+    /// The transaction part.
+    pub fn txn(&self) -> &TxnState {
+        &self.txn
     }
 
     /// The topology part.
@@ -43,8 +56,10 @@ impl ClusterState {
 
 impl Apply for ClusterState {
     fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8> {
+        self.txn.note_applied();
         match command.first() {
             Some(&SCHEMA_TAG) => self.schema.apply(command).encode(),
+            Some(&TXN_TAG) => self.txn.apply(index, command).encode(),
             Some(&TOPOLOGY_VERSION_BYTE) => self.topology.apply(index, command),
             // The topology answered unknown first bytes so before the schema shared the log.
             _ => TopologyResponse::Rejected(if command.is_empty() {
@@ -59,12 +74,16 @@ impl Apply for ClusterState {
     fn snapshot(&self) -> Vec<u8> {
         let topology = self.topology.snapshot();
         let schema = self.schema.snapshot();
-        let mut out = Vec::with_capacity(5 + topology.len() + schema.len());
-        out.push(SNAPSHOT_TAG);
-        // A topology snapshot is far below 4 GiB (at most a few thousand nodes).
+        let txn = self.txn.snapshot();
+        let mut out = Vec::with_capacity(9 + topology.len() + schema.len() + txn.len());
+        out.push(SNAPSHOT_TAG_WITH_TXN);
+        // A topology snapshot is far below 4 GiB (at most a few thousand nodes), and so is the
+        // schema (at most 65,536 documents of at most one command each).
         out.extend_from_slice(&(topology.len() as u32).to_be_bytes());
         out.extend_from_slice(&topology);
+        out.extend_from_slice(&(schema.len() as u32).to_be_bytes());
         out.extend_from_slice(&schema);
+        out.extend_from_slice(&txn);
         out
     }
 
@@ -73,6 +92,8 @@ impl Apply for ClusterState {
             Some((&TOPOLOGY_VERSION_BYTE, _)) => {
                 self.topology.restore(snapshot)?;
                 self.schema.install(0, Default::default());
+                self.txn
+                    .install(TxnSnapshot::empty(DEFAULT_WRITE_TABLE_BYTES));
                 Ok(())
             }
             Some((&SNAPSHOT_TAG, rest)) => {
@@ -86,11 +107,34 @@ impl Apply for ClusterState {
                 let (epoch, documents) = SchemaState::decode_snapshot(schema)?;
                 self.topology.restore(topology)?;
                 self.schema.install(epoch, documents);
+                self.txn
+                    .install(TxnSnapshot::empty(DEFAULT_WRITE_TABLE_BYTES));
+                Ok(())
+            }
+            Some((&SNAPSHOT_TAG_WITH_TXN, rest)) => {
+                let (topology, rest) = split_part(rest)?;
+                let (schema, txn) = split_part(rest)?;
+                // Every part decodes before any changes.
+                let (epoch, documents) = SchemaState::decode_snapshot(schema)?;
+                let txn = TxnState::decode_snapshot(txn)?;
+                self.topology.restore(topology)?;
+                self.schema.install(epoch, documents);
+                self.txn.install(txn);
                 Ok(())
             }
             _ => Err(MetaError::Malformed),
         }
     }
+}
+
+/// Splits a part behind its 4-byte big-endian length from what follows it.
+fn split_part(bytes: &[u8]) -> Result<(&[u8], &[u8]), MetaError> {
+    let (length, rest) = bytes.split_first_chunk::<4>().ok_or(MetaError::Malformed)?;
+    let length = u32::from_be_bytes(*length) as usize;
+    if length > rest.len() {
+        return Err(MetaError::Malformed);
+    }
+    Ok(rest.split_at(length))
 }
 
 #[cfg(test)]
@@ -148,6 +192,67 @@ mod tests {
         assert_eq!(restored.apply(3, &next), state.apply(3, &next));
         assert_eq!(restored.apply(4, &join(2)), state.apply(4, &join(2)));
         assert_eq!(restored.snapshot(), state.snapshot());
+    }
+
+    fn transfer(read_at: u64, a: i64, b: i64) -> Vec<u8> {
+        use crate::txn_log::{PartitionRef, TxnBatch, TxnProposal};
+        let p = |token| PartitionRef {
+            table: [1; 16],
+            token,
+            key_hash: token as u64,
+        };
+        TxnBatch {
+            transactions: vec![TxnProposal {
+                read_at,
+                provisional: 1_000,
+                reads: vec![p(a), p(b)],
+                writes: vec![p(a), p(b)],
+                mutations: vec![9; 4],
+            }],
+        }
+        .encode()
+        .unwrap()
+    }
+
+    #[test]
+    fn transactions_share_the_log_and_the_snapshot_with_the_other_parts() {
+        use crate::txn_log::{TxnOutcome, TxnResponse};
+        let mut state = ClusterState::default();
+        state.apply(1, &join(1));
+        state.apply(2, &schema_put(0, "keyspace/ks"));
+        assert_eq!(
+            TxnResponse::decode(&state.apply(3, &transfer(2, 1, 2))),
+            Ok(TxnResponse::Outcomes(vec![TxnOutcome::Committed {
+                timestamp: 1_000
+            }]))
+        );
+        let snapshot = state.snapshot();
+        assert_eq!(snapshot[0], SNAPSHOT_TAG_WITH_TXN);
+        let mut restored = ClusterState::default();
+        restored.restore(&snapshot).unwrap();
+        assert_eq!(restored.snapshot(), snapshot);
+        assert_eq!(restored.txn().counts(), state.txn().counts());
+        // A read before the committed write conflicts on both; a later one commits on both
+        // with the same timestamp.
+        for (index, command) in [(4, transfer(2, 2, 3)), (5, transfer(3, 2, 3))] {
+            assert_eq!(
+                restored.apply(index, &command),
+                state.apply(index, &command)
+            );
+        }
+        assert_eq!(state.txn().counts().conflicts, 1);
+        assert_eq!(state.txn().counts().commits, 2);
+        assert_eq!(restored.snapshot(), state.snapshot());
+        // A two-part snapshot from before the transaction log restores with an empty one.
+        let mut old = vec![SNAPSHOT_TAG];
+        let topology = state.topology().snapshot();
+        old.extend_from_slice(&(topology.len() as u32).to_be_bytes());
+        old.extend_from_slice(&topology);
+        old.extend_from_slice(&state.schema().snapshot());
+        let mut from_old = ClusterState::default();
+        from_old.restore(&old).unwrap();
+        assert_eq!(from_old.txn().counts(), Default::default());
+        assert_eq!(from_old.schema().epoch(), 1);
     }
 
     #[test]

@@ -337,6 +337,16 @@ pub struct Engine {
     replica_stats: replica_stats::ReplicaStats,
     /// Each peer's schema version as its heartbeat last said (`system.peers`).
     peer_schema_versions: Mutex<HashMap<Uuid, Uuid>>,
+    /// Set in a cluster: transactions and LWT go through the cluster's transaction log.
+    txn_log: std::sync::OnceLock<Arc<dyn transaction::replicated::TxnLog>>,
+    /// Set when this node's storage may lack logged commits (a snapshot from another node).
+    txn_commits_missed: std::sync::atomic::AtomicBool,
+    /// Logged transactions this coordinator proposed that the log found in conflict.
+    txn_log_conflicts: AtomicU64,
+    /// Logged transactions and writes this coordinator committed.
+    txn_log_commits: AtomicU64,
+    /// Odd while a logged commit is being written to storage (a sequence lock for readers).
+    txn_apply_seq: AtomicU64,
     /// Partitions a read found differing across replicas and repaired.
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
@@ -459,6 +469,11 @@ impl Engine {
             replica_transport: std::sync::OnceLock::new(),
             replica_stats: replica_stats::ReplicaStats::default(),
             peer_schema_versions: Mutex::new(HashMap::new()),
+            txn_log: std::sync::OnceLock::new(),
+            txn_commits_missed: std::sync::atomic::AtomicBool::new(false),
+            txn_log_conflicts: AtomicU64::new(0),
+            txn_log_commits: AtomicU64::new(0),
+            txn_apply_seq: AtomicU64::new(0),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: coordinator::HintStore::new(
@@ -1132,7 +1147,21 @@ impl Engine {
         exec::validate_values(p, &values)?;
         let b = exec::Binder::new(&values, ctx.now_micros);
         match &p.plan {
-            Plan::Select(s) => self.select(p, s, &values, &b, params, ctx, true).await,
+            Plan::Select(s) => {
+                if params.consistency.is_serial() {
+                    // Linearizable: the read reflects every transaction committed before it.
+                    transaction::replicated::serial_read_barrier(
+                        self,
+                        &s.table,
+                        &b,
+                        &s.where_,
+                        params.consistency,
+                        ctx,
+                    )
+                    .await?;
+                }
+                self.select(p, s, &values, &b, params, ctx, true).await
+            }
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
                 if w.condition.is_some() {

@@ -12,6 +12,7 @@
 //! until it has written.
 
 pub mod gate;
+pub mod replicated;
 
 use crate::analyze::{Analyzer, Filter, FilterRhs, SelItem, SelectPlan, Val, Where, WritePlan};
 use crate::catalog::{invalid, TableDef};
@@ -33,6 +34,9 @@ use std::sync::Arc;
 
 /// Most rows a transaction's returning SELECT reads (under the transaction's locks).
 const MAX_RETURNED_ROWS: usize = 1000;
+
+/// How long a logged transaction without a deadline of its own may take.
+const LOGGED_DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An analysed transaction.
 #[derive(Debug, Clone)]
@@ -708,6 +712,82 @@ async fn run(
     if exec::expired(ctx.deadline) {
         return Err(plan.timeout(consistency));
     }
+    let logged_tables = plan
+        .reads
+        .iter()
+        .map(|r| &*r.table)
+        .chain(plan.writes.iter().map(|w| &*w.table));
+    if let Some(log) = engine.txn_log_for(logged_tables) {
+        let read_parts: Vec<(&TableDef, i64)> = plan
+            .reads
+            .iter()
+            .zip(&reads)
+            .map(|(r, bound)| (&*r.table, bound.pk.token))
+            .collect();
+        let logged_reads: Vec<replicated::LoggedPartition> = plan
+            .reads
+            .iter()
+            .zip(&reads)
+            .map(|(r, bound)| replicated::LoggedPartition {
+                table: *r.table.id.as_bytes(),
+                token: bound.pk.token,
+                key_hash: replicated::key_hash(&bound.pk.key),
+            })
+            .collect();
+        let deadline = ctx
+            .deadline
+            .unwrap_or_else(|| std::time::Instant::now() + LOGGED_DEFAULT_WAIT);
+        let evaluate = || {
+            engine.check_txn_reads(&read_parts)?;
+            let mut chosen = Vec::new();
+            let decide = |found: &[PartitionRead]| {
+                let writes = decide_writes(
+                    engine,
+                    plan,
+                    b,
+                    &reads,
+                    &filters,
+                    found,
+                    prebuilt.clone(),
+                    values.clone(),
+                    provisional,
+                )?;
+                chosen = writes.into_iter().map(|(_, m)| m).collect();
+                // Nothing is written here: the log commits the writes on every replica.
+                Ok(Vec::new())
+            };
+            let found = match engine.storage().apply_transaction(
+                &partitions,
+                &storage_reads,
+                now_secs,
+                provisional,
+                decide,
+            ) {
+                Ok(outcome) => outcome.reads,
+                Err(TxnError::Storage(e)) => return Err(storage_error(e)),
+                Err(TxnError::Decide(e)) => return Err(e),
+            };
+            let wrote = !chosen.is_empty();
+            Ok(replicated::Evaluated {
+                reads: logged_reads.clone(),
+                mutations: chosen,
+                provisional,
+                result: (found, wrote),
+            })
+        };
+        let decided = replicated::read_and_commit(
+            engine,
+            log,
+            deadline,
+            || plan.timeout(consistency),
+            evaluate,
+        )
+        .await;
+        permit.finish(decided.is_ok());
+        let (found, wrote) = decided?;
+        engine.transactions().metrics().note_commit(wrote);
+        return Ok(answer(p, plan, params, &reads, &found));
+    }
     let decide = |found: &[PartitionRead]| {
         decide_writes(
             engine,
@@ -754,24 +834,30 @@ async fn run(
         crate::write::wait_seen_durable(engine, None, ctx.deadline, || plan.timeout(consistency))
             .await?;
     }
-    Ok(match &plan.returning {
+    Ok(answer(p, plan, params, &reads, &outcome.reads))
+}
+
+/// The answer of a transaction from what it read (before its writes).
+fn answer(
+    p: &Prepared,
+    plan: &TxnPlan,
+    params: &QueryParameters,
+    reads: &[BoundRead],
+    found: &[PartitionRead],
+) -> ResultMessage {
+    match &plan.returning {
         Returning::Nothing => ResultMessage::Void,
         Returning::References(refs) => {
             let mut rows = RowsBuilder::new(refs.len());
             for &(read, col) in refs {
-                let v = read_value(
-                    &plan.reads[read].table,
-                    &outcome.reads[read],
-                    &reads[read].pk,
-                    col,
-                );
+                let v = read_value(&plan.reads[read].table, &found[read], &reads[read].pk, col);
                 rows.cell(v.as_deref());
             }
             ResultMessage::Rows(rows.finish(p.result_columns.clone(), None, params.skip_metadata))
         }
         Returning::Select { read, columns } => {
             let t = &*plan.reads[*read].table;
-            let found = &outcome.reads[*read];
+            let found = &found[*read];
             let pk = &reads[*read].pk;
             let mut rows = RowsBuilder::new(columns.len());
             for row in &found.rows {
@@ -787,7 +873,7 @@ async fn run(
             }
             ResultMessage::Rows(rows.finish(p.result_columns.clone(), None, params.skip_metadata))
         }
-    })
+    }
 }
 
 /// Under the locks: evaluates the IF on what was read, fills the LET values the writes use

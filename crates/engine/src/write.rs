@@ -639,7 +639,8 @@ pub(crate) async fn execute_writes(
     let rebound = binders.as_deref().map(|b| rebind(entries, b));
     let entries = rebound.as_deref().unwrap_or(entries);
     // One timestamp for the whole request (a batch's statements share it).
-    let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
+    let request_ts = default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros));
+    let default_ts = Some(request_ts);
     let mut muts = Vec::with_capacity(entries.len());
     for (w, b) in entries {
         build_mutations(engine, w, b, batch_ts, default_ts, &mut muts)?;
@@ -651,6 +652,25 @@ pub(crate) async fn execute_writes(
     // Never start storage work after the deadline.
     if exec::expired(ctx.deadline) {
         return Err(exec::write_timeout(consistency, write_type));
+    }
+    // `transactional_mode = 'full'` on a cluster: the write is ordered with every transaction
+    // and LWT of the table through the log, with the log's timestamp.
+    if commit_assigns_timestamp(entries, batch_ts, &muts) {
+        if let Some(log) = engine.txn_log_for(entries.iter().map(|(w, _)| &*w.table)) {
+            let deadline = ctx
+                .deadline
+                .unwrap_or_else(|| std::time::Instant::now() + LOGGED_LWT_DEFAULT_WAIT);
+            Box::pin(crate::transaction::replicated::commit_blind(
+                engine,
+                log,
+                muts,
+                request_ts,
+                deadline,
+                || exec::write_timeout(consistency, write_type),
+            ))
+            .await?;
+            return Ok(ResultMessage::Void);
+        }
     }
     let muts = match engine.replica_transport() {
         // Boxed: a single node's write future stays as small as it was.
@@ -951,7 +971,8 @@ pub(crate) async fn execute_conditional(
     let binders = canonical.as_deref().map(|c| canonical_binders(entries, c));
     let rebound = binders.as_deref().map(|b| rebind(entries, b));
     let entries = rebound.as_deref().unwrap_or(entries);
-    let default_ts = Some(default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros)));
+    let request_ts = default_ts.unwrap_or_else(|| engine.write_timestamp(ctx.now_micros));
+    let default_ts = Some(request_ts);
     let mut partition: Option<PartitionKey> = None;
     let mut table = None;
     for (w, b) in entries {
@@ -1002,6 +1023,35 @@ pub(crate) async fn execute_conditional(
     let provisional = (batch_ts.is_none() && entries.iter().all(|(w, _)| w.timestamp.is_none()))
         .then_some(default_ts)
         .flatten();
+    let specs = lwt_result_specs(t);
+    if let Some(log) = engine.txn_log_for(std::iter::once(t)) {
+        let muts: Vec<Mutation> = batch.into_iter().map(|(_, m)| m).collect();
+        let (found, applied) = Box::pin(logged_conditional(
+            engine,
+            log,
+            t,
+            &pk,
+            &reads,
+            &conditions,
+            muts,
+            request_ts,
+            consistency,
+            ctx,
+        ))
+        .await?;
+        let mut rows = RowsBuilder::new(specs.len());
+        for (inputs, read) in conditions.iter().zip(&found) {
+            rows.cell(Some(&[applied as u8]));
+            for c in shown_cells(inputs.plan, read, &pk) {
+                rows.cell(c.as_deref());
+            }
+        }
+        return Ok(ResultMessage::Rows(rows.finish(
+            specs.into(),
+            None,
+            skip_metadata,
+        )));
+    }
     let mut failure = None;
     let outcome = engine
         .storage
@@ -1031,7 +1081,6 @@ pub(crate) async fn execute_conditional(
         return Err(e);
     }
     let applied = outcome.applied();
-    let specs = lwt_result_specs(t);
     let mut rows = RowsBuilder::new(specs.len());
     for (inputs, read) in conditions.iter().zip(&outcome.reads) {
         rows.cell(Some(&[applied as u8]));
@@ -1057,3 +1106,72 @@ pub(crate) async fn execute_conditional(
         skip_metadata,
     )))
 }
+
+/// An LWT on a multi-node cluster: the condition is read and checked on this replica at a
+/// log index it has applied, and the writes go through the cluster's transaction log (see
+/// `transaction::replicated`). Answers what the check read and whether it applied.
+#[allow(clippy::too_many_arguments)]
+async fn logged_conditional(
+    engine: &Engine,
+    log: &std::sync::Arc<dyn crate::transaction::replicated::TxnLog>,
+    t: &crate::catalog::TableDef,
+    pk: &PartitionKey,
+    reads: &[ConditionRead<'_>],
+    conditions: &[ConditionInputs<'_>],
+    muts: Vec<Mutation>,
+    provisional: i64,
+    consistency: Consistency,
+    ctx: &RequestContext,
+) -> Result<(Vec<PartitionRead>, bool), DetailedError> {
+    use crate::transaction::replicated::{self, Evaluated, LoggedPartition};
+    let part = LoggedPartition {
+        table: *t.id.as_bytes(),
+        token: pk.token,
+        key_hash: replicated::key_hash(&pk.key),
+    };
+    let now_secs = (ctx.now_micros.max(0) / 1_000_000) as u32;
+    let deadline = ctx
+        .deadline
+        .unwrap_or_else(|| std::time::Instant::now() + LOGGED_LWT_DEFAULT_WAIT);
+    replicated::read_and_commit(
+        engine,
+        log,
+        deadline,
+        || replicated::cas_timeout(consistency),
+        || {
+            engine.check_txn_reads(&[(t, pk.token)])?;
+            let mut failure = None;
+            let mut holds = true;
+            let outcome = engine
+                .storage
+                .apply_conditional(pk.token, &pk.key, reads, now_secs, &[], None, |found| {
+                    for (inputs, read) in conditions.iter().zip(found) {
+                        match condition_holds(inputs, read, pk) {
+                            Ok(true) => {}
+                            Ok(false) => holds = false,
+                            Err(e) => {
+                                failure = Some(e);
+                                holds = false;
+                            }
+                        }
+                    }
+                    // Nothing is written here: the log commits the writes on every replica.
+                    false
+                })
+                .map_err(storage_error)?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            Ok(Evaluated {
+                reads: vec![part],
+                mutations: if holds { muts.clone() } else { Vec::new() },
+                provisional,
+                result: (outcome.reads, holds),
+            })
+        },
+    )
+    .await
+}
+
+/// How long a logged LWT without a deadline of its own may take.
+const LOGGED_LWT_DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

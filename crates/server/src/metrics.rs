@@ -515,6 +515,27 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
     }
 }
 
+/// Renders what this coordinator proposed to the cluster's transaction log: transactions
+/// committed, and proposals the log found in conflict (read again and retried).
+pub fn render_txn_log(out: &mut String, committed: u64, conflicts: u64) {
+    let rows = [
+        (
+            "sluice_txn_log_commits_total",
+            "Transactions and LWT this coordinator committed through the cluster's log.",
+            committed,
+        ),
+        (
+            "sluice_txn_log_conflicts_total",
+            "Proposals the cluster's log refused because a read partition was written after the read.",
+            conflicts,
+        ),
+    ];
+    for (name, help, v) in rows {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
+
 /// Renders the node's transaction metrics: outstanding transactions, the adaptive limit,
 /// commits, aborts by reason, lock wait and critical-section time.
 pub fn render_transactions(out: &mut String, gate: &sluice_engine::transaction::gate::TxnGate) {
@@ -723,6 +744,15 @@ mod tests {
         assert!(
             text.contains("sluice_replica_refused_total{verb=\"read\",reason=\"in_flight_cap\"} 0")
         );
+    }
+
+    #[test]
+    fn txn_log_metrics_render() {
+        let mut text = String::new();
+        render_txn_log(&mut text, 7, 2);
+        assert!(text.contains("# TYPE sluice_txn_log_commits_total counter"));
+        assert!(text.contains("sluice_txn_log_commits_total 7"));
+        assert!(text.contains("sluice_txn_log_conflicts_total 2"));
     }
 
     #[test]

@@ -322,6 +322,11 @@ impl Server {
                         out,
                         &crate::metrics::CoordinatorCounts::of(&engine),
                     );
+                    crate::metrics::render_txn_log(
+                        out,
+                        engine.txn_log_commits(),
+                        engine.txn_log_conflicts(),
+                    );
                 })
             },
             shutdown_rx.clone(),

@@ -11,6 +11,7 @@ mod local_cluster;
 mod nodetool;
 mod schema_link;
 mod stream_link;
+mod txn_link;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -186,6 +187,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     engine.set_hinted_handoff(cfg.hinted_handoff);
     // The schema is the group's before any client can reach this node; DDL goes through it.
     schema_link::connect(&engine, &cluster, cluster_runtime.handle())?;
+    // Committed transactions (those replayed from the log included) reach this node's storage.
+    txn_link::follow(&engine, &cluster, &cfg.data_dir);
     cluster
         .lifecycle()
         .attach(Arc::new(stream_link::EngineData::new(
@@ -206,6 +209,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         cluster_runtime.spawn(sluice_engine::follow_ring(engine.clone(), cluster.ring()));
         // Statements of replicated keyspaces go to their replicas; peers' requests run here.
         let _runtime = cluster_runtime.enter();
+        // Transactions and LWT of replicated tables go through the cluster's transaction log.
+        txn_link::connect(&engine, &cluster, cluster_runtime.handle());
         Some(
             sluice_cluster::replica::Coordination::start(&cluster, engine.clone())
                 .context("cannot start the coordinator")?,

@@ -436,6 +436,15 @@ impl Storage {
             .collect()
     }
 
+    /// Fsyncs everything every store has applied so far (blocking): for writes whose
+    /// durability another log carried until now.
+    pub fn sync_all(&self) -> Result<(), StorageError> {
+        for store in self.inner.stores.iter() {
+            store.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// A ticket for every write a read that has returned could have seen: in the store of
     /// `token`, or in every store (`None`). Take it after the read; once
     /// [`wait_durable`](Self::wait_durable) resolves on it, nothing the read saw can be lost
