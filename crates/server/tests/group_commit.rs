@@ -37,13 +37,21 @@ fn assume(b: &Bench, expected_ms: u64, fsync_ms: u64) {
         }));
 }
 
+/// `config` with a 2.5 ms group-commit wait (off by default).
+fn watching(mut config: sluice_server::ServerConfig) -> sluice_server::ServerConfig {
+    if let Some(a) = config.admission.as_mut() {
+        a.group_commit_wait = Duration::from_micros(2500);
+    }
+    config
+}
+
 fn samples(b: &Bench) -> u64 {
     b.wire().shard.metrics.latency_samples.load(Relaxed)
 }
 
 #[test]
 fn a_write_that_would_wait_too_long_for_its_fsync_is_turned_away_before_it_runs() {
-    let (mut b, _dir) = bench_with(fixed_admission_config(64, 8));
+    let (mut b, _dir) = bench_with(watching(fixed_admission_config(64, 8)));
     let engine = b.wire().shard.engine.clone();
     let insert = engine
         .prepare(None, "INSERT INTO ks.t (k, v) VALUES (?, ?)")
@@ -109,15 +117,13 @@ fn a_write_that_would_wait_too_long_for_its_fsync_is_turned_away_before_it_runs(
 }
 
 #[test]
-fn paced_connections_and_a_zero_wait_setting_join_the_fsync() {
-    let mut paced = fixed_admission_config(64, 8);
+fn paced_connections_and_the_default_setting_join_the_fsync() {
+    let mut paced = watching(fixed_admission_config(64, 8));
     if let Some(a) = paced.admission.as_mut() {
         a.pace_windows = true;
     }
-    let mut off = fixed_admission_config(64, 8);
-    if let Some(a) = off.admission.as_mut() {
-        a.group_commit_wait = Duration::ZERO;
-    }
+    // The default: off.
+    let off = fixed_admission_config(64, 8);
     for config in [paced, off] {
         let (mut b, _dir) = bench_with(config);
         let insert = b

@@ -268,7 +268,8 @@ pub struct ServeArgs {
     /// With `--durability batch`, turn a write away Overloaded when it is expected to wait
     /// for its group fsync longer than two bare fsyncs plus this, and answer it with a
     /// timeout at once when that wait would pass its deadline; `off` lets every write join
-    /// the fsync [default: 2500us].
+    /// the fsync (see docs/decisions/2026-11-26-admission-sees-the-group-fsync.md before
+    /// turning it on) [default: off].
     #[arg(
         long,
         env = "SLUICE_ADMISSION_GROUP_COMMIT_WAIT",
@@ -1397,7 +1398,7 @@ mod tests {
         assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);
         assert_eq!(cfg.codel.slough, Duration::from_millis(10));
         assert_eq!(cfg.codel.max_queue_delay, Duration::from_millis(100));
-        assert_eq!(cfg.group_commit_wait, Duration::from_micros(2500));
+        assert_eq!(cfg.group_commit_wait, Duration::ZERO, "off by default");
         let hidden_off = ServeArgs {
             admission_group_commit_wait: Some("off".into()),
             admission_lag_probe: Some("off".into()),
