@@ -96,6 +96,17 @@ fn a_write_that_would_wait_too_long_for_its_fsync_is_turned_away_before_it_runs(
     assert_eq!(code(&b), Some(WRITE_TIMEOUT));
     assert_eq!(m.expired_group_commit.load(Relaxed), 1);
     assert_eq!(m.expired_before_execution.load(Relaxed), 1);
+    // A wait too long to add to an instant is past the deadline too (no overflow).
+    shard
+        .engine
+        .storage()
+        .assume_group_commit_wait(Some(GroupCommitWait {
+            expected: Duration::MAX,
+            fsync: Duration::from_millis(1),
+        }));
+    assert_eq!(b.one(&write(6)), ERROR);
+    assert_eq!(code(&b), Some(WRITE_TIMEOUT));
+    assert_eq!(m.expired_group_commit.load(Relaxed), 2);
 
     // Nothing turned away was written.
     b.wire()
@@ -109,7 +120,7 @@ fn a_write_that_would_wait_too_long_for_its_fsync_is_turned_away_before_it_runs(
     );
     let no_row = b.wire().last.len();
     assert!(no_row < one_row);
-    for k in [3, 4, 5] {
+    for k in [3, 4, 5, 6] {
         let q = format!("SELECT v FROM ks.t WHERE k = {k}");
         assert_eq!(b.one(&query_frame(5, &q)), RESULT);
         assert_eq!(b.wire().last.len(), no_row, "partition {k} has no row");

@@ -191,7 +191,11 @@ fn check_group_commit(
     if wait.expected.is_zero() {
         return Ok(());
     }
-    if now + wait.expected >= deadline {
+    // A wait too long to add to an instant ends past any deadline.
+    if now
+        .checked_add(wait.expected)
+        .is_none_or(|done| done >= deadline)
+    {
         shard.metrics.expired_group_commit.fetch_add(1, Relaxed);
         return Err(Rejection::Expired(RequestKind::Write));
     }
