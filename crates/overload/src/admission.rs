@@ -394,12 +394,21 @@ pub struct AdmissionConfig {
     /// docs/decisions/2026-11-24-concurrency-floor-superseded-versions-writeback.md and
     /// 2026-11-25-read-ahead-that-reads-ahead.md.
     pub concurrency_floor_window: Duration,
+    /// A write answered after a group fsync (`--durability batch`) is turned away
+    /// `Overloaded` when it is expected to wait for that fsync longer than two bare fsyncs
+    /// (the rest of one in progress, then its own) plus this: the fsync is shared by every
+    /// write admitted meanwhile, so the writes beyond what it covers in time would lengthen
+    /// it for all of them. Zero (the default) turns it off: on a disk whose fsyncs vary, the
+    /// estimate also turns writes away at a light load. Why:
+    /// docs/decisions/2026-11-26-admission-sees-the-group-fsync.md.
+    pub group_commit_wait: Duration,
 }
 
 impl Default for AdmissionConfig {
     /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024] and at least 500 us of dispatches,
     /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait (or
-    /// five dispatches) and rejection over the in-flight caps while overloaded.
+    /// five dispatches) and rejection over the in-flight caps while overloaded; no write
+    /// turned away for its group fsync.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
             codel: CodelConfig::default(),
@@ -412,7 +421,23 @@ impl Default for AdmissionConfig {
             reject_over_cap: true,
             pace_windows: false,
             concurrency_floor_window: Duration::from_micros(500),
+            group_commit_wait: Duration::ZERO,
         }
+    }
+}
+
+impl AdmissionConfig {
+    /// True if a write expected to wait `expected` for its group fsync, whose bare cost is
+    /// `fsync`, is to be turned away: it would wait longer than two bare fsyncs (the rest of
+    /// one in progress, then its own) plus [`Self::group_commit_wait`]. Never when that is
+    /// zero (off).
+    #[inline]
+    pub fn group_commit_too_long(&self, expected: Duration, fsync: Duration) -> bool {
+        !self.group_commit_wait.is_zero()
+            && expected
+                > fsync
+                    .saturating_mul(2)
+                    .saturating_add(self.group_commit_wait)
     }
 }
 
@@ -1061,6 +1086,26 @@ mod tests {
         assert_eq!(
             c.dispatch_at_once(Arrival::Read(at_ms(12)), at_ms(12), far),
             None
+        );
+    }
+
+    #[test]
+    fn a_write_is_turned_away_only_past_two_bare_fsyncs_and_the_group_commit_wait() {
+        let cfg = AdmissionConfig {
+            group_commit_wait: Duration::from_micros(2500),
+            ..AdmissionConfig::default()
+        };
+        let fsync = ms(1);
+        // Two bare fsyncs plus 2.5 ms: 4.5 ms.
+        assert!(!cfg.group_commit_too_long(Duration::from_micros(4500), fsync));
+        assert!(cfg.group_commit_too_long(Duration::from_micros(4501), fsync));
+        // A slow disk's bare fsync raises the bound with it.
+        assert!(!cfg.group_commit_too_long(ms(40), ms(20)));
+        assert!(cfg.group_commit_too_long(ms(43), ms(20)));
+        let off = AdmissionConfig::default();
+        assert!(
+            !off.group_commit_too_long(Duration::from_secs(10), fsync),
+            "off by default"
         );
     }
 

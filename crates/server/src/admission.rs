@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use sluice_overload::{AdmissionController, AdmissionStats, Arrival, Deadline, Nanos, Verdict};
 use sluice_protocol::frame::{FrameHeader, Opcode};
+use sluice_storage::GroupCommitWait;
 use tracing::info;
 
 use crate::clock::ShardClock;
@@ -113,6 +114,7 @@ struct Logged {
     shed: u64,
     expired: u64,
     dropped: u64,
+    group_commit: u64,
 }
 
 /// Per-shard admission state (owned by the shard thread, no locks).
@@ -143,6 +145,8 @@ pub struct ShardAdmission {
     interval: Option<Duration>,
     /// `AdmissionConfig::pace_windows`, false when admission is off.
     pace_windows: bool,
+    /// The constants, for the group-commit bound (`None`: admission is off).
+    config: Option<sluice_overload::AdmissionConfig>,
 }
 
 impl ShardAdmission {
@@ -190,6 +194,7 @@ impl ShardAdmission {
             lag_max: Duration::ZERO,
             interval: config.admission.map(|c| c.codel.interval),
             pace_windows: config.admission.is_some_and(|c| c.pace_windows),
+            config: config.admission,
         }
     }
 
@@ -397,6 +402,41 @@ impl ShardAdmission {
         self.pace_windows
     }
 
+    /// True if a write's group fsync is watched: admission is on and its group-commit wait
+    /// is not zero (`AdmissionConfig::group_commit_wait`).
+    #[inline]
+    pub fn watches_group_commit(&self) -> bool {
+        self.config.is_some_and(|c| !c.group_commit_wait.is_zero())
+    }
+
+    /// True (and counted) if a dispatched write that is expected to wait `wait` for its
+    /// group fsync is to be turned away `Overloaded` (see
+    /// `AdmissionConfig::group_commit_too_long`). A `paced` connection's write is not: its
+    /// client's window bounds what it adds to the fsync, so it is served.
+    #[inline]
+    pub fn turns_away_for_group_commit(
+        &mut self,
+        wait: GroupCommitWait,
+        paced: bool,
+        metrics: &ShardMetrics,
+    ) -> bool {
+        let too_long = !paced
+            && self
+                .config
+                .is_some_and(|c| c.group_commit_too_long(wait.expected, wait.fsync));
+        if too_long {
+            self.counts.group_commit += 1;
+            metrics.rejected_overloaded.fetch_add(1, Relaxed);
+            metrics.rejected_group_commit.fetch_add(1, Relaxed);
+            debug_assert!(
+                metrics.rejected_group_commit.load(Relaxed)
+                    <= metrics.rejected_overloaded.load(Relaxed),
+                "a write turned away for its group fsync is one of the Overloaded"
+            );
+        }
+        too_long
+    }
+
     /// Counts one request answered `Overloaded` because its connection or shard was at its
     /// in-flight cap while overloaded (the caller appends the frame).
     #[inline]
@@ -446,6 +486,7 @@ impl ShardAdmission {
                     shed_for_delay = c.shed - l.shed,
                     expired_in_queue = c.expired - l.expired,
                     dropped_disconnected = c.dropped - l.dropped,
+                    turned_away_for_group_commit = c.group_commit - l.group_commit,
                     concurrency_limit = ctl.concurrency_limit(),
                     loop_lag_max_us = self.lag_max.as_micros() as u64,
                     "admission: requests turned away in the last interval"

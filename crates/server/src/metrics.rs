@@ -112,6 +112,12 @@ pub struct ShardMetrics {
     pub backpressure_pauses: AtomicU64,
     /// Requests turned away with `Overloaded` by admission (queue full or shed for delay).
     pub rejected_overloaded: AtomicU64,
+    /// Of `rejected_overloaded`, the writes turned away because they would wait too long
+    /// for their group fsync (`AdmissionConfig::group_commit_wait`).
+    pub rejected_group_commit: AtomicU64,
+    /// Of `expired_before_execution`, the writes whose group fsync would end past their
+    /// deadline.
+    pub expired_group_commit: AtomicU64,
     /// Requests rejected by the per-partition rate limiter.
     pub rejected_rate_limited: AtomicU64,
     /// Requests whose deadline passed before they were executed (never executed).
@@ -289,6 +295,23 @@ pub fn render(shards: &[Arc<ShardMetrics>]) -> String {
         for (reason, get) in reasons {
             let v = get(m).load(Relaxed);
             let _ = writeln!(out, "{n}{{shard=\"{s}\",reason=\"{reason}\"}} {v}");
+        }
+    }
+    let n = "sluice_group_commit_rejected_total";
+    family(
+        &mut out,
+        n,
+        "counter",
+        "Writes turned away for their expected wait for the group fsync (also counted in sluice_rejected_total), by shard and answer.",
+    );
+    let answers: [(&str, Counter); 2] = [
+        ("overloaded", |m| &m.rejected_group_commit),
+        ("expired", |m| &m.expired_group_commit),
+    ];
+    for (s, m) in shards.iter().enumerate() {
+        for (answer, get) in answers {
+            let v = get(m).load(Relaxed);
+            let _ = writeln!(out, "{n}{{shard=\"{s}\",answer=\"{answer}\"}} {v}");
         }
     }
     let n = "sluice_logins_total";

@@ -265,6 +265,18 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_ADMISSION_LIFO", value_name = "on|off")]
     pub admission_lifo: Option<String>,
 
+    /// With `--durability batch`, turn a write away Overloaded when it is expected to wait
+    /// for its group fsync longer than two bare fsyncs plus this, and answer it with a
+    /// timeout at once when that wait would pass its deadline; `off` lets every write join
+    /// the fsync (see docs/decisions/2026-11-26-admission-sees-the-group-fsync.md before
+    /// turning it on) [default: off].
+    #[arg(
+        long,
+        env = "SLUICE_ADMISSION_GROUP_COMMIT_WAIT",
+        value_name = "DURATION|off"
+    )]
+    pub admission_group_commit_wait: Option<String>,
+
     /// Let the kernel back the heap with transparent huge pages. Off, because zeroing a
     /// fresh 2 MiB page stalls the shard that touched it (6.5 ms measured on a virtual
     /// machine) just when load rises and the heap grows [default: off].
@@ -396,6 +408,7 @@ struct FileConfig {
     admission_reject_over_cap: Option<String>,
     admission_pace_windows: Option<String>,
     admission_lifo: Option<String>,
+    admission_group_commit_wait: Option<String>,
     transparent_huge_pages: Option<String>,
     hinted_handoff: Option<String>,
     log: Option<String>,
@@ -528,6 +541,8 @@ pub struct AdmissionSettings {
     pub interval: Duration,
     /// Queue bound per shard.
     pub queue: usize,
+    /// A write's longest expected wait for its group fsync beyond two bare fsyncs (zero: off).
+    pub group_commit_wait: Duration,
     /// Concurrency limit bounds per shard.
     pub min_concurrency: u32,
     /// Upper bound of the concurrency limit.
@@ -723,6 +738,15 @@ impl ServeArgs {
             if lag_probe.is_some_and(|d| d < Duration::from_micros(100)) {
                 bail!("admission-lag-probe must be at least 100us (or off)");
             }
+            let group_commit_wait = match self
+                .admission_group_commit_wait
+                .clone()
+                .or(file.admission_group_commit_wait.clone())
+            {
+                None => admission_defaults.group_commit_wait,
+                Some(s) if s.trim().eq_ignore_ascii_case("off") => Duration::ZERO,
+                Some(s) => parse_duration(&s)?,
+            };
             Some(AdmissionSettings {
                 lag_probe,
                 shed_at_enqueue: on_off(
@@ -760,6 +784,7 @@ impl ServeArgs {
                     admission_defaults.codel.interval,
                 )?,
                 queue,
+                group_commit_wait,
                 min_concurrency: min,
                 max_concurrency: max,
             })
@@ -977,6 +1002,7 @@ impl AdmissionSettings {
         c.reject_over_cap = self.reject_over_cap;
         c.pace_windows = self.pace_windows;
         c.adaptive_lifo = self.lifo;
+        c.group_commit_wait = self.group_commit_wait;
         c
     }
 }
@@ -1372,7 +1398,9 @@ mod tests {
         assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);
         assert_eq!(cfg.codel.slough, Duration::from_millis(10));
         assert_eq!(cfg.codel.max_queue_delay, Duration::from_millis(100));
+        assert_eq!(cfg.group_commit_wait, Duration::ZERO, "off by default");
         let hidden_off = ServeArgs {
+            admission_group_commit_wait: Some("off".into()),
             admission_lag_probe: Some("off".into()),
             admission_shed_at_enqueue: Some("OFF".into()),
             admission_reject_over_cap: Some("off".into()),
@@ -1395,6 +1423,7 @@ mod tests {
             "zero turns the probe off"
         );
         assert!(!cfg.shed_at_enqueue && !cfg.reject_over_cap && cfg.adaptive_lifo);
+        assert_eq!(cfg.group_commit_wait, Duration::ZERO, "off turns it off");
         let probe = |s: &str| {
             ServeArgs {
                 admission_lag_probe: Some(s.into()),

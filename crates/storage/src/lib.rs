@@ -37,7 +37,8 @@ pub use limits::{
 };
 pub use model::*;
 pub use storage::{
-    AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, Storage, TxnOutcome,
+    AckBarrier, AckBarrierHeld, CommitTicket, ConditionalOutcome, GroupCommitWait, Storage,
+    TxnOutcome,
 };
 pub use store::{
     ConditionRead, RangeChunk, RawPartition, RawRecord, TxnError, TxnPartition, TxnRead,

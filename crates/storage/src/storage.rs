@@ -33,6 +33,9 @@ const STORES_FILE: &str = "STORES";
 /// Meta key prefix of batchlog records.
 const BATCHLOG_PREFIX: &[u8] = b"batchlog/";
 
+/// The value of `Shared::assumed_group_commit` when no wait is assumed.
+const NOT_ASSUMED: u64 = u64::MAX;
+
 /// Most stores a data directory may have (a sanity bound on the `STORES` file).
 const MAX_STORES: usize = 1024;
 
@@ -65,6 +68,57 @@ impl AckBarrier {
     pub fn held(&self) -> AckBarrierHeld {
         AckBarrierHeld(())
     }
+
+    /// How long a write begun now is expected to wait for its group fsync (Batch mode; zero
+    /// in Periodic mode, where no write waits for one), so that admission can count that
+    /// wait before it lets a write run: in the store of `token`, or the longest of every
+    /// store's when the write's partition is not known (a batch).
+    pub fn group_commit_wait(&self, token: Option<i64>) -> GroupCommitWait {
+        let [assumed, fsync] = &self.inner.assumed_group_commit;
+        let assumed = assumed.load(Ordering::Relaxed);
+        if assumed != NOT_ASSUMED {
+            return GroupCommitWait {
+                expected: Duration::from_nanos(assumed),
+                fsync: Duration::from_nanos(fsync.load(Ordering::Relaxed)),
+            };
+        }
+        let stores = &self.inner.stores;
+        let of = |s: &Store| {
+            let (expected, fsync) = s.group_commit_wait();
+            GroupCommitWait { expected, fsync }
+        };
+        match token {
+            Some(token) => {
+                let n = stores.len() as u32;
+                let i = sluice_types::token::shard_of(
+                    token,
+                    n,
+                    sluice_types::token::SHARDING_IGNORE_MSB,
+                ) as usize;
+                stores.get(i).map(of).unwrap_or_default()
+            }
+            None => stores
+                .iter()
+                .map(of)
+                .max_by_key(|w| w.expected)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Nanoseconds of `d`, saturated.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What [`AckBarrier::group_commit_wait`] expects of the group fsync a new write joins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitWait {
+    /// The expected wait until the write is durable: the rest of the fsync in progress,
+    /// then the fsync that covers every write not yet in one.
+    pub expected: Duration,
+    /// The bare cost of one fsync, as measured: even a lone write waits about this long.
+    pub fsync: Duration,
 }
 
 /// The row store. Cheap to clone; all clones share the same stores.
@@ -82,6 +136,9 @@ struct Shared {
     limits: std::sync::OnceLock<WriteLimits>,
     /// The free-space guard of the data directory.
     disk: Arc<DiskSpace>,
+    /// Test hook: the group-commit wait to report instead of the measured one, in
+    /// nanoseconds (`NOT_ASSUMED`: measure), expected wait then bare fsync.
+    assumed_group_commit: [AtomicU64; 2],
 }
 
 impl std::fmt::Debug for Storage {
@@ -187,6 +244,7 @@ impl Storage {
                 batch_seq: AtomicU64::new(0),
                 limits: std::sync::OnceLock::new(),
                 disk: DiskSpace::start(&config.path)?,
+                assumed_group_commit: [AtomicU64::new(NOT_ASSUMED), AtomicU64::new(0)],
             }),
         };
         storage.replay_batchlog()?;
@@ -220,6 +278,21 @@ impl Storage {
     #[doc(hidden)]
     pub fn assume_free_disk_bytes(&self, free: Option<u64>) {
         self.inner.disk.override_free(free);
+    }
+
+    /// Test hook: report `wait` as every write's group-commit wait
+    /// ([`AckBarrier::group_commit_wait`]) instead of the measured one (`None`: measure again),
+    /// so that tests can make the group fsync look slow.
+    #[doc(hidden)]
+    pub fn assume_group_commit_wait(&self, wait: Option<GroupCommitWait>) {
+        let [assumed, fsync] = &self.inner.assumed_group_commit;
+        match wait {
+            Some(w) => {
+                fsync.store(nanos(w.fsync), Ordering::Relaxed);
+                assumed.store(nanos(w.expected).min(NOT_ASSUMED - 1), Ordering::Relaxed);
+            }
+            None => assumed.store(NOT_ASSUMED, Ordering::Relaxed),
+        }
     }
 
     /// Number of stores (fjall databases) the data is spread over.

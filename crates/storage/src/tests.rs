@@ -2527,3 +2527,57 @@ fn raw_partitions_carry_tombstones_and_converge_replicas() {
     assert!(a.apply_raw_partition(&l, 7, b"p", &bad).is_err());
     assert_eq!(keys(&read_all(&a, &l, 7, "p", 0)), want);
 }
+
+#[test]
+fn the_group_commit_wait_is_measured_in_batch_mode_and_zero_in_periodic_mode() {
+    let l = layout_no_ck(T2);
+    let write = |s: &Storage, k: i64| {
+        let mut m = mutation(T2, k, "g");
+        m.rows.push(insert_row(vec![], vec![cell(1, "v", 1)], 1));
+        s.apply(&[(&l, m)]).unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let (_d, s) = open_one_store(Durability::Batch);
+    let barrier = s.ack_barrier();
+    assert_eq!(barrier.group_commit_wait(None), GroupCommitWait::default());
+    for k in 0..4 {
+        let t = write(&s, k);
+        rt.block_on(s.wait_durable(t)).unwrap();
+    }
+    // Every write is durable and no fsync runs: a new write waits for one fsync.
+    let idle = barrier.group_commit_wait(Some(0));
+    assert!(idle.fsync > Duration::ZERO, "the fsyncs were measured");
+    assert!(idle.expected >= idle.fsync);
+    // Writes pending behind a held sync thread wait at least one bare fsync.
+    let hold = s.hold_sync();
+    let pending: Vec<_> = (10..20).map(|k| write(&s, k)).collect();
+    let waiting = barrier.group_commit_wait(None);
+    assert!(waiting.expected >= waiting.fsync && waiting.fsync > Duration::ZERO);
+    drop(hold);
+    for t in pending {
+        rt.block_on(s.wait_durable(t)).unwrap();
+    }
+    // The test hook replaces the measurement, and `None` restores it.
+    let slow = GroupCommitWait {
+        expected: Duration::from_millis(40),
+        fsync: Duration::from_millis(2),
+    };
+    s.assume_group_commit_wait(Some(slow));
+    assert_eq!(barrier.group_commit_wait(Some(7)), slow);
+    s.assume_group_commit_wait(None);
+    assert!(barrier.group_commit_wait(None).expected < slow.expected);
+
+    let (_d, p) = open(Durability::Periodic {
+        interval: Duration::from_secs(10),
+    });
+    let t = write(&p, 1);
+    rt.block_on(p.wait_durable(t)).unwrap();
+    let _pending = write(&p, 2);
+    assert_eq!(
+        p.ack_barrier().group_commit_wait(None),
+        GroupCommitWait::default(),
+        "no write waits for an fsync in periodic mode"
+    );
+}

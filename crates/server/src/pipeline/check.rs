@@ -1,8 +1,10 @@
 //! Every reason to turn a statement away before it runs, cheapest first, in one function
-//! ([`check`]): the client is gone, the statement is unknown, its deadline has passed, the
-//! shard that owns its partition has stopped, or the per-partition rate limiter rejects it.
+//! ([`check`]): the client is gone, the statement is unknown, its deadline has passed, a
+//! write would wait too long for its group fsync, the shard that owns its partition has
+//! stopped, or the per-partition rate limiter rejects it.
 //! QUERY, EXECUTE and BATCH all pass through it.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use sluice_engine::{LimitedPartition, OpKind, Prepared};
@@ -112,7 +114,8 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
     };
     // Before any routing work, so that an expired request costs the least.
     let deadline = deadline(shard, kind, using_timeout, request.arrival);
-    if shard.clock.now() >= deadline {
+    let now = shard.clock.now();
+    if now >= deadline {
         return Err(Rejection::Expired(kind));
     }
     check_permissions(request, &subject)?;
@@ -121,8 +124,9 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
             prepared,
             values,
             using_timeout,
-        } => check_single(shard, prepared, values, using_timeout, deadline),
+        } => check_single(request, prepared, values, using_timeout, now, deadline),
         Subject::Batch { batch, .. } => {
+            check_group_commit(request, None, now, deadline)?;
             // A batch counts one write per distinct partition of a limited table.
             let parts = request
                 .conn
@@ -166,17 +170,62 @@ fn check_permissions(request: &Request, subject: &Subject<'_>) -> Result<(), Rej
     })
 }
 
-/// Routing and the rate limiter of one statement.
+/// A write is answered after the group fsync that makes it durable (`--durability batch`),
+/// a wait shared by every write admitted meanwhile. A write expected to wait for it past its
+/// deadline is expired now; one expected to wait longer than admission allows is turned away
+/// `Overloaded` (see `ShardAdmission::turns_away_for_group_commit`), so that the fsync
+/// covers the writes served in about the time it takes under a light load. `token` is the
+/// write's partition, if it has one.
+#[inline]
+fn check_group_commit(
+    request: &Request,
+    token: Option<i64>,
+    now: Instant,
+    deadline: Instant,
+) -> Result<(), Rejection> {
+    let shard = &request.shard;
+    if !shard.admission.borrow().watches_group_commit() {
+        return Ok(());
+    }
+    let wait = shard.ack_barrier.group_commit_wait(token);
+    if wait.expected.is_zero() {
+        return Ok(());
+    }
+    // A wait too long to add to an instant ends past any deadline.
+    if now
+        .checked_add(wait.expected)
+        .is_none_or(|done| done >= deadline)
+    {
+        shard.metrics.expired_group_commit.fetch_add(1, Relaxed);
+        return Err(Rejection::Expired(RequestKind::Write));
+    }
+    let paced = !request.conn.pushing.get() && shard.admission.borrow().paces_windows();
+    if shard
+        .admission
+        .borrow_mut()
+        .turns_away_for_group_commit(wait, paced, &shard.metrics)
+    {
+        return Err(Rejection::Overloaded);
+    }
+    Ok(())
+}
+
+/// Routing, the group fsync's wait of a write, and the rate limiter of one statement.
 fn check_single(
-    shard: &ShardCtx,
+    request: &Request,
     prepared: &Prepared,
     values: &[Value],
     using_timeout: Option<Duration>,
+    now: Instant,
     deadline: Instant,
 ) -> Result<Checked, Rejection> {
+    let shard = &request.shard;
     let route = shard
         .engine
         .route_with_timeout(prepared, values, using_timeout);
+    if prepared.kind == OpKind::Write {
+        check_group_commit(request, route.token, now, deadline)?;
+    }
     let owner = route.token.map(|t| shard.owner_of(t));
     let remote = owner.filter(|&o| o != shard.id);
     if let Some(o) = remote {

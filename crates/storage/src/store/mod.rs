@@ -251,6 +251,7 @@ impl Store {
             fsyncs: AtomicU64::new(0),
             memtables_sealed: AtomicU64::new(0),
             gate: std::sync::RwLock::new(()),
+            gauge: sync::FsyncGauge::new(),
         });
         let thread_commit = commit.clone();
         let handle = std::thread::Builder::new()

@@ -26,6 +26,140 @@ pub(super) struct DurableState {
     pub(super) closed: bool,
 }
 
+/// What the sync thread measures of its group fsyncs, so that admission can tell how long a
+/// write begun now will wait for the fsync that makes it durable. Written by the sync thread
+/// alone, read by the shards with relaxed loads (an estimate, never a promise).
+#[derive(Debug)]
+pub(crate) struct FsyncGauge {
+    /// The origin of the nanosecond instants below.
+    epoch: Instant,
+    /// Start of the fsync in progress, nanoseconds since `epoch` plus one (zero: none).
+    running_since: AtomicU64,
+    /// The last ticket the fsync in progress covers; later tickets wait for the next one.
+    running_upto: AtomicU64,
+    /// Tickets the fsync in progress covers.
+    running_tickets: AtomicU64,
+    /// The bare cost of an fsync, nanoseconds: a low quantile of recent durations (drops at
+    /// once to a shorter fsync, rises slowly towards longer ones).
+    floor_nanos: AtomicU64,
+    /// Recent time an fsync spent beyond its bare cost, nanoseconds (moving average).
+    extra_nanos: AtomicU64,
+    /// Recent tickets per fsync (moving average), the divisor of `extra_nanos`.
+    tickets: AtomicU64,
+}
+
+/// Weight of a new fsync in the gauge's moving averages (1/16).
+const GAUGE_SHIFT: u32 = 4;
+/// How slowly the fsync floor rises towards a longer fsync (1/64 of the gap per fsync).
+const FLOOR_RISE_SHIFT: u32 = 6;
+/// Fixed-point scale of the gauge's ticket average (1/1024 of a ticket).
+const TICKET_SCALE: u64 = 1024;
+
+impl FsyncGauge {
+    /// A gauge that has measured nothing yet (it estimates no wait until the first fsync).
+    pub(super) fn new() -> FsyncGauge {
+        FsyncGauge {
+            epoch: Instant::now(),
+            running_since: AtomicU64::new(0),
+            running_upto: AtomicU64::new(0),
+            running_tickets: AtomicU64::new(0),
+            floor_nanos: AtomicU64::new(0),
+            extra_nanos: AtomicU64::new(0),
+            tickets: AtomicU64::new(0),
+        }
+    }
+
+    fn nanos_now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// An fsync covering tickets `from + 1 ..= upto` starts now.
+    fn started(&self, from: u64, upto: u64) -> u64 {
+        debug_assert!(upto > from, "an fsync covers at least one ticket");
+        let now = self.nanos_now();
+        self.running_upto.store(upto, Ordering::Relaxed);
+        self.running_tickets
+            .store(upto.saturating_sub(from), Ordering::Relaxed);
+        self.running_since
+            .store(now.saturating_add(1), Ordering::Release);
+        now
+    }
+
+    /// The fsync begun at `started` (see [`Self::started`]) ended: feed its duration.
+    fn finished(&self, started: u64) {
+        let took = self.nanos_now().saturating_sub(started);
+        let tickets = self.running_tickets.load(Ordering::Relaxed).max(1);
+        self.running_since.store(0, Ordering::Release);
+        self.record(took, tickets);
+    }
+
+    /// Feeds one fsync that took `took` nanoseconds for `tickets` tickets.
+    fn record(&self, took: u64, tickets: u64) {
+        let floor = self.floor_nanos.load(Ordering::Relaxed);
+        let floor = if floor == 0 || took < floor {
+            took
+        } else {
+            floor + ((took - floor) >> FLOOR_RISE_SHIFT)
+        };
+        self.floor_nanos.store(floor.max(1), Ordering::Relaxed);
+        let extra = took.saturating_sub(floor);
+        let avg = |a: &AtomicU64, sample: u64| {
+            let old = a.load(Ordering::Relaxed);
+            let new = if old == 0 {
+                sample
+            } else {
+                old - (old >> GAUGE_SHIFT) + (sample >> GAUGE_SHIFT)
+            };
+            a.store(new, Ordering::Relaxed);
+        };
+        avg(&self.extra_nanos, extra);
+        avg(&self.tickets, tickets.saturating_mul(TICKET_SCALE));
+    }
+
+    /// How long an fsync covering `tickets` tickets is expected to take: its bare cost plus
+    /// the recent cost per ticket beyond it.
+    fn expected_fsync(&self, tickets: u64) -> u64 {
+        let floor = self.floor_nanos.load(Ordering::Relaxed);
+        let per_ticket = self.tickets.load(Ordering::Relaxed).max(1);
+        let extra = self.extra_nanos.load(Ordering::Relaxed);
+        let beyond = u128::from(extra) * u128::from(tickets) * u128::from(TICKET_SCALE)
+            / u128::from(per_ticket);
+        floor.saturating_add(u64::try_from(beyond).unwrap_or(u64::MAX))
+    }
+
+    /// The expected wait of a write begun now for the group fsync that makes it durable,
+    /// when `applied` is the newest ticket handed out and tickets up to `durable` are
+    /// durable: the rest of the fsync in progress, then one that covers every write after
+    /// it, this one included. An fsync that already ran longer than expected (the disk is
+    /// busy with flushes, say) is expected to take about as long again. Zero before any
+    /// fsync was measured.
+    pub(crate) fn expected_wait(&self, applied: u64, durable: u64) -> Duration {
+        if self.floor_nanos.load(Ordering::Relaxed) == 0 {
+            return Duration::ZERO;
+        }
+        let since = self.running_since.load(Ordering::Acquire);
+        let (rest, covered) = if since == 0 {
+            (0, durable)
+        } else {
+            let elapsed = self.nanos_now().saturating_sub(since - 1);
+            let expected = self.expected_fsync(self.running_tickets.load(Ordering::Relaxed));
+            let rest = if elapsed < expected {
+                expected - elapsed
+            } else {
+                elapsed
+            };
+            (rest, self.running_upto.load(Ordering::Relaxed).max(durable))
+        };
+        let next = self.expected_fsync(applied.saturating_sub(covered).saturating_add(1));
+        Duration::from_nanos(rest.saturating_add(next))
+    }
+
+    /// The bare cost of one fsync, as measured (zero before the first).
+    pub(crate) fn floor(&self) -> Duration {
+        Duration::from_nanos(self.floor_nanos.load(Ordering::Relaxed))
+    }
+}
+
 /// Requests to the sync thread.
 #[derive(Debug, Default)]
 pub(super) struct SyncRequest {
@@ -63,6 +197,8 @@ pub(super) struct CommitShared {
     /// Test hook: a test holding the write side stops the sync thread before its next fsync
     /// (uncontended otherwise: one read lock per fsync).
     pub(super) gate: std::sync::RwLock<()>,
+    /// The group fsyncs' durations, for admission (Batch mode only).
+    pub(super) gauge: FsyncGauge,
 }
 
 impl CommitShared {
@@ -99,6 +235,7 @@ impl CommitShared {
         let Some(upto) = self.pending_upto() else {
             return;
         };
+        let started = self.gauge.started(self.durable.borrow().upto, upto);
         // The side fsync covers only what is in the OS: flush the buffer first (`upto` was
         // read before it, so everything up to `upto` is in it).
         let result = match self.flush_buffer().map(|()| syncer.sync()) {
@@ -112,10 +249,12 @@ impl CommitShared {
         };
         match result {
             Ok(()) => {
+                self.gauge.finished(started);
                 self.fsyncs.fetch_add(1, Ordering::Relaxed);
                 self.durable.send_modify(|d| d.upto = d.upto.max(upto));
             }
             Err(()) => {
+                self.gauge.finished(started);
                 tracing::error!("journal fsync failed; writes can no longer be made durable");
                 self.durable.send_modify(|d| d.failed = true);
             }
@@ -226,6 +365,22 @@ impl Store {
         }
     }
 
+    /// Batch mode: how long a write begun now is expected to wait for the group fsync that
+    /// makes it durable (see [`FsyncGauge::expected_wait`]), and the bare cost of one fsync.
+    /// Periodic mode: zero, since a write waits for no fsync.
+    pub(crate) fn group_commit_wait(&self) -> (Duration, Duration) {
+        if self.journal_in_os_is_durable() {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        let commit = &self.commit;
+        let applied = commit.applied.load(Ordering::Relaxed);
+        let durable = commit.durable.borrow().upto;
+        (
+            commit.gauge.expected_wait(applied, durable),
+            commit.gauge.floor(),
+        )
+    }
+
     /// True in Periodic mode, where a write is acknowledged once its journal buffer is in the
     /// OS (see `Storage::durable_at_ack_barrier`).
     pub(crate) fn journal_in_os_is_durable(&self) -> bool {
@@ -260,5 +415,87 @@ impl Store {
         }
         // (Also after `close`: its final fsync already covered what it could, this is cheap.)
         commit.flush_buffer_for_writers()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// A gauge whose epoch lies `ago` in the past, so that a test can place an fsync that
+    /// started before now without sleeping.
+    fn gauge_started(ago: Duration) -> FsyncGauge {
+        let g = FsyncGauge::new();
+        FsyncGauge {
+            epoch: g.epoch.checked_sub(ago).unwrap_or(g.epoch),
+            ..g
+        }
+    }
+
+    #[test]
+    fn nothing_measured_means_no_wait() {
+        let g = FsyncGauge::new();
+        assert_eq!(g.expected_wait(100, 0), Duration::ZERO);
+        assert_eq!(g.floor(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_lone_write_waits_one_bare_fsync_and_a_crowd_waits_for_its_size() {
+        let g = FsyncGauge::new();
+        // Light load: 1 ms fsyncs of a few writes.
+        for _ in 0..64 {
+            g.record(MS, 4);
+        }
+        assert_eq!(g.floor(), Duration::from_millis(1));
+        assert_eq!(g.expected_wait(10, 10), Duration::from_millis(1), "alone");
+        assert_eq!(g.expected_wait(12, 10), Duration::from_millis(1));
+        // Heavy load: fsyncs of 100 writes take 3 ms, 2 ms beyond the bare cost.
+        for _ in 0..256 {
+            g.record(3 * MS, 100);
+        }
+        let floor = g.floor();
+        assert!(floor >= Duration::from_millis(1) && floor < Duration::from_millis(3));
+        let extra = 3 * MS - floor.as_nanos() as u64;
+        // 199 writes pending and this one: the bare cost plus twice the measured extra.
+        let wait = g.expected_wait(199, 0).as_nanos() as u64;
+        let want = floor.as_nanos() as u64 + 2 * extra;
+        assert!(
+            wait.abs_diff(want) < want / 20,
+            "expected about {want} ns, got {wait}"
+        );
+        // The floor drops at once to a shorter fsync.
+        g.record(MS / 2, 1);
+        assert_eq!(g.floor(), Duration::from_micros(500));
+    }
+
+    #[test]
+    fn an_fsync_in_progress_adds_its_rest_and_an_overrun_counts_as_long_again() {
+        let g = gauge_started(Duration::from_millis(50));
+        for _ in 0..64 {
+            g.record(2 * MS, 10);
+        }
+        // An fsync of 10 writes started just now: a new write waits for its rest, then
+        // one more fsync.
+        g.started(0, 10);
+        let after = g.expected_wait(10, 0);
+        assert!(after > Duration::from_millis(3) && after <= Duration::from_millis(4));
+        // The same fsync, started 40 ms ago (the disk is busy): its rest is taken as 40 ms.
+        g.running_since.store(10 * MS + 1, Ordering::Release);
+        let stalled = g.expected_wait(10, 0);
+        assert!(
+            stalled >= Duration::from_millis(42),
+            "a stalled fsync is expected to run about as long again: {stalled:?}"
+        );
+        g.finished(10 * MS);
+        assert_eq!(
+            g.running_since.load(Ordering::Acquire),
+            0,
+            "none in progress"
+        );
+        // One more fsync, now a little longer: the 40 ms one is in the averages.
+        let next = g.expected_wait(10, 10);
+        assert!(next > Duration::from_millis(2) && next < Duration::from_millis(10));
     }
 }
