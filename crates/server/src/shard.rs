@@ -322,6 +322,7 @@ impl Server {
                         out,
                         &crate::metrics::CoordinatorCounts::of(&engine),
                     );
+                    crate::metrics::render_purges(out, &engine.storage().purge_stats());
                 })
             },
             shutdown_rx.clone(),

@@ -349,6 +349,17 @@ impl Tables {
         self.keeper.shared.pending.load(Ordering::Acquire) as usize
     }
 
+    /// What the keeper's background deletions of dropped and truncated tables have done.
+    pub(super) fn purge_progress(&self) -> KeyspacePurges {
+        let shared = &self.keeper.shared;
+        KeyspacePurges {
+            pending: shared.pending.load(Ordering::Acquire),
+            purged: shared.purged.load(Ordering::Relaxed),
+            purged_bytes: shared.purged_bytes.load(Ordering::Relaxed),
+            steps: shared.purge_steps.load(Ordering::Relaxed),
+        }
+    }
+
     /// Test hook: holds the keeper's deletions while the guard lives.
     #[cfg(test)]
     pub(super) fn hold_deletions(&self) -> DeletionHold<'_> {
@@ -367,6 +378,19 @@ impl Drop for DeletionHold<'_> {
         self.0.shared.held.store(false, Ordering::Release);
         self.0.shared.wake.notify_all();
     }
+}
+
+/// Counters of the keeper's deletions of retired keyspaces (dropped and truncated tables).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KeyspacePurges {
+    /// Retired keyspaces whose files are still on disk.
+    pub(crate) pending: u64,
+    /// Retired keyspaces whose files are gone.
+    pub(crate) purged: u64,
+    /// Their disk space when they were deleted.
+    pub(crate) purged_bytes: u64,
+    /// Deletion steps run.
+    pub(crate) steps: u64,
 }
 
 /// The keeper thread, at background priority: creates spare keyspaces and deletes retired
@@ -390,6 +414,12 @@ struct KeeperShared {
     wake: Condvar,
     /// Keyspaces retired whose files are still on disk.
     pending: AtomicU64,
+    /// Retired keyspaces whose files are gone.
+    purged: AtomicU64,
+    /// The disk space of the purged keyspaces, as fjall counted it when each was deleted.
+    purged_bytes: AtomicU64,
+    /// Deletion steps run: a keyspace deleted, or a look at those fjall still held.
+    purge_steps: AtomicU64,
     /// Test hook: deletions wait while this is set.
     #[cfg(test)]
     held: AtomicBool,
@@ -405,6 +435,9 @@ impl Keeper {
         let shared = Arc::new(KeeperShared {
             db,
             pending: AtomicU64::new(retired.len() as u64),
+            purged: AtomicU64::new(0),
+            purged_bytes: AtomicU64::new(0),
+            purge_steps: AtomicU64::new(0),
             state: Mutex::new(KeeperState {
                 spares,
                 retired,
@@ -558,16 +591,19 @@ impl KeeperShared {
     /// thread.
     fn run(&self) {
         crate::background::lower_current_thread();
-        let mut deleted: Vec<Keyspace> = Vec::new();
+        // Deleted keyspaces fjall still holds, with their disk space when deleted.
+        let mut deleted: Vec<(Keyspace, u64)> = Vec::new();
         let mut last_flush = Instant::now();
         while let Some(work) = self.next_work(!deleted.is_empty()) {
             match work {
                 Work::Delete(keyspace) => {
+                    self.purge_steps.fetch_add(1, Ordering::Relaxed);
                     let name = keyspace.name().to_string();
+                    let bytes = keyspace.disk_space();
                     match self.db.delete_keyspace(keyspace.clone()) {
                         Ok(()) => {
                             tracing::debug!(keyspace = %name, "table keyspace deleted");
-                            deleted.push(keyspace);
+                            deleted.push((keyspace, bytes));
                         }
                         Err(e) => {
                             // Left for the next open, which finds it unnamed again.
@@ -584,6 +620,7 @@ impl KeeperShared {
                     }
                 },
                 Work::Poll => {
+                    self.purge_steps.fetch_add(1, Ordering::Relaxed);
                     if last_flush.elapsed() >= KEEPER_FLUSH_AFTER {
                         self.flush_every_keyspace();
                         last_flush = Instant::now();
@@ -593,11 +630,18 @@ impl KeeperShared {
             if deleted.is_empty() {
                 last_flush = Instant::now();
             }
-            let before = deleted.len();
-            deleted.retain(|k| k.handle_count() > 1);
-            let gone = before - deleted.len();
+            let mut gone = 0;
+            deleted.retain(|(k, bytes)| {
+                let held = k.handle_count() > 1;
+                if !held {
+                    gone += 1;
+                    self.purged_bytes.fetch_add(*bytes, Ordering::Relaxed);
+                }
+                held
+            });
             if gone > 0 {
-                self.pending.fetch_sub(gone as u64, Ordering::AcqRel);
+                self.purged.fetch_add(gone, Ordering::Relaxed);
+                self.pending.fetch_sub(gone, Ordering::AcqRel);
             }
         }
     }
