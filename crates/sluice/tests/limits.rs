@@ -115,6 +115,8 @@ async fn a_write_that_would_take_a_partition_over_the_limit_is_invalid() {
         &[
             "--durability",
             "periodic",
+            "--max-value-bytes",
+            "1MiB",
             "--max-mutation-bytes",
             "1MiB",
             "--max-partition-bytes",
