@@ -86,6 +86,10 @@ step() {
         read -r s0 f0 o0 <<<"$before"
         read -r s1 f1 o1 <<<"$after"
         echo "   sluice CPU s: shards $(((s1 - s0) / 100)), fjall workers $(((f1 - f0) / 100)), other $(((o1 - o0) / 100))"
+        local store
+        for store in "$WORK"/sluice-data/db/store-*; do
+            echo "   $(basename "$store"): $(find "$store"/keyspaces/*/tables -type f 2>/dev/null | wc -l) disk table files, $(du -sm "$store" | cut -f1) MB"
+        done
     fi
 }
 
