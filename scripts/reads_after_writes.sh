@@ -6,15 +6,20 @@
 # latte's write.rn), then the same reads again. Prints latte's summary of every step; the
 # reports are kept under WORK.
 #
+# With SLUICE_ONLY=1 it runs Sluice alone (no Cassandra started), for before/after
+# comparisons of Sluice itself. After each step it prints the CPU seconds the step took in
+# Sluice's threads, by group (shards, fjall's flush and compaction workers, other).
+#
 # Usage: scripts/reads_after_writes.sh   (needs target/release/sluice, latte in PATH, and no
 # other Cassandra running; env: WORK, SLUICE_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, READ_SECS,
-# WRITE_SECS, ANCHOR_DIR)
+# WRITE_SECS, ANCHOR_DIR, SLUICE_ONLY)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/sluice-reads-after-writes}
 SLUICE_PORT=${SLUICE_PORT:-9242}
 CQL_PORT=${CQL_PORT:-9142}
 READ_SECS=${READ_SECS:-30}
+SLUICE_ONLY=${SLUICE_ONLY:-0}
 WRITE_SECS=${WRITE_SECS:-60}
 ANCHOR_DIR=${ANCHOR_DIR:-/work/shared/anchors/cassandra}
 BIN=target/release/sluice
@@ -37,35 +42,70 @@ trap cleanup EXIT
     --data-dir "$WORK/sluice-data" --durability periodic --periodic-sync-ms 10000 \
     --shard-aware-port off --metrics-listen off >"$WORK/sluice.log" 2>&1 &
 SLUICE_PID=$!
-FRESH=1 "$ANCHOR_DIR/start.sh"
-CASSANDRA_PID=$(cat "$ANCHOR/cassandra.pid")
+SERVERS="sluice cassandra"
+if [ "$SLUICE_ONLY" = 1 ]; then
+    SERVERS=sluice
+    sleep 2
+else
+    FRESH=1 "$ANCHOR_DIR/start.sh"
+    CASSANDRA_PID=$(cat "$ANCHOR/cassandra.pid")
+fi
+
+# Sluice's CPU seconds so far by thread group: "shards fjall other" (utime + stime, all
+# threads of the process; the clock tick is 100 Hz).
+sluice_cpu() {
+    local t name ticks
+    declare -A by=([shards]=0 [fjall]=0 [other]=0)
+    for t in /proc/"$SLUICE_PID"/task/*; do
+        name=$(cat "$t/comm" 2>/dev/null) || continue
+        ticks=$(awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "$t/stat" 2>/dev/null) || continue
+        case "$name" in
+        sluice-shard*) by[shards]=$((by[shards] + ticks)) ;;
+        fjall*) by[fjall]=$((by[fjall] + ticks)) ;;
+        *) by[other]=$((by[other] + ticks)) ;;
+        esac
+    done
+    echo "${by[shards]} ${by[fjall]} ${by[other]}"
+}
 
 # step NAME PID ADDR WORKLOAD SECS: runs one latte step against one server, the other paused.
 step() {
     local name=$1 pid=$2 addr=$3 workload=$4 secs=$5 other
     other=$([ "$pid" = "$SLUICE_PID" ] && echo "$CASSANDRA_PID" || echo "$SLUICE_PID")
-    kill -STOP "$other"
+    [ -n "$other" ] && kill -STOP "$other"
     kill -CONT "$pid"
     sleep 1
-    echo "== $name"
+    echo "== $name (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    local before after
+    before=$(sluice_cpu)
     latte run "$WORKLOADS/$workload" -d "${secs}s" -t 1 -p 256 -o "$WORK/$name.json" "$addr" \
         >"$WORK/$name.txt" 2>&1
+    after=$(sluice_cpu)
     grep -E "Throughput|Mean resp|^ *(50|99|99\.9) " "$WORK/$name.txt" | head -8 || true
+    if [ "$pid" = "$SLUICE_PID" ]; then
+        read -r s0 f0 o0 <<<"$before"
+        read -r s1 f1 o1 <<<"$after"
+        echo "   sluice CPU s: shards $(((s1 - s0) / 100)), fjall workers $(((f1 - f0) / 100)), other $(((o1 - o0) / 100))"
+        local store
+        for store in "$WORK"/sluice-data/db/store-*; do
+            echo "   $(basename "$store"): $(find "$store"/keyspaces/*/tables -type f 2>/dev/null | wc -l) disk table files, $(du -sm "$store" | cut -f1) MB"
+        done
+    fi
 }
 
-for server in sluice cassandra; do
+for server in $SERVERS; do
     if [ $server = sluice ]; then pid=$SLUICE_PID addr=127.0.0.1:$SLUICE_PORT; else pid=$CASSANDRA_PID addr=127.0.0.1:$CQL_PORT; fi
     other=$([ "$pid" = "$SLUICE_PID" ] && echo "$CASSANDRA_PID" || echo "$SLUICE_PID")
-    kill -STOP "$other"
+    [ -n "$other" ] && kill -STOP "$other"
     kill -CONT "$pid"
     latte schema "$WORKLOADS/read.rn" "$addr" >"$WORK/$server-schema.txt" 2>&1
     latte load "$WORKLOADS/read.rn" "$addr" >"$WORK/$server-load.txt" 2>&1
 done
-for server in sluice cassandra; do
+for server in $SERVERS; do
     if [ $server = sluice ]; then pid=$SLUICE_PID addr=127.0.0.1:$SLUICE_PORT; else pid=$CASSANDRA_PID addr=127.0.0.1:$CQL_PORT; fi
     step "$server-reads-before" "$pid" "$addr" read.rn "$READ_SECS"
 done
-for server in sluice cassandra; do
+for server in $SERVERS; do
     if [ $server = sluice ]; then pid=$SLUICE_PID addr=127.0.0.1:$SLUICE_PORT; else pid=$CASSANDRA_PID addr=127.0.0.1:$CQL_PORT; fi
     step "$server-writes" "$pid" "$addr" write.rn "$WRITE_SECS"
     step "$server-reads-after" "$pid" "$addr" read.rn "$READ_SECS"

@@ -559,6 +559,59 @@ pub fn render_txn_log(out: &mut String, committed: u64, conflicts: u64) {
     }
 }
 
+/// Renders storage's background purges: dropped and truncated tables' files deleted, and
+/// rows shadowed by deletions removed.
+pub fn render_purges(out: &mut String, p: &sluice_storage::PurgeStats) {
+    let rows = [
+        (
+            "sluice_table_purges_pending",
+            "gauge",
+            "Dropped or truncated tables' keyspaces whose files are not deleted yet.",
+            p.tables_pending,
+        ),
+        (
+            "sluice_table_purges_total",
+            "counter",
+            "Dropped or truncated tables' keyspaces whose files were deleted.",
+            p.tables_purged,
+        ),
+        (
+            "sluice_table_purged_bytes_total",
+            "counter",
+            "Disk space of the deleted keyspaces, as counted when each was deleted.",
+            p.table_bytes_purged,
+        ),
+        (
+            "sluice_table_purge_steps_total",
+            "counter",
+            "Steps the background deleters ran (a deletion, or a look at one storage still held).",
+            p.table_purge_steps,
+        ),
+        (
+            "sluice_row_purges_queued",
+            "gauge",
+            "Jobs queued to remove the rows that deletions shadow.",
+            p.row_purges_queued,
+        ),
+        (
+            "sluice_row_purges_dropped_total",
+            "counter",
+            "Row purge jobs dropped because a queue was full (their records have them run later).",
+            p.row_purges_dropped,
+        ),
+        (
+            "sluice_row_purge_rows_examined_total",
+            "counter",
+            "Rows the row purgers examined.",
+            p.row_purge_rows_examined,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
+
 /// Renders the node's transaction metrics: outstanding transactions, the adaptive limit,
 /// commits, aborts by reason, lock wait and critical-section time.
 pub fn render_transactions(out: &mut String, gate: &sluice_engine::transaction::gate::TxnGate) {
@@ -776,6 +829,36 @@ mod tests {
         assert!(text.contains("# TYPE sluice_txn_log_commits_total counter"));
         assert!(text.contains("sluice_txn_log_commits_total 7"));
         assert!(text.contains("sluice_txn_log_conflicts_total 2"));
+    }
+
+    #[test]
+    fn purge_metrics_render() {
+        let mut out = String::new();
+        render_purges(
+            &mut out,
+            &sluice_storage::PurgeStats {
+                tables_pending: 1,
+                tables_purged: 2,
+                table_bytes_purged: 3,
+                table_purge_steps: 4,
+                row_purges_queued: 5,
+                row_purges_dropped: 6,
+                row_purge_rows_examined: 7,
+            },
+        );
+        for line in [
+            "sluice_table_purges_pending 1",
+            "sluice_table_purges_total 2",
+            "sluice_table_purged_bytes_total 3",
+            "sluice_table_purge_steps_total 4",
+            "sluice_row_purges_queued 5",
+            "sluice_row_purges_dropped_total 6",
+            "sluice_row_purge_rows_examined_total 7",
+            "# TYPE sluice_table_purges_pending gauge",
+            "# TYPE sluice_table_purges_total counter",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
     }
 
     #[test]

@@ -327,6 +327,7 @@ impl Server {
                         engine.txn_log_commits(),
                         engine.txn_log_conflicts(),
                     );
+                    crate::metrics::render_purges(out, &engine.storage().purge_stats());
                 })
             },
             shutdown_rx.clone(),

@@ -143,6 +143,13 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_MUTATION_BYTES", value_name = "SIZE")]
     pub max_mutation_bytes: Option<String>,
 
+    /// Largest partition (e.g. 100MiB): a write that would take a partition over it is
+    /// answered Invalid naming the limit. Estimated per partition from the bytes written to
+    /// it since start (or since it was deleted whole), overwrites included; 0 disables it
+    /// [default: 0].
+    #[arg(long, env = "SLUICE_MAX_PARTITION_BYTES", value_name = "SIZE")]
+    pub max_partition_bytes: Option<String>,
+
     /// Free space the data directory's file system must keep: below it writes are answered
     /// Server_error ("No space left on device ...") while reads go on, until space is freed;
     /// 0 disables the guard [default: 1GiB].
@@ -385,6 +392,7 @@ struct FileConfig {
     cache_bytes: Option<toml::Value>,
     max_value_bytes: Option<toml::Value>,
     max_mutation_bytes: Option<toml::Value>,
+    max_partition_bytes: Option<toml::Value>,
     min_free_disk_bytes: Option<toml::Value>,
     shard_aware_port: Option<toml::Value>,
     metrics_listen: Option<String>,
@@ -445,6 +453,8 @@ pub struct ResolvedConfig {
     pub max_value_bytes: usize,
     /// Largest mutation of one partition.
     pub max_mutation_bytes: usize,
+    /// Largest partition, as estimated (0: no limit).
+    pub max_partition_bytes: u64,
     /// Free space below which writes are refused (0: never).
     pub min_free_disk_bytes: u64,
     /// Shard-aware port, if enabled.
@@ -613,6 +623,15 @@ impl ServeArgs {
                 "max-value-bytes ({max_value_bytes}) is above max-mutation-bytes \
                  ({max_mutation_bytes}): a write holding such a value would be refused; lower \
                  max-value-bytes or raise max-mutation-bytes"
+            );
+        }
+        let max_partition_bytes =
+            size(&self.max_partition_bytes, &file.max_partition_bytes)?.map_or(0, |n| n as u64);
+        if max_partition_bytes != 0 && max_partition_bytes < max_mutation_bytes as u64 {
+            bail!(
+                "max-partition-bytes ({max_partition_bytes}) is below max-mutation-bytes \
+                 ({max_mutation_bytes}): lower max-mutation-bytes, or raise \
+                 max-partition-bytes (0 disables it)"
             );
         }
         let cache_bytes =
@@ -824,6 +843,7 @@ impl ServeArgs {
             cache_bytes,
             max_value_bytes,
             max_mutation_bytes,
+            max_partition_bytes,
             min_free_disk_bytes,
             shard_aware_port,
             metrics_listen,
@@ -1244,6 +1264,10 @@ mod tests {
         assert_eq!(c.cache_bytes, 256 << 20);
         assert_eq!(c.max_value_bytes, 16 << 20);
         assert_eq!(c.max_mutation_bytes, 16 << 20);
+        assert_eq!(
+            c.max_partition_bytes, 0,
+            "no partition limit unless asked for"
+        );
         assert_eq!(c.min_free_disk_bytes, 1 << 30);
     }
 
@@ -1253,7 +1277,7 @@ mod tests {
         let path = dir.path().join("sluice.toml");
         std::fs::write(
             &path,
-            "max_value_bytes = \"1MiB\"\nmax_mutation_bytes = 4194304\nmin_free_disk_bytes = \"64MiB\"\n",
+            "max_value_bytes = \"1MiB\"\nmax_mutation_bytes = 4194304\nmin_free_disk_bytes = \"64MiB\"\nmax_partition_bytes = \"100MiB\"\n",
         )
         .unwrap();
         let c = ServeArgs {
@@ -1266,10 +1290,20 @@ mod tests {
             (
                 c.max_value_bytes,
                 c.max_mutation_bytes,
-                c.min_free_disk_bytes
+                c.min_free_disk_bytes,
+                c.max_partition_bytes
             ),
-            (1 << 20, 4 << 20, 64 << 20)
+            (1 << 20, 4 << 20, 64 << 20, 100 << 20)
         );
+        // A partition limit below the mutation limit is refused, saying why.
+        let e = ServeArgs {
+            max_partition_bytes: Some("1MiB".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("below max-mutation-bytes"), "{e}");
         // A smaller frame lowers the default value limit with it.
         let small_frame = ServeArgs {
             max_frame_bytes: Some("1MiB".into()),

@@ -145,10 +145,10 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
     .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e:?}", cfg.data_dir.display()))?;
     storage.set_tombstone_failure_threshold(cfg.tombstone_failure_threshold);
-    storage.set_write_limits(sluice_storage::WriteLimits::new(
-        cfg.max_value_bytes,
-        cfg.max_mutation_bytes,
-    ));
+    storage.set_write_limits(
+        sluice_storage::WriteLimits::new(cfg.max_value_bytes, cfg.max_mutation_bytes)
+            .with_max_partition_bytes(cfg.max_partition_bytes),
+    );
     storage.set_min_free_disk_bytes(cfg.min_free_disk_bytes);
 
     let tls = match &cfg.tls {

@@ -1,5 +1,6 @@
 //! Big values and big partitions against the real binary: a 10 MB blob round-trips, writes
-//! over `--max-value-bytes` and `--max-mutation-bytes` are answered Invalid naming the limit,
+//! over `--max-value-bytes`, `--max-mutation-bytes` and `--max-partition-bytes` are answered
+//! Invalid naming the limit,
 //! and a big partition is paged through with bounded memory (peak RSS, `VmHWM`).
 
 mod common;
@@ -103,6 +104,101 @@ async fn a_ten_megabyte_blob_round_trips_and_writes_over_the_limits_are_invalid(
         .unwrap()
         .rows_num();
     assert_eq!(rows, 0, "nothing of the refused batch was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_would_take_a_partition_over_the_limit_is_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        &dir.path().join("data"),
+        2,
+        &[
+            "--durability",
+            "periodic",
+            "--max-value-bytes",
+            "1MiB",
+            "--max-mutation-bytes",
+            "1MiB",
+            "--max-partition-bytes",
+            "4MiB",
+        ],
+    );
+    let session = connect(&node).await;
+    create_keyspace(&session, "plim").await;
+    session
+        .query_unpaged(
+            "CREATE TABLE plim.t (pk int, ck int, v blob, PRIMARY KEY (pk, ck))",
+            &[],
+        )
+        .await
+        .unwrap();
+    let ins = session
+        .prepare("INSERT INTO plim.t (pk, ck, v) VALUES (?, ?, ?)")
+        .await
+        .unwrap();
+    let value = vec![3u8; 500_000];
+    // 4 MiB is 8 rows of 500 kB and some: the ninth is refused, naming the limit.
+    for ck in 0..8i32 {
+        session
+            .execute_unpaged(&ins, (1i32, ck, value.clone()))
+            .await
+            .unwrap();
+    }
+    let e = message(
+        session
+            .execute_unpaged(&ins, (1i32, 8i32, value.clone()))
+            .await,
+    );
+    assert!(
+        e.contains("max-partition-bytes (4194304 bytes)"),
+        "unexpected error: {e}"
+    );
+    assert!(
+        e.contains("Invalid") || e.contains("invalid"),
+        "not Invalid: {e}"
+    );
+    // Other partitions are not affected; small writes to the full one still fit until the limit.
+    for pk in 2..5i32 {
+        session
+            .execute_unpaged(&ins, (pk, 0i32, value.clone()))
+            .await
+            .unwrap();
+    }
+    let rows = session
+        .query_unpaged("SELECT ck FROM plim.t WHERE pk = 1", &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num();
+    assert_eq!(rows, 8, "the refused row was not written");
+    // Deleting the partition starts it again.
+    session
+        .query_unpaged("DELETE FROM plim.t WHERE pk = 1", &[])
+        .await
+        .unwrap();
+    session
+        .execute_unpaged(&ins, (1i32, 8i32, value.clone()))
+        .await
+        .unwrap();
+    // TRUNCATE forgets the estimates too.
+    for ck in 9..16i32 {
+        session
+            .execute_unpaged(&ins, (1i32, ck, value.clone()))
+            .await
+            .unwrap();
+    }
+    let e = message(
+        session
+            .execute_unpaged(&ins, (1i32, 16i32, value.clone()))
+            .await,
+    );
+    assert!(e.contains("max-partition-bytes"), "unexpected error: {e}");
+    session.query_unpaged("TRUNCATE plim.t", &[]).await.unwrap();
+    session
+        .execute_unpaged(&ins, (1i32, 16i32, value.clone()))
+        .await
+        .unwrap();
 }
 
 /// Writes `rows` rows of `row_bytes` into partition 1 of `lim.big`.

@@ -50,6 +50,41 @@ use std::ops::Bound;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// What storage's background purges have done: the deletion of dropped and truncated
+/// tables' files, and the removal of rows that deletions shadow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeStats {
+    /// Dropped or truncated tables' keyspaces whose files are not deleted yet.
+    pub tables_pending: u64,
+    /// Dropped or truncated tables' keyspaces whose files are gone.
+    pub tables_purged: u64,
+    /// The disk space of those keyspaces when they were deleted.
+    pub table_bytes_purged: u64,
+    /// Steps the keyspace deleters ran (a deletion, or a look at one not yet let go).
+    pub table_purge_steps: u64,
+    /// Row purge jobs queued.
+    pub row_purges_queued: u64,
+    /// Row purge jobs dropped because a queue was full (their records keep them).
+    pub row_purges_dropped: u64,
+    /// Rows the row purgers examined.
+    pub row_purge_rows_examined: u64,
+}
+
+impl PurgeStats {
+    /// The sum of two stores' counters.
+    fn plus(&self, other: &PurgeStats) -> PurgeStats {
+        PurgeStats {
+            tables_pending: self.tables_pending + other.tables_pending,
+            tables_purged: self.tables_purged + other.tables_purged,
+            table_bytes_purged: self.table_bytes_purged + other.table_bytes_purged,
+            table_purge_steps: self.table_purge_steps + other.table_purge_steps,
+            row_purges_queued: self.row_purges_queued + other.row_purges_queued,
+            row_purges_dropped: self.row_purges_dropped + other.row_purges_dropped,
+            row_purge_rows_examined: self.row_purge_rows_examined + other.row_purge_rows_examined,
+        }
+    }
+}
+
 /// When a write is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {

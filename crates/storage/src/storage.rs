@@ -13,7 +13,7 @@
 //! timestamp like any write, so replaying what is already there changes nothing). Once
 //! every part is durable the record is removed.
 
-use crate::limits::{DiskSpace, WriteLimits};
+use crate::limits::{DiskSampler, DiskSpace, PartitionSizes, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
 use crate::store::{
     commit_transaction, take_batchlog_len, ConditionRead, Prepared, RawPartition, Store, TxnEnv,
@@ -128,17 +128,20 @@ pub struct Storage {
 }
 
 struct Shared {
+    /// The free-space guard of the data directory. First of the fields: its thread holds
+    /// handles on the stores' databases, and stops before they close.
+    disk: DiskSampler,
     stores: Box<[Store]>,
     /// Distinguishes this process's batchlog keys from those of earlier runs.
     batch_epoch: u64,
     batch_seq: AtomicU64,
     /// Size limits of one write (the defaults until `set_write_limits`).
     limits: std::sync::OnceLock<WriteLimits>,
-    /// The free-space guard of the data directory.
-    disk: Arc<DiskSpace>,
     /// Test hook: the group-commit wait to report instead of the measured one, in
     /// nanoseconds (`NOT_ASSUMED`: measure), expected wait then bare fsync.
     assumed_group_commit: [AtomicU64; 2],
+    /// Partition size estimates, made when a partition size limit is set.
+    partition_sizes: std::sync::OnceLock<PartitionSizes>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -237,14 +240,18 @@ impl Storage {
         let batch_epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
+        let databases: Vec<fjall::Database> = stores.iter().map(Store::database).collect();
+        let unflushed = Box::new(move || databases.iter().map(|d| d.write_buffer_size()).sum());
+        let disk = DiskSpace::start(&config.path, unflushed)?;
         let storage = Storage {
             inner: Arc::new(Shared {
+                disk,
                 stores,
                 batch_epoch,
                 batch_seq: AtomicU64::new(0),
                 limits: std::sync::OnceLock::new(),
-                disk: DiskSpace::start(&config.path)?,
                 assumed_group_commit: [AtomicU64::new(NOT_ASSUMED), AtomicU64::new(0)],
+                partition_sizes: std::sync::OnceLock::new(),
             }),
         };
         storage.replay_batchlog()?;
@@ -255,6 +262,36 @@ impl Storage {
     pub fn set_write_limits(&self, limits: WriteLimits) {
         if self.inner.limits.set(limits).is_err() {
             tracing::warn!("write limits already set; keeping the first");
+            return;
+        }
+        if limits.max_partition_bytes() > 0 {
+            let _ = self.inner.partition_sizes.set(PartitionSizes::new());
+        }
+    }
+
+    /// `TooLarge` when a mutation is over the write limits (see [`WriteLimits`]), else its
+    /// bytes, which the caller passes to [`record_partition_bytes`](Self::record_partition_bytes)
+    /// once it is written.
+    fn check_limits(&self, limits: &WriteLimits, m: &Mutation) -> Result<usize, StorageError> {
+        let bytes = limits.check(m)?;
+        if let Some(sizes) = self.inner.partition_sizes.get() {
+            sizes.check(limits, m, bytes)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Adds a written mutation's bytes to its partition's size estimate (when a partition
+    /// size limit is set).
+    fn record_partition_bytes(&self, m: &Mutation, bytes: usize) {
+        if let Some(sizes) = self.inner.partition_sizes.get() {
+            sizes.record(m, bytes);
+        }
+    }
+
+    /// Forgets the partition size estimates (a table was emptied).
+    fn forget_partition_sizes(&self) {
+        if let Some(sizes) = self.inner.partition_sizes.get() {
+            sizes.clear();
         }
     }
 
@@ -326,8 +363,24 @@ impl Storage {
         self.inner.disk.check()?;
         let limits = self.write_limits();
         for (_, m) in mutations {
-            limits.check(m)?;
+            self.check_limits(limits, m)?;
         }
+        let ticket = self.commit_mutations(mutations)?;
+        if self.inner.partition_sizes.get().is_some() {
+            for (_, m) in mutations {
+                // Checked above: this only counts its bytes again.
+                let bytes = limits.check(m)?;
+                self.record_partition_bytes(m, bytes);
+            }
+        }
+        Ok(ticket)
+    }
+
+    /// [`apply`](Self::apply) once the mutations are checked.
+    fn commit_mutations(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<CommitTicket, StorageError> {
         let stores = &self.inner.stores;
         let first = mutations.first().map_or(0, |(_, m)| self.store_of(m.token));
         if mutations
@@ -415,7 +468,13 @@ impl Storage {
         self.inner.disk.check()?;
         let limits = self.write_limits();
         let store_of = |token: i64| self.store_of(token);
-        let check_limits = |m: &Mutation| limits.check(m);
+        // A transaction's writes are counted at the check: one that then aborts over-counts
+        // its partitions, which the estimate allows (it is an upper bound).
+        let check_limits = |m: &Mutation| {
+            let bytes = self.check_limits(limits, m)?;
+            self.record_partition_bytes(m, bytes);
+            Ok(())
+        };
         // Each part's record holds the other parts only: a record is in the same engine
         // batch as its own part, so wherever it survives that part did too.
         let batchlog = |parts: &[(usize, Prepared)]| {
@@ -882,12 +941,14 @@ impl Storage {
     /// once (a durable record and a handle swap, whatever the table's size); the old
     /// keyspaces' files are deleted in the background.
     pub fn truncate(&self, table: TableId) -> Result<(), StorageError> {
+        self.forget_partition_sizes();
         self.inner.stores.iter().try_for_each(|s| s.truncate(table))
     }
 
     /// Drops a table's data (DROP TABLE, DROP KEYSPACE): as [`truncate`](Self::truncate),
     /// but the table keeps no keyspace, and a write that races with the drop is discarded.
     pub fn drop_table(&self, table: TableId) -> Result<(), StorageError> {
+        self.forget_partition_sizes();
         self.inner
             .stores
             .iter()
@@ -933,6 +994,15 @@ impl Storage {
             .iter()
             .map(Store::dropped_purge_jobs)
             .sum()
+    }
+
+    /// The background purges' counters summed over every store (metrics).
+    pub fn purge_stats(&self) -> crate::PurgeStats {
+        self.inner
+            .stores
+            .iter()
+            .map(Store::purge_stats)
+            .fold(crate::PurgeStats::default(), |a, b| a.plus(&b))
     }
 
     /// Rows the background purgers examined for shadowed rows (tests, metrics).

@@ -2187,6 +2187,38 @@ mod table_keyspaces {
         }
     }
 
+    /// The purge counters follow a TRUNCATE and a DROP TABLE through to their files' removal.
+    #[test]
+    fn purge_counters_count_the_tables_and_bytes_deleted_in_the_background() {
+        let (_dir, s) = open(periodic());
+        let l = layout();
+        assert_eq!(s.purge_stats(), PurgeStats::default());
+        fill_big(&s, &l, 20);
+        s.flush_memtables(Duration::from_secs(60));
+        s.truncate(l.id).unwrap();
+        wait_for_deletions(&s);
+        let after_truncate = s.purge_stats();
+        assert_eq!(after_truncate.tables_pending, 0);
+        // Every store whose keyspace held part of the table (20 partitions spread over them).
+        assert_eq!(after_truncate.tables_purged, STORES as u64);
+        assert!(
+            after_truncate.table_bytes_purged > 20 * 1_000 * 5,
+            "{after_truncate:?}"
+        );
+        assert!(after_truncate.table_purge_steps >= after_truncate.tables_purged);
+        fill_big(&s, &l, 2);
+        s.drop_table(l.id).unwrap();
+        wait_for_deletions(&s);
+        let after_drop = s.purge_stats();
+        assert_eq!(
+            after_drop.tables_purged,
+            after_truncate.tables_purged + STORES as u64
+        );
+        assert!(after_drop.table_bytes_purged >= after_truncate.table_bytes_purged);
+        assert!(after_drop.table_purge_steps > after_truncate.table_purge_steps);
+        assert_eq!(after_drop.row_purges_queued, 0);
+    }
+
     /// A table with many rows on disk and in memtables is truncated, then filled and dropped,
     /// each in well under a second, while another table's reads go on; its old keyspaces
     /// are then deleted in the background, leaving no folder behind.
@@ -2444,6 +2476,40 @@ fn a_full_disk_refuses_writes_keeps_reads_and_recovers_when_space_is_freed() {
     write("after", 3).unwrap();
     let r = read_all(&s, &l, 7, "p", 0);
     assert_eq!(value(&r.rows[0], 1), Some(text("after")));
+}
+
+#[test]
+fn the_free_space_reserve_counts_the_bytes_waiting_in_memtables() {
+    let (_d, s) = open(periodic());
+    let l = layout();
+    let write = |p: &str, v: &str| {
+        let mut m = mutation(T1, 7, p);
+        m.rows.push(insert_row(ck(1, "a"), vec![cell(1, v, 1)], 1));
+        s.apply(&[(&l, m)])
+    };
+    s.set_min_free_disk_bytes(64 << 20);
+    // 1 MiB above the reserve: room for the first writes.
+    s.assume_free_disk_bytes(Some((64 << 20) + (1 << 20)));
+    let value = "x".repeat(64 << 10);
+    let mut accepted = 0;
+    for i in 0..64 {
+        match write(&format!("p{i}"), &value) {
+            Ok(_) => accepted += 1,
+            Err(e) => {
+                assert_eq!(e, StorageError::Io(DISK_FULL_MESSAGE));
+                break;
+            }
+        }
+        // Sample again, as the guard's thread does every 100 ms.
+        s.assume_free_disk_bytes(Some((64 << 20) + (1 << 20)));
+    }
+    // 64 KiB values fill the 1 MiB in about 16 writes; none of them reached the disk.
+    assert!(
+        (8..32).contains(&accepted),
+        "refused once the memtables held the room left: {accepted} writes accepted"
+    );
+    let r = read_all(&s, &l, 7, "p0", 0);
+    assert_eq!(r.rows.len(), 1, "reads go on");
 }
 
 #[test]

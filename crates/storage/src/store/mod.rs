@@ -347,6 +347,11 @@ impl Store {
         Ok(Self::stripe_of(table, token))
     }
 
+    /// A handle on the store's fjall database (the free-space guard reads its write buffer).
+    pub(crate) fn database(&self) -> Database {
+        self.db.clone()
+    }
+
     /// Number of rows written whole without reading what they replace (tests, metrics).
     pub(crate) fn replaced_row_count(&self) -> u64 {
         self.replaced_rows.load(Ordering::Relaxed)
@@ -463,6 +468,21 @@ impl Store {
     /// Rows the purger examined (tests, metrics).
     pub(crate) fn purge_rows_examined(&self) -> u64 {
         self.purger.rows_examined()
+    }
+
+    /// The background purges' counters: dropped and truncated tables' keyspaces, and
+    /// rows shadowed by deletions.
+    pub(crate) fn purge_stats(&self) -> crate::PurgeStats {
+        let keyspaces = self.tables.purge_progress();
+        crate::PurgeStats {
+            tables_pending: keyspaces.pending,
+            tables_purged: keyspaces.purged,
+            table_bytes_purged: keyspaces.purged_bytes,
+            table_purge_steps: keyspaces.steps,
+            row_purges_queued: self.purger.queued_jobs(),
+            row_purges_dropped: self.purger.dropped_jobs(),
+            row_purge_rows_examined: self.purger.rows_examined(),
+        }
     }
 
     /// Test hook: waits at most `limit` for the purger to finish its jobs; true if it did.

@@ -200,6 +200,11 @@ impl Purger {
         self.shared.inbox.dropped.load(Ordering::Relaxed)
     }
 
+    /// Jobs waiting in the queue (metrics).
+    pub(super) fn queued_jobs(&self) -> u64 {
+        self.shared.inbox.lock_state().queue.len() as u64
+    }
+
     /// Rows examined by the purger (tests, metrics).
     pub(super) fn rows_examined(&self) -> u64 {
         self.shared.examined.load(Ordering::Relaxed)
