@@ -13,10 +13,13 @@
 # - hot-rows: the best concurrency on 4 hot accounts, then 64x it, limit on and off; then the
 #             LWT form on Sluice and on CASSANDRA.
 #
-# Usage: [SCENARIOS="ravendb gsuneido hot-rows"] [CASSANDRA=127.0.0.1:9142] [STEP=5s]
+# FORMS="lwt" runs only the LWT part (Sluice and CASSANDRA).
+#
+# Usage: [SCENARIOS="ravendb gsuneido hot-rows"] [FORMS="accord lwt"] [CASSANDRA=127.0.0.1:9142] [STEP=5s]
 #        [VALUES=102400,1048576] [SHARDS=2] [DURABILITY=periodic] [NO_BUILD=1] scripts/txn-bench.sh
 set -euo pipefail
 SCENARIOS=${SCENARIOS:-ravendb gsuneido hot-rows}
+FORMS=${FORMS:-accord lwt}
 CASSANDRA=${CASSANDRA:-}
 STEP=${STEP:-5s}
 VALUES=${VALUES:-102400,1048576}
@@ -40,7 +43,7 @@ start_node() {
     local name=$1 port=$2 metrics=$3
     shift 3
     "$BIN/sluice" serve --listen "127.0.0.1:$port" --data-dir "$WORK/node-$name" \
-        --metrics-listen "127.0.0.1:$metrics" --shards "$SHARDS" --shard-aware-port off \
+        --internode-listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$metrics" --shards "$SHARDS" --shard-aware-port off \
         --log warn --admission off --durability "$DURABILITY" "$@" >"$WORK/$name.log" 2>&1 &
     NODES+=($!)
     wait_listening "$port" "$!" "$WORK/$name.log"
@@ -55,7 +58,7 @@ for scenario in $SCENARIOS; do
     ravendb)
         start_node a "$a" "$am"
         start_node b "$b" "$bm" --txn-prepare-under-lock on
-        bench ravendb --txn-value-bytes "$VALUES" \
+        [[ " $FORMS " == *" accord "* ]] && bench ravendb --txn-value-bytes "$VALUES" \
             --nodes "127.0.0.1:$a" --label "prepare before the locks" \
             --against "127.0.0.1:$b" --against-label "prepare under the locks" \
             --txn-metrics "127.0.0.1:$am,127.0.0.1:$bm"
@@ -63,7 +66,7 @@ for scenario in $SCENARIOS; do
     gsuneido | hot-rows)
         start_node a "$a" "$am"
         start_node b "$b" "$bm" --txn-adaptive-limit off
-        bench "$scenario" --nodes "127.0.0.1:$a" --label "limit on" \
+        [[ " $FORMS " == *" accord "* ]] && bench "$scenario" --nodes "127.0.0.1:$a" --label "limit on" \
             --against "127.0.0.1:$b" --against-label "limit off" \
             --txn-metrics "127.0.0.1:$am,127.0.0.1:$bm"
         ;;
@@ -73,7 +76,7 @@ for scenario in $SCENARIOS; do
         ;;
     esac
     echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    if [ -n "$CASSANDRA" ]; then
+    if [ -n "$CASSANDRA" ] && [[ " $FORMS " == *" lwt "* ]]; then
         extra=()
         if [ "$scenario" = ravendb ]; then extra=(--txn-value-bytes "$VALUES"); fi
         bench "$scenario" --txn-form lwt "${extra[@]}" \
