@@ -61,6 +61,14 @@ pub enum Scenario {
     /// killed, stopped and restarted in turn; goodput, p99, errors, retries and recovery per
     /// phase, stale reads and lost acknowledged writes.
     Faults,
+    /// RavenDB's experiment: many concurrent two-partition transactions carrying large values
+    /// (--txn-value-bytes), on --nodes then --against in turn, and the ratio.
+    Ravendb,
+    /// gSuneido's experiment: 1 to 30 clients of short read-modify-write transactions on
+    /// overlapping keys, on --nodes then --against (e.g. the adaptive limit on, then off).
+    Gsuneido,
+    /// The best concurrency on a few hot rows, then --txn-hot-multiple times it.
+    HotRows,
 }
 
 impl Scenario {
@@ -73,6 +81,9 @@ impl Scenario {
             Scenario::Ceiling => "ceiling",
             Scenario::Versus => "versus",
             Scenario::Faults => "faults",
+            Scenario::Ravendb => "ravendb",
+            Scenario::Gsuneido => "gsuneido",
+            Scenario::HotRows => "hot-rows",
         }
     }
 }
@@ -291,6 +302,31 @@ pub struct BenchArgs {
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// ravendb, gsuneido, hot-rows: Accord's `BEGIN TRANSACTION` or single-partition LWT.
+    #[arg(long, value_enum, default_value = "accord")]
+    pub txn_form: crate::txn_bench::TxnForm,
+    /// ravendb, gsuneido, hot-rows: closed-loop client counts, one step each (ravendb uses
+    /// the first) [default: ravendb 16; gsuneido 1,2,3,4,5,6,8,10,16,20,30; hot-rows
+    /// 1,2,4,8,16,32].
+    #[arg(long, value_delimiter = ',')]
+    pub txn_clients: Option<Vec<usize>>,
+    /// ravendb, gsuneido, hot-rows: keys the transactions pick from [default: ravendb 256,
+    /// gsuneido 10, hot-rows 4].
+    #[arg(long)]
+    pub txn_keys: Option<i32>,
+    /// ravendb: smallest and largest value, bytes.
+    #[arg(long, value_delimiter = ',', default_values = ["102400", "1048576"])]
+    pub txn_value_bytes: Vec<usize>,
+    /// hot-rows: the concurrency offered after the search, as a multiple of the best.
+    #[arg(long, default_value_t = 64)]
+    pub txn_hot_multiple: usize,
+    /// ravendb: rounds over the endpoints.
+    #[arg(long, default_value_t = 2)]
+    pub txn_rounds: usize,
+    /// ravendb, gsuneido, hot-rows: Sluice metrics addresses (host:port) of --nodes and
+    /// --against, in that order, for the server's transaction gauges ("-" for none).
+    #[arg(long, value_delimiter = ',')]
+    pub txn_metrics: Vec<String>,
 }
 
 impl BenchArgs {
@@ -498,9 +534,15 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     }
     let Some(s) = args.scenario else {
         bail!(
-            "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus, faults) or use --compare"
+            "name a scenario (capacity, ramp, sweep, hot-partition, ceiling, versus, faults, ravendb, gsuneido, hot-rows) or use --compare"
         );
     };
+    if matches!(
+        s,
+        Scenario::Ravendb | Scenario::Gsuneido | Scenario::HotRows
+    ) {
+        return run_txn_scenario(&args, s).await;
+    }
     if args.client == ClientKind::Raw && args.retry_policy == RetryMode::Stock {
         bail!("--client raw never retries; use --retry-policy none or --client driver");
     }
@@ -534,6 +576,58 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     scenario::note_settle(&plan, &mut report);
     print_summary(&report);
     write_outputs(&args, &report)
+}
+
+/// `sluice bench ravendb | gsuneido | hot-rows` (crate::txn_bench).
+async fn run_txn_scenario(args: &BenchArgs, s: Scenario) -> anyhow::Result<()> {
+    use crate::txn_bench::{TxnEndpoint, TxnOptions};
+    let metrics = |i: usize| {
+        args.txn_metrics
+            .get(i)
+            .filter(|m| m.as_str() != "-")
+            .cloned()
+    };
+    let mut endpoints = vec![TxnEndpoint {
+        label: args.label.clone().unwrap_or_else(|| "sluice".into()),
+        node: args.nodes.first().context("--nodes is empty")?.clone(),
+        metrics: metrics(0),
+    }];
+    if let Some(node) = args.against.first() {
+        endpoints.push(TxnEndpoint {
+            label: args.against_label.clone(),
+            node: node.clone(),
+            metrics: metrics(1),
+        });
+    }
+    let (clients, keys, deadline): (&[usize], i32, u64) = match s {
+        Scenario::Ravendb => (&[16], 256, 2000),
+        Scenario::HotRows => (&[1, 2, 4, 8, 16, 32], 4, 1000),
+        _ => (&[1, 2, 3, 4, 5, 6, 8, 10, 16, 20, 30], 10, 1000),
+    };
+    let &[min, max] = args.txn_value_bytes.as_slice() else {
+        bail!("--txn-value-bytes takes two sizes: MIN,MAX");
+    };
+    let o = TxnOptions {
+        endpoints,
+        form: args.txn_form,
+        connections: args.connections.unwrap_or(2),
+        step: args.step,
+        deadline: args.deadline.unwrap_or(Duration::from_millis(deadline)),
+        clients: args.txn_clients.clone().unwrap_or_else(|| clients.to_vec()),
+        keys: args.txn_keys.unwrap_or(keys),
+        value_bytes: (min, max),
+        hot_multiple: args.txn_hot_multiple.max(1),
+        rounds: args.txn_rounds.max(1),
+        seed: args.seed,
+    };
+    if o.keys < 2 || o.clients.is_empty() || o.clients.contains(&0) || o.step.is_zero() {
+        bail!("--txn-keys must be at least 2, --txn-clients at least 1 each, --step above 0");
+    }
+    match s {
+        Scenario::Ravendb => crate::txn_bench::run_ravendb(&o).await,
+        Scenario::HotRows => crate::txn_bench::run_hot_rows(&o).await,
+        _ => crate::txn_bench::run_gsuneido(&o).await,
+    }
 }
 
 async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::Result<RunReport> {
@@ -674,7 +768,13 @@ async fn run_scenario<T: Target>(
                 r.notes.push(line);
             }
         }
-        Scenario::Capacity | Scenario::Ceiling | Scenario::Versus | Scenario::Faults => {}
+        Scenario::Capacity
+        | Scenario::Ceiling
+        | Scenario::Versus
+        | Scenario::Faults
+        | Scenario::Ravendb
+        | Scenario::Gsuneido
+        | Scenario::HotRows => {}
     }
     Ok(r)
 }
@@ -1121,6 +1221,13 @@ pub async fn run_demo(args: DemoArgs, serve_exe: &Path) -> anyhow::Result<()> {
         durability_note: None,
         compare: None,
         quiet: false,
+        txn_form: crate::txn_bench::TxnForm::Accord,
+        txn_clients: None,
+        txn_keys: None,
+        txn_value_bytes: vec![102_400, 1_048_576],
+        txn_hot_multiple: 64,
+        txn_rounds: 2,
+        txn_metrics: Vec::new(),
     };
     let plan = bench.plan(Scenario::Ramp);
     let r = run_against_cql(&bench, Scenario::Ramp, &plan).await;

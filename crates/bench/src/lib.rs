@@ -22,6 +22,7 @@ pub mod schedule;
 pub mod settle;
 pub mod stats;
 pub mod target;
+pub mod txn_bench;
 pub mod txn_sweep;
 pub mod versus;
 

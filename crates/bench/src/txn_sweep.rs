@@ -7,16 +7,17 @@
 
 use crate::driver::Connection;
 use anyhow::{bail, Context};
+use scylla::client::session::Session;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Keyspace of the benchmark.
-const KEYSPACE: &str = "sluice_txn_sweep";
+pub(crate) const KEYSPACE: &str = "sluice_txn_sweep";
 
 /// The transaction: two LETs and two self-referencing updates.
-const TRANSACTION: &str = "BEGIN TRANSACTION
+pub(crate) const TRANSACTION: &str = "BEGIN TRANSACTION
   LET a = (SELECT n FROM sluice_txn_sweep.acct WHERE k = ?);
   LET b = (SELECT n FROM sluice_txn_sweep.acct WHERE k = ?);
   IF a IS NOT NULL AND b IS NOT NULL THEN
@@ -76,41 +77,15 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
     if args.keys < 2 || args.seconds == 0 || counts.contains(&0) {
         bail!("--keys must be at least 2, --seconds and every client count at least 1");
     }
-    let ddl = [
-        format!(
-            "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
-             {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
-        ),
-        format!("CREATE TABLE IF NOT EXISTS {KEYSPACE}.acct (k int PRIMARY KEY, n bigint)"),
-    ];
-    let conn = Connection::open_one_node(&args.node, args.connections, &ddl).await?;
-    let insert = conn
-        .session
-        .prepare(format!("INSERT INTO {KEYSPACE}.acct (k, n) VALUES (?, 0)"))
-        .await?;
-    for k in 0..args.keys {
-        conn.session.execute_unpaged(&insert, (k,)).await?;
-    }
+    let conn = Connection::open_one_node(&args.node, args.connections, &accounts_ddl()).await?;
+    create_accounts(&conn.session, args.keys).await?;
     let txn = Arc::new(conn.session.prepare(TRANSACTION).await?);
     println!(
         "{label}: clients | tx/s | p99 ms | timeouts | other errors | max outstanding | limit at end",
         label = args.label
     );
     for &clients in &counts {
-        let stop = Arc::new(AtomicBool::new(false));
-        let max_outstanding = Arc::new(AtomicU64::new(0));
-        let sampler = args.metrics.clone().map(|addr| {
-            let stop = stop.clone();
-            let max = max_outstanding.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(v) = gauge(&addr, "sluice_txn_outstanding") {
-                        max.fetch_max(v, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            })
-        });
+        let sampler = args.metrics.clone().map(OutstandingSampler::start);
         let end = Instant::now() + Duration::from_secs(args.seconds);
         let mut tasks = tokio::task::JoinSet::new();
         for client in 0..clients {
@@ -160,10 +135,7 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
                 total.first_error = s.first_error;
             }
         }
-        stop.store(true, Ordering::Relaxed);
-        if let Some(s) = sampler {
-            let _ = s.join();
-        }
+        let max_outstanding = sampler.map(OutstandingSampler::stop);
         total.micros.sort_unstable();
         let p99 = match total.micros.len() {
             0 => 0.0,
@@ -174,10 +146,7 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
             .as_deref()
             .and_then(|a| gauge(a, "sluice_txn_limit"))
             .map_or("-".to_string(), |v| v.to_string());
-        let outstanding = match args.metrics {
-            Some(_) => max_outstanding.load(Ordering::Relaxed).to_string(),
-            None => "-".to_string(),
-        };
+        let outstanding = max_outstanding.map_or("-".to_string(), |m| m.to_string());
         println!(
             "{label}: {clients} | {tps:.0} | {p99:.2} | {timeouts} | {other} | {outstanding} | {limit}",
             label = args.label,
@@ -189,21 +158,7 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
             println!("  first error: {e}");
         }
     }
-    // The invariant: every transaction moved d from one account to another.
-    let read = conn
-        .session
-        .prepare(format!("SELECT n FROM {KEYSPACE}.acct WHERE k = ?"))
-        .await?;
-    let mut sum: i64 = 0;
-    for k in 0..args.keys {
-        let rows = conn
-            .session
-            .execute_unpaged(&read, (k,))
-            .await?
-            .into_rows_result()?;
-        let (n,) = rows.first_row::<(i64,)>()?;
-        sum += n;
-    }
+    let sum = accounts_sum(&conn.session, args.keys).await?;
     println!(
         "{label}: sum of all accounts {sum} (must be 0)",
         label = args.label
@@ -214,8 +169,82 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The keyspace and the accounts table.
+pub(crate) fn accounts_ddl() -> [String; 2] {
+    [
+        format!(
+            "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
+             {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+        ),
+        format!("CREATE TABLE IF NOT EXISTS {KEYSPACE}.acct (k int PRIMARY KEY, n bigint)"),
+    ]
+}
+
+/// Sets accounts `0..keys` to 0.
+pub(crate) async fn create_accounts(session: &Session, keys: i32) -> anyhow::Result<()> {
+    let insert = session
+        .prepare(format!("INSERT INTO {KEYSPACE}.acct (k, n) VALUES (?, 0)"))
+        .await?;
+    for k in 0..keys {
+        session.execute_unpaged(&insert, (k,)).await?;
+    }
+    Ok(())
+}
+
+/// The sum of accounts `0..keys`.
+pub(crate) async fn accounts_sum(session: &Session, keys: i32) -> anyhow::Result<i64> {
+    let read = session
+        .prepare(format!("SELECT n FROM {KEYSPACE}.acct WHERE k = ?"))
+        .await?;
+    let mut sum: i64 = 0;
+    for k in 0..keys {
+        let rows = session
+            .execute_unpaged(&read, (k,))
+            .await?
+            .into_rows_result()?;
+        let (n,) = rows.first_row::<(i64,)>()?;
+        sum += n;
+    }
+    Ok(sum)
+}
+
+/// Samples the server's `sluice_txn_outstanding` gauge every 20 ms on a thread of its own
+/// and keeps the largest value seen.
+pub(crate) struct OutstandingSampler {
+    stop: Arc<AtomicBool>,
+    max: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OutstandingSampler {
+    /// Starts sampling the metrics endpoint `addr` (host:port).
+    pub(crate) fn start(addr: String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let max = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, max) = (stop.clone(), max.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(v) = gauge(&addr, "sluice_txn_outstanding") {
+                        max.fetch_max(v, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        OutstandingSampler { stop, max, thread }
+    }
+
+    /// Stops sampling; the largest value seen.
+    pub(crate) fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        self.max.load(Ordering::Relaxed)
+    }
+}
+
 /// The value of an unlabelled gauge from `GET /metrics` at `addr` (HTTP/1.0, one request).
-fn gauge(addr: &str, name: &str) -> Option<u64> {
+pub(crate) fn gauge(addr: &str, name: &str) -> Option<u64> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;

@@ -329,6 +329,9 @@ pub struct Engine {
     /// write is durable (the behaviour before conditions moved into the storage commit).
     lwt_serialize_through_durability: std::sync::atomic::AtomicBool,
     lwt_serializer: Box<[tokio::sync::Mutex<()>]>,
+    /// Benchmark switch: when on, a transaction's writes are converted and encoded under
+    /// its locks even when they need no read.
+    txn_prepare_under_lock: std::sync::atomic::AtomicBool,
     auth: auth::AuthState,
     /// Admission of multi-partition transactions and their metrics.
     transactions: transaction::gate::TxnGate,
@@ -461,6 +464,7 @@ impl Engine {
             list_clock: AtomicU64::new(0),
             last_write_ts: std::sync::atomic::AtomicI64::new(i64::MIN),
             lwt_serialize_through_durability: std::sync::atomic::AtomicBool::new(false),
+            txn_prepare_under_lock: std::sync::atomic::AtomicBool::new(false),
             lwt_serializer: (0..LWT_SERIALIZER_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -1567,6 +1571,18 @@ impl Engine {
     pub fn set_lwt_serialize_through_durability(&self, on: bool) {
         self.lwt_serialize_through_durability
             .store(on, Ordering::Relaxed);
+    }
+
+    /// Benchmark switch (`--txn-prepare-under-lock`): when on, a transaction converts and
+    /// encodes every write under its locks, as RavenDB serialized commands under its write
+    /// lock, so that both can be measured in one run. Off by default.
+    pub fn set_txn_prepare_under_lock(&self, on: bool) {
+        self.txn_prepare_under_lock.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the benchmark switch `--txn-prepare-under-lock` is on.
+    pub(crate) fn txn_prepare_under_lock(&self) -> bool {
+        self.txn_prepare_under_lock.load(Ordering::Relaxed)
     }
 
     /// The LWT's serializing stripe when the benchmark switch is on.

@@ -692,6 +692,17 @@ async fn run(
         crate::write::build_mutations(engine, w, b, None, Some(provisional), &mut muts)?;
         prebuilt.push(Some(muts));
     }
+    // The writes that run whatever is read go to the storage before the locks (it encodes
+    // them there); only the rest is built under them.
+    let mut known_muts = Vec::new();
+    if !engine.txn_prepare_under_lock() {
+        for &w in &plan.always {
+            if let Some(muts) = prebuilt.get_mut(w).and_then(Option::as_mut) {
+                known_muts.append(muts);
+            }
+        }
+    }
+    let known = with_layouts(plan, crate::write::merge_mutations(known_muts))?;
     let mut values: Vec<Value> = b.values().to_vec();
     values.truncate(plan.user_binds);
     values.resize(plan.user_binds + plan.slots.len(), Value::Null);
@@ -804,6 +815,7 @@ async fn run(
     let applied = engine.storage().apply_transaction(
         &partitions,
         &storage_reads,
+        &known,
         now_secs,
         provisional,
         decide,
@@ -965,7 +977,14 @@ fn decide_writes<'p>(
             )?,
         }
     }
-    let muts = crate::write::merge_mutations(muts);
+    with_layouts(plan, crate::write::merge_mutations(muts))
+}
+
+/// Pairs each mutation with the layout of its table.
+fn with_layouts(
+    plan: &TxnPlan,
+    muts: Vec<Mutation>,
+) -> Result<Vec<(&sluice_storage::TableLayout, Mutation)>, DetailedError> {
     muts.into_iter()
         .map(|m| {
             plan.writes

@@ -339,6 +339,16 @@ pub struct ServeArgs {
     )]
     pub txn_adaptive_limit: Option<String>,
 
+    /// BENCHMARK ONLY: `on` converts and encodes a transaction's writes under its locks even
+    /// when they need no read, to measure what preparing them before costs [default: off].
+    #[arg(
+        long,
+        env = "SLUICE_TXN_PREPARE_UNDER_LOCK",
+        value_name = "on|off",
+        hide = true
+    )]
+    pub txn_prepare_under_lock: Option<String>,
+
     /// Log filter (error, warn, info, debug, trace, or a tracing directive such as
     /// `sluice_server=debug`); RUST_LOG is used when this is not given [default: info].
     #[arg(long, env = "SLUICE_LOG", value_name = "FILTER")]
@@ -493,6 +503,8 @@ pub struct ResolvedConfig {
     pub lwt_serialize_through_durability: bool,
     /// BENCHMARK ONLY: transactions wait for the adaptive limit (off: all run at once).
     pub txn_adaptive_limit: bool,
+    /// BENCHMARK ONLY: transactions prepare their writes under the locks.
+    pub txn_prepare_under_lock: bool,
     /// Log filter, if given (else RUST_LOG, else info).
     pub log: Option<String>,
     /// Authentication and authorization.
@@ -894,6 +906,12 @@ impl ServeArgs {
                 &self.txn_adaptive_limit,
                 &None,
                 true,
+            )?,
+            txn_prepare_under_lock: on_off(
+                "txn-prepare-under-lock",
+                &self.txn_prepare_under_lock,
+                &None,
+                false,
             )?,
             log: self.log.clone().or(file.log),
             auth,
@@ -1425,6 +1443,7 @@ mod tests {
         assert!(c.test_only_fake_peers.is_empty());
         assert!(!c.lwt_serialize_through_durability);
         assert!(c.txn_adaptive_limit);
+        assert!(!c.txn_prepare_under_lock);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
         assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
@@ -1441,12 +1460,14 @@ mod tests {
             admission_lifo: Some("on".into()),
             lwt_serialize_through_durability: Some("on".into()),
             txn_adaptive_limit: Some("off".into()),
+            txn_prepare_under_lock: Some("on".into()),
             ..ServeArgs::default()
         }
         .resolve()
         .unwrap();
         assert!(hidden_off.lwt_serialize_through_durability);
         assert!(!hidden_off.txn_adaptive_limit);
+        assert!(hidden_off.txn_prepare_under_lock);
         let hidden_off = hidden_off.admission.unwrap();
         assert_eq!(hidden_off.lag_probe, None);
         assert!(!hidden_off.shed_at_enqueue && !hidden_off.reject_over_cap && hidden_off.lifo);

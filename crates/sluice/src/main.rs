@@ -197,6 +197,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             cfg.data_dir.join("db"),
         )));
     engine.transactions().set_limited(cfg.txn_adaptive_limit);
+    engine.set_txn_prepare_under_lock(cfg.txn_prepare_under_lock);
     let coordination = if !cfg.test_only_fake_peers.is_empty() {
         warn!(peers = ?cfg.test_only_fake_peers, "TEST ONLY: pretending to have peers");
         engine.set_ring(Arc::new(fake_peer_ring(

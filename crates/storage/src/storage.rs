@@ -456,11 +456,16 @@ impl Storage {
     /// stripes and writes them, one batch per store with a batchlog record when they span
     /// stores (replayed whole at the next open if the process dies between parts). The
     /// locks are released on return; await durability with [`wait_durable`](Self::wait_durable).
-    /// `decide` must only write partitions named in `partitions` or `reads`.
+    /// `decide` must only write partitions named in `partitions` or `reads`. `known` are
+    /// writes that need no read (made with timestamp `provisional`, in those partitions
+    /// too): they are converted, encoded and logged before the locks, so that the locks
+    /// cover only what depends on the reads.
+    #[allow(clippy::too_many_arguments)]
     pub fn apply_transaction<'l, E>(
         &self,
         partitions: &[TxnPartition],
         reads: &[TxnRead<'_>],
+        known: &[(&'l TableLayout, Mutation)],
         now_secs: u32,
         provisional: i64,
         decide: impl FnOnce(&[PartitionRead]) -> Result<Vec<(&'l TableLayout, Mutation)>, E>,
@@ -481,7 +486,7 @@ impl Storage {
             let records = (0..parts.len())
                 .map(|own| {
                     let others = parts.iter().enumerate().filter(|(i, _)| *i != own);
-                    encode_parts(parts.len() - 1, others.map(|(_, p)| p))
+                    encode_parts(parts.len() - 1, others.map(|(_, p)| p)).map(fjall::Slice::from)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let seq = self.inner.batch_seq.fetch_add(1, Ordering::Relaxed);
@@ -500,6 +505,7 @@ impl Storage {
             &env,
             partitions,
             reads,
+            known,
             now_secs,
             provisional,
             decide,

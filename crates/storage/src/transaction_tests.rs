@@ -101,7 +101,7 @@ fn transfer(
     });
     let partitions = [from, to].map(|(token, _)| TxnPartition { table: T, token });
     let out = s
-        .apply_transaction(&partitions, &reads, 0, ts, |found| {
+        .apply_transaction(&partitions, &reads, &[], 0, ts, |found| {
             let (Some(have), Some(other)) = (balance_of(&found[0]), balance_of(&found[1])) else {
                 return Err("missing account");
             };
@@ -168,13 +168,13 @@ fn a_refused_decision_writes_nothing_and_a_later_write_is_ordered_after_reads() 
         slice: ClusteringSlice::all(),
         limit: 1,
     }];
-    let refused = s.apply_transaction(&partitions, &reads, 0, 10, |_| {
+    let refused = s.apply_transaction(&partitions, &reads, &[], 0, 10, |_| {
         Err::<Vec<(&TableLayout, Mutation)>, _>("no")
     });
     assert!(matches!(refused, Err(TxnError::Decide("no"))));
     assert_eq!(read_balance(&s, &l, b), None);
     let out = s
-        .apply_transaction(&partitions, &reads, 0, 10, |found| {
+        .apply_transaction(&partitions, &reads, &[], 0, 10, |found| {
             assert_eq!(balance_of(&found[0]), Some(5));
             Ok::<_, ()>(vec![
                 (&l, balance_write(a.0, a.1, 0, 10)),
@@ -187,7 +187,7 @@ fn a_refused_decision_writes_nothing_and_a_later_write_is_ordered_after_reads() 
     assert_eq!(read_balance(&s, &l, a), Some(0));
     assert_eq!(read_balance(&s, &l, b), Some(5));
     // A write outside the locked partitions is refused before anything is written.
-    let stray = s.apply_transaction(&partitions[..1], &[], 0, 10, |_| {
+    let stray = s.apply_transaction(&partitions[..1], &[], &[], 0, 10, |_| {
         Ok::<_, ()>(vec![(&l, balance_write(b.0, b.1, 99, 10))])
     });
     assert!(matches!(
@@ -213,7 +213,7 @@ fn a_transaction_across_stores_is_durable_and_its_record_goes() {
         let before = s.batchlog_records().iter().sum::<usize>();
         let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
         let out = s
-            .apply_transaction(&partitions, &[], 0, 200, |_| {
+            .apply_transaction(&partitions, &[], &[], 0, 200, |_| {
                 Ok::<_, ()>(vec![
                     (&l, balance_write(a.0, a.1, 1, 200)),
                     (&l, balance_write(b.0, b.1, 13, 200)),
@@ -254,7 +254,7 @@ fn a_transaction_cut_after_its_first_store_is_completed_at_the_next_open() {
         let before = s.batchlog_records().iter().sum::<usize>();
         crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(true));
         let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
-        let cut = s.apply_transaction(&partitions, &[], 0, 100, |_| {
+        let cut = s.apply_transaction(&partitions, &[], &[], 0, 100, |_| {
             Ok::<_, ()>(vec![
                 (&l, balance_write(a.0, a.1, 3, 100)),
                 (&l, balance_write(b.0, b.1, 7, 100)),
@@ -286,4 +286,137 @@ fn futures_lite<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(f)
+}
+
+/// A write of one cell of `column` (and the row's liveness) at `ts`.
+fn column_write(token: i64, pk: &str, column: ColumnId, value: i64, ts: i64) -> Mutation {
+    let mut m = balance_write(token, pk, value, ts);
+    m.rows[0].cells[0].column = column;
+    m
+}
+
+fn column_of(
+    s: &Storage,
+    l: &TableLayout,
+    (token, pk): (i64, &str),
+    column: ColumnId,
+) -> Option<i64> {
+    let read = s
+        .read_partition(l, token, pk.as_bytes(), &ClusteringSlice::all(), None, 1, 0)
+        .unwrap();
+    let cell = read
+        .rows
+        .first()?
+        .cells
+        .iter()
+        .find(|c| c.column == column)?;
+    Some(i64::from_be_bytes(cell.value.as_ref().try_into().ok()?))
+}
+
+#[test]
+fn known_writes_are_prepared_ahead_and_merged_with_decided_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let l = layout();
+    let [a, b] = accounts(&s);
+    let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
+    // Both partitions are new: the writes made ahead go in as they were encoded.
+    let known = [
+        (&l, balance_write(a.0, a.1, 4, 50)),
+        (&l, balance_write(b.0, b.1, 6, 50)),
+    ];
+    let out = s
+        .apply_transaction(&partitions, &[], &known, 0, 50, |_| Ok::<_, ()>(Vec::new()))
+        .unwrap();
+    assert!(out.ticket.is_some());
+    assert_eq!(out.timestamp, Some(50));
+    assert_eq!(read_balance(&s, &l, a), Some(4));
+    assert_eq!(read_balance(&s, &l, b), Some(6));
+    // A known write and a decided one of the same row are merged into one entry.
+    let known = [(&l, column_write(a.0, a.1, 2, 70, 60))];
+    let reads = [TxnRead {
+        layout: &l,
+        token: a.0,
+        partition_key: a.1.as_bytes(),
+        slice: ClusteringSlice::all(),
+        limit: 1,
+    }];
+    s.apply_transaction(&partitions, &reads, &known, 0, 60, |found| {
+        let have = balance_of(&found[0]).ok_or(())?;
+        Ok::<_, ()>(vec![(&l, balance_write(a.0, a.1, have + 1, 60))])
+    })
+    .unwrap();
+    assert_eq!(read_balance(&s, &l, a), Some(5));
+    assert_eq!(column_of(&s, &l, a, 2), Some(70));
+    // A refused decision discards the known writes too.
+    let known = [(&l, balance_write(b.0, b.1, 99, 70))];
+    let refused = s.apply_transaction(&partitions, &[], &known, 0, 70, |_| {
+        Err::<Vec<(&TableLayout, Mutation)>, _>("no")
+    });
+    assert!(matches!(refused, Err(TxnError::Decide("no"))));
+    assert_eq!(read_balance(&s, &l, b), Some(6));
+    // A known write outside the locked partitions is refused before anything is written.
+    let known = [(&l, balance_write(b.0, b.1, 99, 80))];
+    let stray = s.apply_transaction(&partitions[..1], &[], &known, 0, 80, |_| {
+        Ok::<_, ()>(Vec::new())
+    });
+    assert!(matches!(
+        stray,
+        Err(TxnError::Storage(StorageError::Corrupt(_)))
+    ));
+    assert_eq!(read_balance(&s, &l, b), Some(6));
+}
+
+#[test]
+fn known_writes_moved_above_stored_timestamps_replay_with_the_moved_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout();
+    let stored_at = 1_000_000;
+    let ([a, b], records) = {
+        let s = open(dir.path());
+        let [a, b] = accounts(&s);
+        futures_lite(
+            s.wait_durable(
+                s.apply(&[
+                    (&l, balance_write(a.0, a.1, 10, stored_at)),
+                    (&l, balance_write(b.0, b.1, 0, stored_at)),
+                ])
+                .unwrap(),
+            ),
+        )
+        .unwrap();
+        let before = s.batchlog_records().iter().sum::<usize>();
+        // Made ahead at timestamp 100, the writes and their records must move above what
+        // is stored; the part cut off is restored from a record, which must carry the
+        // moved timestamps or it would lose to the stored cells.
+        let known = [
+            (&l, balance_write(a.0, a.1, 3, 100)),
+            (&l, balance_write(b.0, b.1, 7, 100)),
+        ];
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(true));
+        let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
+        let cut = s.apply_transaction(
+            &partitions,
+            &[],
+            &known,
+            0,
+            100,
+            |_| Ok::<_, ()>(Vec::new()),
+        );
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(false));
+        assert!(matches!(cut, Err(TxnError::Storage(StorageError::Closed))));
+        let written = [
+            read_balance(&s, &l, a) == Some(3),
+            read_balance(&s, &l, b) == Some(7),
+        ];
+        assert_eq!(written.iter().filter(|w| **w).count(), 1, "{written:?}");
+        let records = s.batchlog_records().iter().sum::<usize>() - before;
+        s.close().unwrap();
+        ([a, b], records)
+    };
+    assert_eq!(records, 1);
+    let s = open(dir.path());
+    assert_eq!(read_balance(&s, &l, a), Some(3));
+    assert_eq!(read_balance(&s, &l, b), Some(7));
+    assert_eq!(s.batchlog_records().iter().sum::<usize>(), 0);
 }

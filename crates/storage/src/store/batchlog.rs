@@ -27,22 +27,26 @@ impl Prepared {
         let mut value = Vec::new();
         for ((table, key), pending) in &self.entries {
             value.clear();
-            let kind = match pending {
+            let (kind, bytes) = match pending {
                 Pending::Header(h) => {
                     h.encode(&mut value)?;
-                    LOGGED_HEADER
+                    (LOGGED_HEADER, value.as_slice())
                 }
+                Pending::Row {
+                    encoded: Some(encoded),
+                    ..
+                } => (LOGGED_ROW, &encoded[..]),
                 Pending::Row { row, .. } => {
                     row.encode(&mut value)?;
-                    LOGGED_ROW
+                    (LOGGED_ROW, value.as_slice())
                 }
             };
             out.push(kind);
             out.extend_from_slice(table);
             out.extend_from_slice(&len(key.len())?.to_be_bytes());
             out.extend_from_slice(key);
-            out.extend_from_slice(&len(value.len())?.to_be_bytes());
-            out.extend_from_slice(&value);
+            out.extend_from_slice(&len(bytes.len())?.to_be_bytes());
+            out.extend_from_slice(bytes);
         }
         Ok(())
     }
@@ -81,6 +85,7 @@ impl Prepared {
                     row: StoredRow::decode_value(value)?,
                     replaces_from: None,
                     stripe,
+                    encoded: None,
                 },
                 _ => return Err(BAD),
             };

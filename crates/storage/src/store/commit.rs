@@ -27,6 +27,9 @@ pub(super) enum Pending {
         /// (`RegularColumns::replaced_by`): above the stripe's newest, it needs no read.
         replaces_from: Option<i64>,
         stripe: usize,
+        /// `row` already encoded, before any lock (see [`Prepared::encode_ahead`]); dropped
+        /// whenever the row changes, so it is always `row`'s encoding when present.
+        encoded: Option<fjall::Slice>,
     },
 }
 
@@ -134,6 +137,7 @@ impl Store {
                                 row,
                                 replaces_from,
                                 stripe,
+                                encoded: None,
                             },
                         );
                     }
@@ -176,6 +180,8 @@ impl Store {
         check: Option<UnderLocks<'_>>,
     ) -> Result<Option<u64>, StorageError> {
         self.check_open()?;
+        // Copied into its own buffer before the locks: under them the batch only shares it.
+        let batchlog = batchlog.map(|(key, value)| (key, fjall::Slice::from(value)));
         let Prepared {
             mut entries,
             stripes,
@@ -215,7 +221,7 @@ impl Store {
                 &mut guards,
                 entries,
                 &gc_grace,
-                batchlog,
+                batchlog.as_ref().map(|(key, value)| (*key, value)),
                 newest_written,
             )?
         };
@@ -244,7 +250,7 @@ impl Store {
         guards: &mut [MutexGuard<'_, Stripe>],
         entries: BTreeMap<(TableId, Vec<u8>), Pending>,
         gc_grace: &[(TableId, u32)],
-        batchlog: Option<(&[u8], &[u8])>,
+        batchlog: Option<(&[u8], &fjall::Slice)>,
         newest_written: i64,
     ) -> Result<Written, StorageError> {
         debug_assert_eq!(stripes.len(), guards.len());
@@ -264,9 +270,12 @@ impl Store {
         let mut purges: Vec<PurgeJob> = Vec::new();
         let mut replaced = 0u64;
         let mut journal_bytes = 0u64;
+        // The rows written are freed after the locks are released, not under them.
+        let mut spent = Spent::default();
         for ((table, key), pending) in entries {
             // A table dropped since the write was planned: its data is being deleted.
             let Some(keyspace) = registry.keyspace(&table) else {
+                spent.keep(pending);
                 continue;
             };
             buf.clear();
@@ -274,6 +283,7 @@ impl Store {
                 row,
                 replaces_from: Some(oldest),
                 stripe,
+                encoded,
             } = &pending
             {
                 let newest_stored = stripes
@@ -282,10 +292,19 @@ impl Store {
                 if *oldest > newest_stored {
                     // Everything stored under this key is older than every cell of a
                     // write that sets the whole row: the merge would return `row`.
-                    row.encode(&mut buf)?;
-                    journal_bytes += (key.len() + buf.len()) as u64;
-                    batch.insert(keyspace, key, buf.as_slice());
+                    match encoded {
+                        Some(value) => {
+                            journal_bytes += (key.len() + value.len()) as u64;
+                            batch.insert(keyspace, key, value.clone());
+                        }
+                        None => {
+                            row.encode(&mut buf)?;
+                            journal_bytes += (key.len() + buf.len()) as u64;
+                            batch.insert(keyspace, key, buf.as_slice());
+                        }
+                    }
                     replaced += 1;
+                    spent.keep(pending);
                     continue;
                 }
             }
@@ -332,23 +351,35 @@ impl Store {
                     }
                     header.encode(&mut buf)?;
                 }
-                Pending::Row { row: incoming, .. } => {
-                    let row = match existing {
-                        Some(v) => {
-                            let mut row = StoredRow::decode_value(&v)?;
-                            row.merge(incoming);
-                            row
-                        }
-                        None => incoming,
-                    };
-                    row.encode(&mut buf)?;
-                }
+                Pending::Row {
+                    row: incoming,
+                    encoded,
+                    ..
+                } => match (existing, encoded) {
+                    (Some(v), encoded) => {
+                        let mut row = StoredRow::decode_value(&v)?;
+                        row.merge(incoming);
+                        row.encode(&mut buf)?;
+                        spent.rows.push(row);
+                        spent.values.extend(encoded);
+                    }
+                    (None, Some(value)) => {
+                        journal_bytes += (key.len() + value.len()) as u64;
+                        batch.insert(keyspace, key, value);
+                        spent.rows.push(incoming);
+                        continue;
+                    }
+                    (None, None) => {
+                        incoming.encode(&mut buf)?;
+                        spent.rows.push(incoming);
+                    }
+                },
             }
             journal_bytes += (key.len() + buf.len()) as u64;
             batch.insert(keyspace, key, buf.as_slice());
         }
         if let Some((key, value)) = batchlog {
-            batch.insert(&self.meta, key, value);
+            batch.insert(&self.meta, key, value.clone());
         }
         // Counted before the journal sees the batch, so that a read seeing it takes a ticket
         // that covers it (`seen_upto`); a failed commit still takes its ticket, or a reader
@@ -359,6 +390,7 @@ impl Store {
                 purges: Vec::new(),
                 replaced: 0,
                 journal_bytes: 0,
+                spent,
             });
             return Err(e);
         }
@@ -369,6 +401,7 @@ impl Store {
             purges,
             replaced,
             journal_bytes,
+            spent,
         })
     }
 
@@ -392,6 +425,7 @@ impl Store {
         for job in written.purges {
             self.purger.enqueue(job);
         }
+        drop(written.spent);
         ticket
     }
 }
@@ -401,6 +435,79 @@ pub(super) struct Written {
     purges: Vec<PurgeJob>,
     replaced: u64,
     journal_bytes: u64,
+    /// The entries written, freed here rather than under the locks.
+    spent: Spent,
+}
+
+/// What a commit wrote and no longer needs: large values are freed once the locks are gone.
+#[derive(Default)]
+struct Spent {
+    rows: Vec<StoredRow>,
+    values: Vec<fjall::Slice>,
+}
+
+impl Spent {
+    /// Keeps an entry to free later.
+    fn keep(&mut self, pending: Pending) {
+        if let Pending::Row { row, encoded, .. } = pending {
+            self.rows.push(row);
+            self.values.extend(encoded);
+        }
+    }
+}
+
+impl Prepared {
+    /// Encodes every row into its own buffer, so that the commit under the locks (and a
+    /// batchlog record) only shares the bytes. Called before any lock is taken.
+    pub(crate) fn encode_ahead(&mut self) -> Result<(), StorageError> {
+        for pending in self.entries.values_mut() {
+            if let Pending::Row { row, encoded, .. } = pending {
+                if encoded.is_none() {
+                    let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
+                    row.encode(&mut buf)?;
+                    *encoded = Some(fjall::Slice::from(buf));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `other`'s entries to these, merging entries of the same key (the merged row
+    /// needs the read a partial write needs, and loses its encoding).
+    pub(crate) fn absorb(&mut self, other: Prepared) {
+        for (key, incoming) in other.entries {
+            match (self.entries.get_mut(&key), incoming) {
+                (Some(Pending::Header(h)), Pending::Header(incoming)) => h.merge(incoming),
+                (
+                    Some(Pending::Row {
+                        row,
+                        replaces_from,
+                        encoded,
+                        ..
+                    }),
+                    Pending::Row { row: incoming, .. },
+                ) => {
+                    row.merge(incoming);
+                    *replaces_from = None;
+                    *encoded = None;
+                }
+                (_, incoming) => {
+                    self.entries.insert(key, incoming);
+                }
+            }
+        }
+        self.stripes.extend(other.stripes);
+        self.stripes.sort_unstable();
+        self.stripes.dedup();
+        self.tables.extend(other.tables);
+        self.tables.sort_unstable();
+        self.tables.dedup();
+        for (table, seconds) in other.gc_grace {
+            if !self.gc_grace.iter().any(|(t, _)| *t == table) {
+                self.gc_grace.push((table, seconds));
+            }
+        }
+    }
 }
 
 /// The newest timestamp among prepared entries (`i64::MIN` when there are none).
@@ -421,9 +528,14 @@ impl Pending {
         match self {
             Pending::Header(h) => h.shift_timestamps(delta),
             Pending::Row {
-                row, replaces_from, ..
+                row,
+                replaces_from,
+                encoded,
+                ..
             } => {
                 row.shift_timestamps(delta);
+                // The encoding carries the old timestamps.
+                *encoded = None;
                 if let Some(oldest) = replaces_from {
                     *oldest = oldest.saturating_add(delta);
                 }

@@ -178,6 +178,7 @@ impl<'a> RawCommit<'a> {
                     row,
                     replaces_from: None,
                     stripe,
+                    encoded: None,
                 };
                 (key, pending)
             }

@@ -94,21 +94,71 @@ pub(crate) struct TxnEnv<'a> {
     /// each part carries (in the parts' order) so that any surviving part restores the rest.
     #[allow(clippy::type_complexity)]
     pub(crate) batchlog:
-        &'a dyn Fn(&[(usize, Prepared)]) -> Result<(Vec<u8>, Vec<Vec<u8>>), StorageError>,
+        &'a dyn Fn(&[(usize, Prepared)]) -> Result<(Vec<u8>, Vec<fjall::Slice>), StorageError>,
 }
 
-/// Runs a transaction over `stores`: locks every partition of `partitions` and `reads`,
-/// reads `reads`, asks `decide` for the writes (made with timestamp `provisional`), moves
-/// them above every timestamp stored in the locked stripes, and commits them.
+/// The writes of a transaction known before its locks, in storage form, encoded, with
+/// the batchlog records they need when they span stores (made with their provisional
+/// timestamps; remade under the locks only if those move or more writes join).
+struct Ahead {
+    parts: Vec<(usize, Prepared)>,
+    records: Option<(Vec<u8>, Vec<fjall::Slice>)>,
+}
+
+/// `mutations` in storage form, one part per store, in ascending store order.
+fn prepare_by_store(
+    env: &TxnEnv<'_>,
+    mutations: &[(&TableLayout, Mutation)],
+) -> Result<Vec<(usize, Prepared)>, StorageError> {
+    let mut owners: Vec<usize> = mutations
+        .iter()
+        .map(|(_, m)| (env.store_of)(m.token))
+        .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    let mut parts = Vec::with_capacity(owners.len());
+    for store in owners {
+        let own = mutations
+            .iter()
+            .filter(|(_, m)| (env.store_of)(m.token) == store);
+        let prepared = Store::prepare(own)?;
+        if !prepared.is_empty() {
+            parts.push((store, prepared));
+        }
+    }
+    Ok(parts)
+}
+
+/// Runs a transaction over `stores`: prepares `known` (writes that need no read, made
+/// with timestamp `provisional`) before any lock, locks every partition of `partitions`
+/// and `reads`, reads `reads`, asks `decide` for the other writes (made with timestamp
+/// `provisional`), moves them all above every timestamp stored in the locked stripes, and
+/// commits them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn commit_transaction<'l, E>(
     stores: &[Store],
     env: &TxnEnv<'_>,
     partitions: &[TxnPartition],
     reads: &[TxnRead<'_>],
+    known: &[(&'l TableLayout, Mutation)],
     now_secs: u32,
     provisional: i64,
     decide: impl FnOnce(&[PartitionRead]) -> Result<Vec<(&'l TableLayout, Mutation)>, E>,
 ) -> Result<StoreTxn, TxnError<E>> {
+    // The known writes: checked, converted, encoded and logged before the first lock.
+    for (_, m) in known {
+        (env.check_limits)(m)?;
+    }
+    let mut parts = prepare_by_store(env, known)?;
+    for (_, prepared) in &mut parts {
+        prepared.encode_ahead()?;
+    }
+    let records = if parts.len() > 1 {
+        Some((env.batchlog)(&parts)?)
+    } else {
+        None
+    };
+    let ahead = Ahead { parts, records };
     // Everything about the lock set is decided before the first lock.
     let mut wanted: Vec<(usize, usize, TableId)> = partitions
         .iter()
@@ -162,7 +212,16 @@ pub(crate) fn commit_transaction<'l, E>(
     }
     let locked = Instant::now();
     let lock_wait = locked - started;
-    let outcome = locked_section(stores, env, &mut held, reads, now_secs, provisional, decide);
+    let outcome = locked_section(
+        stores,
+        env,
+        &mut held,
+        reads,
+        ahead,
+        now_secs,
+        provisional,
+        decide,
+    );
     drop(held);
     let locked_for = locked.elapsed();
     let (written, reads, timestamp, batchlog_key) = outcome?;
@@ -189,11 +248,13 @@ type Locked = (
 );
 
 /// The part of a transaction that runs under its locks.
+#[allow(clippy::too_many_arguments)]
 fn locked_section<'l, E>(
     stores: &[Store],
     env: &TxnEnv<'_>,
     held: &mut [Held<'_>],
     reads: &[TxnRead<'_>],
+    ahead: Ahead,
     now_secs: u32,
     provisional: i64,
     decide: impl FnOnce(&[PartitionRead]) -> Result<Vec<(&'l TableLayout, Mutation)>, E>,
@@ -218,37 +279,42 @@ fn locked_section<'l, E>(
         )?);
     }
     let mutations = decide(&found).map_err(TxnError::Decide)?;
-    if mutations.is_empty() {
+    let Ahead {
+        mut parts,
+        mut records,
+    } = ahead;
+    if mutations.is_empty() && parts.is_empty() {
         return Ok((Vec::new(), found, None, None));
     }
-    for (_, m) in &mutations {
-        (env.check_limits)(m)?;
-    }
-    let mut parts: Vec<(usize, Prepared)> = Vec::with_capacity(held.len());
-    for h in held.iter() {
-        let own = mutations
-            .iter()
-            .filter(|(_, m)| (env.store_of)(m.token) == h.store);
-        let prepared = Store::prepare(own)?;
-        if prepared.is_empty() {
-            continue;
+    if !mutations.is_empty() {
+        for (_, m) in &mutations {
+            (env.check_limits)(m)?;
         }
+        // More parts, or more in a part: the records made ahead no longer cover them.
+        records = None;
+        for (store, prepared) in prepare_by_store(env, &mutations)? {
+            match parts.iter_mut().find(|(s, _)| *s == store) {
+                Some((_, part)) => part.absorb(prepared),
+                None => parts.push((store, prepared)),
+            }
+        }
+        parts.sort_unstable_by_key(|(store, _)| *store);
+    }
+    for (store, prepared) in &parts {
+        let Some(at) = held_by_store(held, *store) else {
+            return Err(
+                StorageError::Corrupt("a transaction wrote a store it did not lock").into(),
+            );
+        };
         if prepared
             .stripes
             .iter()
-            .any(|s| h.stripes.binary_search(s).is_err())
+            .any(|s| held[at].stripes.binary_search(s).is_err())
         {
             return Err(
                 StorageError::Corrupt("a transaction wrote a partition it did not lock").into(),
             );
         }
-        parts.push((h.store, prepared));
-    }
-    if mutations
-        .iter()
-        .any(|(_, m)| held_by_store(held, (env.store_of)(m.token)).is_none())
-    {
-        return Err(StorageError::Corrupt("a transaction wrote a store it did not lock").into());
     }
     // The write is ordered after everything stored in the partitions it locked.
     let newest_stored = held
@@ -260,16 +326,18 @@ fn locked_section<'l, E>(
     debug_assert!(timestamp > newest_stored || newest_stored == i64::MAX);
     let shift = timestamp - provisional;
     if shift != 0 {
+        // A replayed record must carry the final timestamps.
+        records = None;
         for (_, prepared) in &mut parts {
             for pending in prepared.entries.values_mut() {
                 pending.shift_timestamps(shift);
             }
         }
     }
-    let batchlog = if parts.len() > 1 {
-        Some((env.batchlog)(&parts)?)
-    } else {
-        None
+    let batchlog = match records {
+        Some(records) if parts.len() > 1 => Some(records),
+        _ if parts.len() > 1 => Some((env.batchlog)(&parts)?),
+        _ => None,
     };
     let mut written = Vec::with_capacity(parts.len());
     for (part, (store, prepared)) in parts.into_iter().enumerate() {
@@ -288,7 +356,7 @@ fn locked_section<'l, E>(
             &prepared.gc_grace,
             batchlog
                 .as_ref()
-                .and_then(|(k, records)| Some((k.as_slice(), records.get(part)?.as_slice()))),
+                .and_then(|(k, records)| Some((k.as_slice(), records.get(part)?))),
             newest,
         );
         #[cfg(test)]
