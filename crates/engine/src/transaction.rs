@@ -764,12 +764,15 @@ async fn run(
                     provisional,
                 )?;
                 chosen = writes.into_iter().map(|(_, m)| m).collect();
+                // The writes that need no read are the log's to commit too.
+                chosen.extend(known.iter().map(|(_, m)| m.clone()));
                 // Nothing is written here: the log commits the writes on every replica.
                 Ok(Vec::new())
             };
             let found = match engine.storage().apply_transaction(
                 &partitions,
                 &storage_reads,
+                &[],
                 now_secs,
                 provisional,
                 decide,
