@@ -5,7 +5,7 @@ and QUORUM, paged), every paged SELECT without a partition key and COUNT(*) answ
 with no driver retries (a request the node's admission sheds under the shared machine's load,
 "Server is overloaded", is asked again, bounded; the old "not a replica" refusal is not); each
 node's system.peers shows the other two at its own schema version. LWT (`INSERT ... IF NOT
-EXISTS`, `UPDATE ... IF`), SERIAL reads and one-partition transactions through every node, RF 1,
+EXISTS`, `UPDATE ... IF`, a conditional batch), SERIAL reads and one-partition transactions through every node, RF 1,
 run on the partition's replica and answer as it does."""
 
 import time
@@ -123,6 +123,7 @@ def test_round_robin_lwt_serial_reads_and_transactions_through_every_node(local_
               END IF
             COMMIT TRANSACTION""")
         txn.consistency_level = ConsistencyLevel.QUORUM
+        batch = s.prepare("BEGIN BATCH UPDATE lw1.t SET v = 3 WHERE pk = ? IF v = 2; APPLY BATCH")
 
         def on(ip, stmt, args):
             return shed_tolerant(lambda: s.execute(stmt, args, execution_profile=f"on-{ip}").one())
@@ -140,15 +141,17 @@ def test_round_robin_lwt_serial_reads_and_transactions_through_every_node(local_
                 assert on(ip, serial, (pk,)).v == 1, (ip, pk)
                 assert on(ip, txn, (pk, pk))[0] == 1, (ip, pk)
                 assert on(ip, serial, (pk,)).v == 2, (ip, pk)
+                assert on(ip, batch, (pk,))[0] is True, (ip, pk)
+                assert on(ip, batch, (pk,))[0] is False, (ip, pk)
         # The round-robin session: each partition's SERIAL read and a no-op transaction land
         # on each node in turn.
         for _ in range(NODES):
             for n in range(NODES):
                 for pk in range(n * 100, n * 100 + LWT_PARTITIONS):
                     got = shed_tolerant(lambda: s.execute(serial, (pk,)).one().v)
-                    assert got == 2, pk
+                    assert got == 3, pk
                     got = shed_tolerant(lambda: s.execute(txn, (pk, pk)).one()[0])
-                    assert got == 2, pk
+                    assert got == 3, pk
     finally:
         cluster.shutdown()
 
