@@ -1363,7 +1363,7 @@ impl Engine {
     /// Replica side of a forwarded statement (a SELECT, an LWT, a SERIAL read or a
     /// transaction): runs it here as its coordinator (never forwarding it again) and encodes
     /// its rows, Void or error as the reply.
-    pub async fn serve_forwarded_select(
+    pub async fn serve_forwarded_statement(
         &self,
         body: &Bytes,
         deadline: Instant,

@@ -84,7 +84,9 @@ impl ReplicaTransport for FakeTransport {
                         ReplicaVerb::Truncate => engine
                             .apply_replica_truncate(&body, deadline)
                             .map(|()| Bytes::new()),
-                        ReplicaVerb::Select => engine.serve_forwarded_select(&body, deadline).await,
+                        ReplicaVerb::Select => {
+                            engine.serve_forwarded_statement(&body, deadline).await
+                        }
                         ReplicaVerb::Scan => engine.serve_scan(&body, deadline),
                     };
                     result.map_err(|_| ReplicaError::Refused)
