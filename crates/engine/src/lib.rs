@@ -1188,10 +1188,9 @@ impl Engine {
             }
             Plan::Write(w) if w.condition.is_some() => {
                 self.txn_log_for(std::iter::once(&*w.table))?;
-                Some((
-                    keyed(&w.table, &w.where_)?,
-                    transaction::replicated::cas_timeout,
-                ))
+                let reads = keyed(&w.table, &w.where_)?;
+                // An IN is refused by the LWT's own path, here as on any replica.
+                (reads.len() == 1).then_some((reads, transaction::replicated::cas_timeout))
             }
             Plan::Batch(bp) if p.lwt => {
                 self.txn_log_for(bp.writes.iter().map(|w| &*w.table))?;
