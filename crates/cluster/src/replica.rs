@@ -342,7 +342,11 @@ async fn handle(engine: &Engine, message: InboundMessage) {
         VERB_TRUNCATE => engine
             .apply_replica_truncate(&message.body, deadline)
             .map(|()| Bytes::new()),
-        VERB_SELECT => engine.serve_forwarded_select(&message.body, deadline).await,
+        VERB_SELECT => {
+            engine
+                .serve_forwarded_statement(&message.body, deadline)
+                .await
+        }
         VERB_SCAN => engine.serve_scan(&message.body, deadline),
         _ => {
             message.reply_status(Status::UnknownVerb);

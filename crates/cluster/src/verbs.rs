@@ -29,9 +29,10 @@ pub const VERB_REPAIR: u16 = FIRST_APPLICATION_VERB + 10;
 /// A TRUNCATE of one table, on `ConnectionClass::Requests`; the reply is empty once this
 /// node dropped the table's rows (`sluice_engine::replica_msg::encode_truncate`).
 pub const VERB_TRUNCATE: u16 = FIRST_APPLICATION_VERB + 11;
-/// A SELECT forwarded by a coordinator that is not a replica of its partition, for this
-/// replica to run as the coordinator, on `ConnectionClass::Requests`; the reply is its rows or
-/// its error (`sluice_engine::replica_msg::encode_forwarded_select`).
+/// A SELECT, LWT, SERIAL read or transaction forwarded by a coordinator that is not a replica
+/// of its partitions, for this replica to run as the coordinator, on
+/// `ConnectionClass::Requests`; the reply is its rows, Void or error
+/// (`sluice_engine::replica_msg::encode_forwarded_statement`).
 pub const VERB_SELECT: u16 = FIRST_APPLICATION_VERB + 14;
 
 /// One storage page of a token range of a table, for a coordinator's scan, on

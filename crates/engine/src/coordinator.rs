@@ -51,8 +51,9 @@ pub enum ReplicaVerb {
     Repair,
     /// Truncate a table ([`replica_msg::encode_truncate`]); the reply is empty.
     Truncate,
-    /// Run a SELECT as its coordinator ([`replica_msg::encode_forwarded_select`]); the reply
-    /// is its rows or its error ([`replica_msg::encode_forwarded_answer`]).
+    /// Run a SELECT, LWT, SERIAL read or transaction as its coordinator
+    /// ([`replica_msg::encode_forwarded_statement`]); the reply is its rows, Void or error
+    /// ([`replica_msg::encode_forwarded_answer`]).
     Select,
     /// Answer one storage page of a token range ([`replica_msg::encode_scan`]); the reply is
     /// [`replica_msg::encode_scan_page`].

@@ -156,6 +156,13 @@ impl NodeInfo {
     }
 }
 
+/// The partitions an LWT, SERIAL read or transaction reads, and its error for silence until
+/// the deadline (a read's or a CAS write's timeout).
+type TxnReads<'p> = (
+    Vec<(&'p catalog::TableDef, i64)>,
+    fn(sluice_protocol::Consistency) -> DetailedError,
+);
+
 /// Per-connection state.
 #[derive(Debug, Clone, Default)]
 pub struct Session {
@@ -1149,7 +1156,84 @@ impl Engine {
         }
         let values = exec::order_values(p, params)?;
         exec::validate_values(p, &values)?;
-        let b = exec::Binder::new(&values, ctx.now_micros);
+        self.execute_bound(session, p, &values, params, ctx, true)
+            .await
+    }
+
+    /// The partitions an LWT, SERIAL read or transaction reads through the transaction log
+    /// (which only a replica of them all may coordinate), with its error for a forwarded
+    /// statement's silence; `None` for every other statement, or when binding fails (the
+    /// statement's own path then answers the error).
+    fn txn_reads<'p>(
+        &self,
+        p: &'p Prepared,
+        b: &exec::Binder<'_>,
+        params: &QueryParameters,
+    ) -> Option<TxnReads<'p>> {
+        let keyed = |t: &'p Arc<catalog::TableDef>, w: &analyze::Where| {
+            let keys = exec::partition_keys(b, t, w).ok()?;
+            Some(
+                keys.into_iter()
+                    .map(|k| (&**t, k.token))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        match &p.plan {
+            Plan::Select(s) if params.consistency.is_serial() => {
+                if s.table.is_virtual() || !s.where_.pk_complete() {
+                    return None;
+                }
+                self.txn_log_for(std::iter::once(&*s.table))?;
+                Some((keyed(&s.table, &s.where_)?, exec::read_timeout))
+            }
+            Plan::Write(w) if w.condition.is_some() => {
+                self.txn_log_for(std::iter::once(&*w.table))?;
+                let reads = keyed(&w.table, &w.where_)?;
+                // An IN is refused by the LWT's own path, here as on any replica.
+                (reads.len() == 1).then_some((reads, transaction::replicated::cas_timeout))
+            }
+            Plan::Batch(bp) if p.lwt => {
+                self.txn_log_for(bp.writes.iter().map(|w| &*w.table))?;
+                let mut reads = Vec::new();
+                for w in &bp.writes {
+                    reads.extend(keyed(&w.table, &w.where_)?);
+                }
+                Some((reads, transaction::replicated::cas_timeout))
+            }
+            Plan::Transaction(t) => {
+                let (read_tables, write_tables) = t.tables();
+                self.txn_log_for(read_tables.into_iter().chain(write_tables).map(|t| &**t))?;
+                Some((transaction::read_partitions(t, b).ok()?, t.timeout_kind()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Runs a statement with its values in marker order; with `may_forward`, a statement
+    /// whose partitions this node does not hold runs on a replica of them (a replica running
+    /// a forwarded statement never forwards it again).
+    async fn execute_bound(
+        &self,
+        session: &mut Session,
+        p: &Prepared,
+        values: &[sluice_protocol::Value],
+        params: &QueryParameters,
+        ctx: &RequestContext,
+        may_forward: bool,
+    ) -> Result<ResultMessage, DetailedError> {
+        let b = exec::Binder::new(values, ctx.now_micros);
+        if may_forward {
+            if let Some(transport) = self.replica_transport() {
+                if let Some((reads, timeout)) = self.txn_reads(p, &b, params) {
+                    if remote_read::txn_needs_forwarding(self, &reads) {
+                        return Box::pin(remote_read::forward_txn(
+                            self, transport, p, &reads, values, params, ctx, timeout,
+                        ))
+                        .await;
+                    }
+                }
+            }
+        }
         match &p.plan {
             Plan::Select(s) => {
                 if params.consistency.is_serial() {
@@ -1164,7 +1248,8 @@ impl Engine {
                     )
                     .await?;
                 }
-                self.select(p, s, &values, &b, params, ctx, true).await
+                self.select(p, s, values, &b, params, ctx, may_forward)
+                    .await
             }
             Plan::Write(w) => {
                 let entries = [(w.as_ref(), &b)];
@@ -1274,20 +1359,21 @@ impl Engine {
         read::execute_select(self, p, s, b, params, ctx).await
     }
 
-    /// Replica side of a forwarded SELECT: runs it here as its coordinator (never forwarding
-    /// it again) and encodes its rows or its error as the reply.
-    pub async fn serve_forwarded_select(
+    /// Replica side of a forwarded statement (a SELECT, an LWT, a SERIAL read or a
+    /// transaction): runs it here as its coordinator (never forwarding it again) and encodes
+    /// its rows, Void or error as the reply.
+    pub async fn serve_forwarded_statement(
         &self,
         body: &Bytes,
         deadline: Instant,
     ) -> Result<Bytes, coordinator::ReplicaRefusal> {
         use coordinator::ReplicaRefusal;
-        let req = replica_msg::decode_forwarded_select(body)
+        let req = replica_msg::decode_forwarded_statement(body)
             .map_err(|e| ReplicaRefusal::Malformed(e.0))?;
         if Instant::now() >= deadline {
             return Err(ReplicaRefusal::Expired);
         }
-        let answer = self.run_forwarded_select(req, deadline).await;
+        let answer = self.run_forwarded_statement(req, deadline).await;
         let reply = replica_msg::encode_forwarded_answer(&answer);
         if remote_read::forwarded_answer_fits(&reply) {
             return Ok(reply);
@@ -1297,15 +1383,22 @@ impl Engine {
         ))))
     }
 
-    async fn run_forwarded_select(
+    async fn run_forwarded_statement(
         &self,
-        req: replica_msg::ForwardedSelect,
+        req: replica_msg::ForwardedStatement,
         deadline: Instant,
-    ) -> Result<replica_msg::ForwardedRows, DetailedError> {
+    ) -> Result<replica_msg::ForwardedResult, DetailedError> {
         let p = self.prepare(req.keyspace.as_deref(), &req.query)?;
-        let Plan::Select(s) = &p.plan else {
-            return Err(catalog::invalid("Only a SELECT is run for another node"));
-        };
+        if matches!(p.plan, Plan::Dynamic(_)) {
+            return Err(catalog::invalid(
+                "Only a SELECT, an LWT or a transaction is run for another node",
+            ));
+        }
+        if req.serial_consistency.is_some_and(|c| !c.is_serial()) {
+            return Err(catalog::invalid(
+                "Invalid serial consistency level: only SERIAL and LOCAL_SERIAL are allowed",
+            ));
+        }
         let params = QueryParameters {
             consistency: req.consistency,
             values: req.values,
@@ -1313,8 +1406,8 @@ impl Engine {
             skip_metadata: req.skip_metadata,
             page_size: req.page_size,
             paging_state: req.paging_state,
-            serial_consistency: None,
-            default_timestamp: None,
+            serial_consistency: req.serial_consistency,
+            default_timestamp: req.default_timestamp,
         };
         let values = exec::order_values(&p, &params)?;
         exec::validate_values(&p, &values)?;
@@ -1323,20 +1416,20 @@ impl Engine {
             now_micros: req.now_micros,
             ack_barrier: None,
         };
-        let b = exec::Binder::new(&values, ctx.now_micros);
-        match self
-            .select(&p, s, &values, &b, &params, &ctx, false)
-            .await?
-        {
-            ResultMessage::Rows(rows) => Ok(replica_msg::ForwardedRows {
-                row_count: rows.row_count,
-                column_count: rows.metadata.column_count as u32,
-                paging_state: rows.metadata.paging_state,
-                body: rows.body,
-            }),
+        let mut session = Session::default();
+        match Box::pin(self.execute_bound(&mut session, &p, &values, &params, &ctx, false)).await? {
+            ResultMessage::Rows(rows) => Ok(replica_msg::ForwardedResult::Rows(
+                replica_msg::ForwardedRows {
+                    row_count: rows.row_count,
+                    column_count: rows.metadata.column_count as u32,
+                    paging_state: rows.metadata.paging_state,
+                    body: rows.body,
+                },
+            )),
+            ResultMessage::Void => Ok(replica_msg::ForwardedResult::Void),
             _ => Err(DetailedError::new(
                 DbError::ServerError,
-                "A SELECT answered something other than rows",
+                "A forwarded statement answered something other than rows or nothing",
             )),
         }
     }

@@ -1,7 +1,8 @@
 //! Reads that this node cannot answer from its own storage alone.
 //!
 //! A single-partition SELECT on a node that is not a replica of the partition is forwarded,
-//! whole and bound, to a live replica, which runs it as the coordinator (digests, read repair,
+//! whole and bound, to a live replica (an LWT, SERIAL read or transaction to a live replica of
+//! every partition it reads), which runs it as the coordinator (digests, read repair,
 //! paging) and answers its rows or its error: the client sees exactly what a replica
 //! coordinator would have answered. A scan (no partition key) walks the token ring in order
 //! and reads each run of ranges from this node when it is a replica of them, else from one
@@ -12,7 +13,7 @@ use crate::catalog::{invalid, TableDef};
 use crate::coordinator::{
     replication_of, requirement, Replica, ReplicaError, ReplicaTransport, ReplicaVerb,
 };
-use crate::replica_msg::{self, ForwardedSelect, ScanRequest};
+use crate::replica_msg::{self, ForwardedResult, ForwardedStatement, ScanRequest};
 use crate::{storage_error, Engine, Prepared, RequestContext};
 use bytes::Bytes;
 use sluice_protocol::{
@@ -163,13 +164,129 @@ pub(crate) async fn forward_select(
     let replication = replication_of(engine, t);
     let replicas = replicas_of(&ring, &replication, token);
     let block_for = check_available(engine, &ring, &replication, &replicas, params.consistency)?;
+    forward_to(
+        engine,
+        transport,
+        &ring,
+        &replicas,
+        p,
+        values,
+        params,
+        ctx,
+        || remote_timeout(params.consistency, block_for),
+        |tried| remote_failure(params.consistency, block_for, tried),
+    )
+    .await
+}
+
+/// Whether an LWT, SERIAL read or transaction reading `reads` must be coordinated by another
+/// node: this node is not a replica of one of them (the transaction log then refuses it here).
+pub(crate) fn txn_needs_forwarding(engine: &Engine, reads: &[(&TableDef, i64)]) -> bool {
+    reads
+        .iter()
+        .any(|(t, token)| !reads_locally(engine, t, *token))
+}
+
+/// Why a statement cannot be forwarded: its partitions have no replica in common.
+fn no_common_replica() -> DetailedError {
+    invalid(
+        "the partitions this transaction reads have no replica in common, and a transaction, \
+         LWT or SERIAL read is coordinated by a replica of every partition it reads",
+    )
+}
+
+/// Why a forwarded LWT, SERIAL read or transaction got no answer: every live common replica
+/// refused it (drivers try the next host).
+fn txn_forward_refused() -> DetailedError {
+    DetailedError::new(
+        DbError::Overloaded,
+        "the replicas of the partitions this statement reads refused it; ask one of them",
+    )
+}
+
+/// Runs an LWT, SERIAL read or transaction on a live node that replicates every partition in
+/// `reads` and answers what it answered. `timeout` is the error of silence to the deadline.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn forward_txn(
+    engine: &Engine,
+    transport: &Arc<dyn ReplicaTransport>,
+    p: &Prepared,
+    reads: &[(&TableDef, i64)],
+    values: &[Value],
+    params: &QueryParameters,
+    ctx: &RequestContext,
+    timeout: fn(Consistency) -> DetailedError,
+) -> Result<ResultMessage, DetailedError> {
+    let ring = engine.ring();
+    let mut common: Option<Vec<NodeIndex>> = None;
+    for (t, token) in reads {
+        let replicas = replicas_of(&ring, &replication_of(engine, t), *token);
+        common = Some(match common {
+            None => replicas,
+            Some(mut c) => {
+                c.retain(|r| replicas.contains(r));
+                c
+            }
+        });
+    }
+    let common = common.unwrap_or_default();
+    if common.is_empty() {
+        return Err(no_common_replica());
+    }
+    let alive = common
+        .iter()
+        .filter(|r| engine.is_node_up(ring.node(**r).host_id))
+        .count();
+    if alive == 0 {
+        return Err(DetailedError::new(
+            DbError::Unavailable {
+                consistency: params.consistency,
+                required: 1,
+                alive: 0,
+            },
+            "Cannot achieve consistency level: no replica of every partition read is alive",
+        ));
+    }
+    forward_to(
+        engine,
+        transport,
+        &ring,
+        &common,
+        p,
+        values,
+        params,
+        ctx,
+        || timeout(params.consistency),
+        |_| txn_forward_refused(),
+    )
+    .await
+}
+
+/// Sends the bound statement to live ones of `replicas` (this data centre first) until one
+/// answers, and answers its rows, Void or error. Silence until the deadline is `timeout()`;
+/// every live replica refusing or unreachable is `failure(replicas tried)`.
+#[allow(clippy::too_many_arguments)]
+async fn forward_to(
+    engine: &Engine,
+    transport: &Arc<dyn ReplicaTransport>,
+    ring: &TokenMetadata,
+    replicas: &[NodeIndex],
+    p: &Prepared,
+    values: &[Value],
+    params: &QueryParameters,
+    ctx: &RequestContext,
+    timeout: impl Fn() -> DetailedError,
+    failure: impl Fn(usize) -> DetailedError,
+) -> Result<ResultMessage, DetailedError> {
     let deadline = ctx
         .deadline
         .unwrap_or_else(|| Instant::now() + DEFAULT_REMOTE_READ_WAIT);
-    let body = replica_msg::encode_forwarded_select(&ForwardedSelect {
+    let body = replica_msg::encode_forwarded_statement(&ForwardedStatement {
         keyspace: p.keyspace.clone(),
         query: p.query.clone(),
         consistency: params.consistency,
+        serial_consistency: params.serial_consistency,
+        default_timestamp: params.default_timestamp,
         now_micros: ctx.now_micros,
         page_size: params.page_size,
         paging_state: params.paging_state.clone(),
@@ -177,10 +294,10 @@ pub(crate) async fn forward_select(
         values: values.to_vec(),
     });
     let mut tried: Vec<NodeIndex> = Vec::with_capacity(replicas.len());
-    while let Some(target) = pick_live(engine, &ring, &replicas, &tried) {
+    while let Some(target) = pick_live(engine, ring, replicas, &tried) {
         tried.push(target);
         let call = transport.send(
-            replica_at(&ring, target),
+            replica_at(ring, target),
             ReplicaVerb::Select,
             body.clone(),
             deadline,
@@ -188,29 +305,29 @@ pub(crate) async fn forward_select(
         match call.await {
             Ok(reply) => {
                 let answer = replica_msg::decode_forwarded_answer(&reply)
-                    .map_err(|_| remote_failure(params.consistency, block_for, tried.len()))?;
-                let rows = answer?;
-                return Ok(ResultMessage::Rows(Rows {
-                    metadata: RowsMetadata {
-                        columns: p.result_columns.clone(),
-                        column_count: rows.column_count as usize,
-                        paging_state: rows.paging_state,
-                        no_metadata: params.skip_metadata,
-                    },
-                    row_count: rows.row_count,
-                    body: rows.body,
-                }));
+                    .map_err(|_| failure(tried.len()))?;
+                return Ok(match answer? {
+                    ForwardedResult::Rows(rows) => ResultMessage::Rows(Rows {
+                        metadata: RowsMetadata {
+                            columns: p.result_columns.clone(),
+                            column_count: rows.column_count as usize,
+                            paging_state: rows.paging_state,
+                            no_metadata: params.skip_metadata,
+                        },
+                        row_count: rows.row_count,
+                        body: rows.body,
+                    }),
+                    ForwardedResult::Void => ResultMessage::Void,
+                });
             }
-            Err(ReplicaError::Timeout) => {
-                return Err(remote_timeout(params.consistency, block_for));
-            }
+            Err(ReplicaError::Timeout) => return Err(timeout()),
             Err(_) => continue,
         }
     }
-    Err(remote_failure(params.consistency, block_for, tried.len()))
+    Err(failure(tried.len()))
 }
 
-/// The deadline a forwarded SELECT runs under on the replica: a little before the
+/// The deadline a forwarded statement runs under on the replica: a little before the
 /// coordinator's, so that the replica's own answer travels back in time.
 pub(crate) fn forwarded_deadline(message_deadline: Instant) -> Instant {
     let now = Instant::now();

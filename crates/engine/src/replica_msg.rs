@@ -250,16 +250,21 @@ pub fn decode_repair(body: &Bytes) -> R<RepairRequest> {
     })
 }
 
-/// A SELECT a coordinator that is not a replica of its partition hands to one that is, which
-/// runs it as the coordinator (its values already in marker order).
+/// A statement a coordinator that is not a replica of its partitions hands to one that is,
+/// which runs it as the coordinator (its values already in marker order): a single-partition
+/// SELECT, an LWT, a SERIAL read or a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwardedSelect {
+pub struct ForwardedStatement {
     /// The keyspace the statement was prepared in.
     pub keyspace: Option<String>,
     /// The statement's text.
     pub query: String,
     /// The request's consistency level.
     pub consistency: Consistency,
+    /// The request's serial consistency level (for an LWT).
+    pub serial_consistency: Option<Consistency>,
+    /// The client's default timestamp.
+    pub default_timestamp: Option<i64>,
     /// The coordinator's "now" (TTL expiry is judged at the same instant).
     pub now_micros: i64,
     /// The client's page size.
@@ -272,7 +277,16 @@ pub struct ForwardedSelect {
     pub values: Vec<Value>,
 }
 
-/// The rows a forwarded SELECT answered (the coordinator adds its own column metadata).
+/// What a forwarded statement answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForwardedResult {
+    /// Rows (a SELECT's, an LWT's `[applied]` rows, a transaction's returning SELECT).
+    Rows(ForwardedRows),
+    /// Nothing (a transaction without a returning SELECT).
+    Void,
+}
+
+/// The rows a forwarded statement answered (the coordinator adds its own column metadata).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardedRows {
     /// Rows in `body`.
@@ -311,12 +325,26 @@ fn put_opt_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
 }
 
 /// Encodes a forwarded SELECT.
-pub fn encode_forwarded_select(req: &ForwardedSelect) -> Bytes {
+pub fn encode_forwarded_statement(req: &ForwardedStatement) -> Bytes {
     let mut out = BytesMut::with_capacity(64 + req.query.len());
     out.put_u8(VERSION);
     put_opt_bytes(&mut out, req.keyspace.as_deref().map(str::as_bytes));
     put_bytes(&mut out, req.query.as_bytes());
     out.put_u16(req.consistency as u16);
+    match req.serial_consistency {
+        Some(c) => {
+            out.put_u8(1);
+            out.put_u16(c as u16);
+        }
+        None => out.put_u8(0),
+    }
+    match req.default_timestamp {
+        Some(ts) => {
+            out.put_u8(1);
+            out.put_i64(ts);
+        }
+        None => out.put_u8(0),
+    }
     out.put_i64(req.now_micros);
     match req.page_size {
         Some(n) => {
@@ -342,12 +370,22 @@ pub fn encode_forwarded_select(req: &ForwardedSelect) -> Bytes {
 }
 
 /// Decodes a forwarded SELECT.
-pub fn decode_forwarded_select(body: &Bytes) -> R<ForwardedSelect> {
+pub fn decode_forwarded_statement(body: &Bytes) -> R<ForwardedStatement> {
     let mut r = Reader::new(body);
     r.version()?;
     let keyspace = r.opt_bytes()?.map(utf8).transpose()?;
     let query = utf8(r.bytes()?)?;
     let consistency = Consistency::from_code(r.u16()?).ok_or(MalformedBody("bad consistency"))?;
+    let serial_consistency = match r.u8()? {
+        0 => None,
+        1 => Some(Consistency::from_code(r.u16()?).ok_or(MalformedBody("bad consistency"))?),
+        _ => return Err(MalformedBody("bad option flag")),
+    };
+    let default_timestamp = match r.u8()? {
+        0 => None,
+        1 => Some(r.i64()?),
+        _ => return Err(MalformedBody("bad option flag")),
+    };
     let now_micros = r.i64()?;
     let page_size = match r.u8()? {
         0 => None,
@@ -367,10 +405,12 @@ pub fn decode_forwarded_select(body: &Bytes) -> R<ForwardedSelect> {
         });
     }
     r.finish()?;
-    Ok(ForwardedSelect {
+    Ok(ForwardedStatement {
         keyspace,
         query,
         consistency,
+        serial_consistency,
+        default_timestamp,
         now_micros,
         page_size,
         paging_state,
@@ -383,21 +423,23 @@ fn utf8(b: Bytes) -> R<String> {
     String::from_utf8(b.to_vec()).map_err(|_| MalformedBody("not UTF-8"))
 }
 
-/// Encodes the answer to a forwarded SELECT: its rows or its error.
-pub fn encode_forwarded_answer(answer: &Result<ForwardedRows, DetailedError>) -> Bytes {
+/// Encodes the answer to a forwarded statement: its rows, Void, or its error.
+pub fn encode_forwarded_answer(answer: &Result<ForwardedResult, DetailedError>) -> Bytes {
     let mut out = BytesMut::with_capacity(match answer {
-        Ok(rows) => 32 + rows.body.len(),
+        Ok(ForwardedResult::Rows(rows)) => 32 + rows.body.len(),
+        Ok(ForwardedResult::Void) => 2,
         Err(e) => 64 + e.message.len(),
     });
     out.put_u8(VERSION);
     match answer {
-        Ok(rows) => {
+        Ok(ForwardedResult::Rows(rows)) => {
             out.put_u8(0);
             out.put_u32(rows.row_count);
             out.put_u32(rows.column_count);
             put_opt_bytes(&mut out, rows.paging_state.as_deref());
             put_bytes(&mut out, &rows.body);
         }
+        Ok(ForwardedResult::Void) => out.put_u8(2),
         Err(e) => {
             out.put_u8(1);
             put_error(&mut out, &e.error);
@@ -407,17 +449,18 @@ pub fn encode_forwarded_answer(answer: &Result<ForwardedRows, DetailedError>) ->
     out.freeze()
 }
 
-/// Decodes the answer to a forwarded SELECT.
-pub fn decode_forwarded_answer(body: &Bytes) -> R<Result<ForwardedRows, DetailedError>> {
+/// Decodes the answer to a forwarded statement.
+pub fn decode_forwarded_answer(body: &Bytes) -> R<Result<ForwardedResult, DetailedError>> {
     let mut r = Reader::new(body);
     r.version()?;
     let answer = match r.u8()? {
-        0 => Ok(ForwardedRows {
+        0 => Ok(ForwardedResult::Rows(ForwardedRows {
             row_count: r.u32()?,
             column_count: r.u32()?,
             paging_state: r.opt_bytes()?,
             body: r.bytes()?,
-        }),
+        })),
+        2 => Ok(ForwardedResult::Void),
         1 => {
             let error = r.error()?;
             let message = utf8(r.bytes()?)?;
@@ -429,7 +472,8 @@ pub fn decode_forwarded_answer(body: &Bytes) -> R<Result<ForwardedRows, Detailed
     Ok(answer)
 }
 
-/// The errors a SELECT answers, with their fields; any other is sent as a Server_error.
+/// The errors a forwarded statement answers, with their fields; any other is sent as a
+/// Server_error.
 fn put_error(out: &mut BytesMut, e: &DbError) {
     match *e {
         DbError::Unavailable {
@@ -488,6 +532,20 @@ fn put_error(out: &mut BytesMut, e: &DbError) {
             out.put_u8(u8::from(op == OperationType::Write));
             out.put_u8(u8::from(rejected_by_coordinator));
         }
+        DbError::ReplicaWriteFailure {
+            consistency,
+            received,
+            block_for,
+            failures,
+            write_type,
+        } => {
+            out.put_u8(6);
+            out.put_u16(consistency as u16);
+            out.put_i32(received);
+            out.put_i32(block_for);
+            out.put_i32(failures);
+            out.put_u8(write_type_code(write_type));
+        }
         DbError::Overloaded => out.put_u8(10),
         DbError::ReadFailure => out.put_u8(11),
         DbError::Invalid => out.put_u8(12),
@@ -496,6 +554,7 @@ fn put_error(out: &mut BytesMut, e: &DbError) {
         DbError::IsBootstrapping => out.put_u8(15),
         DbError::FunctionFailure => out.put_u8(16),
         DbError::ConfigError => out.put_u8(17),
+        DbError::WriteFailure => out.put_u8(18),
         _ => out.put_u8(0),
     }
 }
@@ -1026,6 +1085,17 @@ impl<'a> Reader<'a> {
         Consistency::from_code(self.u16()?).ok_or(MalformedBody("bad consistency"))
     }
 
+    fn write_type(&mut self) -> R<WriteType> {
+        Ok(match self.u8()? {
+            0 => WriteType::Simple,
+            1 => WriteType::Batch,
+            2 => WriteType::UnloggedBatch,
+            3 => WriteType::Counter,
+            4 => WriteType::Cas,
+            _ => return Err(MalformedBody("bad write type")),
+        })
+    }
+
     fn error(&mut self) -> R<DbError> {
         Ok(match self.u8()? {
             1 => DbError::Unavailable {
@@ -1050,14 +1120,14 @@ impl<'a> Reader<'a> {
                 consistency: self.consistency()?,
                 received: self.u32()? as i32,
                 block_for: self.u32()? as i32,
-                write_type: match self.u8()? {
-                    0 => WriteType::Simple,
-                    1 => WriteType::Batch,
-                    2 => WriteType::UnloggedBatch,
-                    3 => WriteType::Counter,
-                    4 => WriteType::Cas,
-                    _ => return Err(MalformedBody("bad write type")),
-                },
+                write_type: self.write_type()?,
+            },
+            6 => DbError::ReplicaWriteFailure {
+                consistency: self.consistency()?,
+                received: self.u32()? as i32,
+                block_for: self.u32()? as i32,
+                failures: self.u32()? as i32,
+                write_type: self.write_type()?,
             },
             5 => DbError::RateLimitReached {
                 op: if self.bool()? {
@@ -1075,6 +1145,7 @@ impl<'a> Reader<'a> {
             15 => DbError::IsBootstrapping,
             16 => DbError::FunctionFailure,
             17 => DbError::ConfigError,
+            18 => DbError::WriteFailure,
             0 => DbError::ServerError,
             _ => return Err(MalformedBody("bad error kind")),
         })
@@ -1202,11 +1273,13 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_selects_and_answers_round_trip() {
-        let req = ForwardedSelect {
+    fn forwarded_statements_and_answers_round_trip() {
+        let req = ForwardedStatement {
             keyspace: Some("ks".into()),
             query: "SELECT v FROM t WHERE pk = ?".into(),
             consistency: Consistency::LocalQuorum,
+            serial_consistency: Some(Consistency::LocalSerial),
+            default_timestamp: Some(1_700_000_000_000_001),
             now_micros: 1_700_000_000_000_000,
             page_size: Some(2),
             paging_state: Some(Bytes::from_static(b"state")),
@@ -1217,11 +1290,11 @@ mod tests {
                 Value::Unset,
             ],
         };
-        let body = encode_forwarded_select(&req);
-        assert_eq!(decode_forwarded_select(&body).unwrap(), req);
+        let body = encode_forwarded_statement(&req);
+        assert_eq!(decode_forwarded_statement(&body).unwrap(), req);
         for cut in 0..body.len() {
             assert!(
-                decode_forwarded_select(&body.slice(..cut)).is_err(),
+                decode_forwarded_statement(&body.slice(..cut)).is_err(),
                 "cut at {cut}"
             );
         }
@@ -1231,8 +1304,19 @@ mod tests {
             paging_state: None,
             body: Bytes::from_static(b"\0\0\0\x01a\0\0\0\x01b"),
         };
-        let answer = encode_forwarded_answer(&Ok(rows.clone()));
-        assert_eq!(decode_forwarded_answer(&answer).unwrap(), Ok(rows));
+        let answer = encode_forwarded_answer(&Ok(ForwardedResult::Rows(rows.clone())));
+        assert_eq!(
+            decode_forwarded_answer(&answer).unwrap(),
+            Ok(ForwardedResult::Rows(rows))
+        );
+        let void = encode_forwarded_answer(&Ok(ForwardedResult::Void));
+        assert_eq!(
+            decode_forwarded_answer(&void).unwrap(),
+            Ok(ForwardedResult::Void)
+        );
+        for cut in 0..void.len() {
+            assert!(decode_forwarded_answer(&void.slice(..cut)).is_err());
+        }
         // Errors keep the fields drivers parse.
         for error in [
             DbError::Unavailable {
@@ -1257,6 +1341,20 @@ mod tests {
                 op: OperationType::Read,
                 rejected_by_coordinator: true,
             },
+            DbError::WriteTimeout {
+                consistency: Consistency::Serial,
+                received: 0,
+                block_for: 1,
+                write_type: WriteType::Cas,
+            },
+            DbError::ReplicaWriteFailure {
+                consistency: Consistency::Quorum,
+                received: 1,
+                block_for: 2,
+                failures: 1,
+                write_type: WriteType::Cas,
+            },
+            DbError::WriteFailure,
             DbError::Overloaded,
             DbError::Invalid,
         ] {

@@ -25,9 +25,7 @@ use sluice_cql::ast::{
     Assignment, BatchStatement, Insert, Operator, RowReference, Term, Transaction, TxnReturning,
     TxnTest, Update,
 };
-use sluice_protocol::{
-    ColumnSpec, DbError, DetailedError, QueryParameters, ResultMessage, Value, WriteType,
-};
+use sluice_protocol::{ColumnSpec, DbError, DetailedError, QueryParameters, ResultMessage, Value};
 use sluice_storage::{ClusteringSlice, Mutation, PartitionRead, TxnError, TxnPartition, TxnRead};
 use sluice_types::{CqlType, NativeType};
 use std::sync::Arc;
@@ -502,10 +500,16 @@ impl TxnPlan {
     /// The timeout error of this transaction, as Accord answers it: Write_timeout with
     /// write type CAS, or Read_timeout for a transaction without writes.
     fn timeout(&self, consistency: sluice_protocol::Consistency) -> DetailedError {
+        self.timeout_kind()(consistency)
+    }
+
+    /// The error of a transaction that ran out of time: a read's timeout for a read-only one,
+    /// else a CAS write's.
+    pub(crate) fn timeout_kind(&self) -> fn(sluice_protocol::Consistency) -> DetailedError {
         if self.writes.is_empty() {
-            exec::read_timeout(consistency)
+            exec::read_timeout
         } else {
-            exec::write_timeout(consistency, WriteType::Cas)
+            replicated::cas_timeout
         }
     }
 
@@ -519,6 +523,17 @@ impl TxnPlan {
 }
 
 /// A read bound before the locks.
+/// The partitions a transaction reads (its LETs and returning SELECT), bound.
+pub(crate) fn read_partitions<'p>(
+    plan: &'p TxnPlan,
+    b: &Binder,
+) -> Result<Vec<(&'p TableDef, i64)>, DetailedError> {
+    plan.reads
+        .iter()
+        .map(|r| Ok((&*r.table, bind_read(b, r)?.pk.token)))
+        .collect()
+}
+
 struct BoundRead {
     pk: PartitionKey,
     slice: ClusteringSlice,

@@ -4,7 +4,9 @@ most partitions are not on the node a request lands on. Every single-partition r
 and QUORUM, paged), every paged SELECT without a partition key and COUNT(*) answers every row,
 with no driver retries (a request the node's admission sheds under the shared machine's load,
 "Server is overloaded", is asked again, bounded; the old "not a replica" refusal is not); each
-node's system.peers shows the other two at its own schema version."""
+node's system.peers shows the other two at its own schema version. LWT (`INSERT ... IF NOT
+EXISTS`, `UPDATE ... IF`, a conditional batch), SERIAL reads and one-partition transactions through every node, RF 1,
+run on the partition's replica and answer as it does."""
 
 import time
 
@@ -82,6 +84,74 @@ def test_round_robin_reads_answer_every_row(local_cluster):
                                    execution_profile=f"on-{ip}"))
             assert len(peers) == NODES - 1
             assert all(p.schema_version == local for p in peers), (ip, peers, local)
+    finally:
+        cluster.shutdown()
+
+
+LWT_PARTITIONS = 12
+
+
+def test_round_robin_lwt_serial_reads_and_transactions_through_every_node(local_cluster):
+    port = local_cluster
+    ips = [f"127.0.0.{i}" for i in range(1, NODES + 1)]
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(),
+                               retry_policy=FallthroughRetryPolicy(), request_timeout=10)
+    cluster = Cluster(ips, port=port, protocol_version=4,
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    s = cluster.connect()
+    try:
+        deadline = time.time() + 20
+        while len([h for h in cluster.metadata.all_hosts() if h.is_up]) < NODES:
+            assert time.time() < deadline, "three hosts up"
+            time.sleep(0.1)
+        for ip in ips:
+            cluster.add_execution_profile(f"on-{ip}", ExecutionProfile(
+                load_balancing_policy=_Only(ip), retry_policy=FallthroughRetryPolicy(),
+                request_timeout=10))
+        s.execute("CREATE KEYSPACE lw1 WITH replication = "
+                  "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+        s.execute("CREATE TABLE lw1.t (pk int PRIMARY KEY, v int)")
+        insert = s.prepare("INSERT INTO lw1.t (pk, v) VALUES (?, 0) IF NOT EXISTS")
+        update = s.prepare("UPDATE lw1.t SET v = ? WHERE pk = ? IF v = ?")
+        serial = s.prepare("SELECT v FROM lw1.t WHERE pk = ?")
+        serial.consistency_level = ConsistencyLevel.SERIAL
+        txn = s.prepare("""BEGIN TRANSACTION
+              LET r = (SELECT v FROM lw1.t WHERE pk = ?);
+              SELECT r.v;
+              IF r.v = 1 THEN
+                UPDATE lw1.t SET v = 2 WHERE pk = ?;
+              END IF
+            COMMIT TRANSACTION""")
+        txn.consistency_level = ConsistencyLevel.QUORUM
+        batch = s.prepare("BEGIN BATCH UPDATE lw1.t SET v = 3 WHERE pk = ? IF v = 2; APPLY BATCH")
+
+        def on(ip, stmt, args):
+            return shed_tolerant(lambda: s.execute(stmt, args, execution_profile=f"on-{ip}").one())
+
+        # Every node coordinates its own set of partitions; at RF 1 about two thirds of them
+        # live on another node.
+        for n, ip in enumerate(ips):
+            for pk in range(n * 100, n * 100 + LWT_PARTITIONS):
+                assert on(ip, insert, (pk,))[0] is True, (ip, pk)
+                row = on(ip, insert, (pk,))
+                assert (row[0], row.v) == (False, 0), (ip, pk, row)
+                assert on(ip, update, (1, pk, 0))[0] is True, (ip, pk)
+                row = on(ip, update, (1, pk, 0))
+                assert (row[0], row.v) == (False, 1), (ip, pk, row)
+                assert on(ip, serial, (pk,)).v == 1, (ip, pk)
+                assert on(ip, txn, (pk, pk))[0] == 1, (ip, pk)
+                assert on(ip, serial, (pk,)).v == 2, (ip, pk)
+                assert on(ip, batch, (pk,))[0] is True, (ip, pk)
+                assert on(ip, batch, (pk,))[0] is False, (ip, pk)
+        # The round-robin session: each partition's SERIAL read and a no-op transaction land
+        # on each node in turn.
+        for _ in range(NODES):
+            for n in range(NODES):
+                for pk in range(n * 100, n * 100 + LWT_PARTITIONS):
+                    got = shed_tolerant(lambda: s.execute(serial, (pk,)).one().v)
+                    assert got == 3, pk
+                    got = shed_tolerant(lambda: s.execute(txn, (pk, pk)).one()[0])
+                    assert got == 3, pk
     finally:
         cluster.shutdown()
 

@@ -84,7 +84,9 @@ impl ReplicaTransport for FakeTransport {
                         ReplicaVerb::Truncate => engine
                             .apply_replica_truncate(&body, deadline)
                             .map(|()| Bytes::new()),
-                        ReplicaVerb::Select => engine.serve_forwarded_select(&body, deadline).await,
+                        ReplicaVerb::Select => {
+                            engine.serve_forwarded_statement(&body, deadline).await
+                        }
                         ReplicaVerb::Scan => engine.serve_scan(&body, deadline),
                     };
                     result.map_err(|_| ReplicaError::Refused)
@@ -1210,4 +1212,212 @@ async fn peers_show_the_schema_version_each_peer_reported() {
         let want = if peer == host(2) { reported } else { mine };
         assert_eq!(version, want, "peer {peer}");
     }
+}
+
+/// A transaction log for the coordinating node that counts what reaches it and commits
+/// nothing: a statement forwarded to another node never touches it.
+#[derive(Default)]
+struct CountingLog {
+    barriers: std::sync::atomic::AtomicUsize,
+    submits: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::transaction::replicated::TxnLog for CountingLog {
+    fn read_barrier(
+        &self,
+        _deadline: Instant,
+    ) -> crate::transaction::replicated::TxnLogFuture<
+        Result<u64, crate::transaction::replicated::TxnLogError>,
+    > {
+        self.barriers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::pin(async { Ok(0) })
+    }
+
+    fn last_applied(&self) -> u64 {
+        0
+    }
+
+    fn submit(
+        &self,
+        _txn: crate::transaction::replicated::LoggedTxn,
+        _deadline: Instant,
+    ) -> crate::transaction::replicated::TxnLogFuture<
+        Result<
+            crate::transaction::replicated::LoggedDecision,
+            crate::transaction::replicated::TxnLogError,
+        >,
+    > {
+        self.submits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::pin(async {
+            Err(crate::transaction::replicated::TxnLogError::Unavailable(
+                "this test log commits nothing",
+            ))
+        })
+    }
+
+    fn max_txn_bytes(&self) -> usize {
+        1 << 20
+    }
+}
+
+/// The first of `0..30` whose one replica (RF 1) is node `i`.
+fn pk_on(trio: &Trio, i: u8) -> i32 {
+    let ring = trio.nodes[0].engine.ring();
+    (0..30)
+        .find(|pk: &i32| {
+            ring.node(ring.owner_of(Token::of_key(&pk.to_be_bytes())).unwrap())
+                .host_id
+                == host(i)
+        })
+        .expect("a partition on that node")
+}
+
+fn rows_of(r: Result<ResultMessage, DetailedError>) -> Vec<Vec<Option<Bytes>>> {
+    match r {
+        Ok(ResultMessage::Rows(rows)) => cells(&rows),
+        other => panic!("expected rows, got {other:?}"),
+    }
+}
+
+fn selects_sent(trio: &Trio) -> usize {
+    trio.transport
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| *v == ReplicaVerb::Select)
+        .count()
+}
+
+#[tokio::test]
+async fn lwt_serial_reads_and_transactions_through_a_non_replica_run_on_a_replica() {
+    let mut trio = trio_rf1(30).await;
+    let log = Arc::new(CountingLog::default());
+    assert!(trio.nodes[0].engine.set_txn_log(log.clone()));
+    let on2 = pk_on(&trio, 2);
+    let on3 = pk_on(&trio, 3);
+    let on1 = pk_on(&trio, 1);
+    let applied = |rows: &[Vec<Option<Bytes>>]| rows[0][0].as_deref() == Some(&[1u8][..]);
+
+    // INSERT ... IF NOT EXISTS through node 1 runs on node 2: applied once, then not, with
+    // the existing row shown.
+    let insert = format!("INSERT INTO k1.t (pk, ck, v) VALUES ({on2}, 10, 'new') IF NOT EXISTS");
+    let rows = rows_of(trio.run(0, &insert, Consistency::One).await);
+    assert!(applied(&rows), "{rows:?}");
+    let rows = rows_of(trio.run(0, &insert, Consistency::One).await);
+    assert!(!applied(&rows), "{rows:?}");
+    assert!(
+        rows[0].iter().any(|c| c.as_deref() == Some(&b"new"[..])),
+        "the [applied] = false row shows the row found: {rows:?}"
+    );
+    // UPDATE ... IF, then a SERIAL read of the result, both through node 1.
+    let update = format!("UPDATE k1.t SET v = 'upd' WHERE pk = {on2} AND ck = 10 IF v = 'new'");
+    assert!(applied(&rows_of(
+        trio.run(0, &update, Consistency::One).await
+    )));
+    assert!(!applied(&rows_of(
+        trio.run(0, &update, Consistency::One).await
+    )));
+    let serial = format!("SELECT v FROM k1.t WHERE pk = {on2} AND ck = 10");
+    let rows = rows_of(trio.run(0, &serial, Consistency::Serial).await);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(ctext(&rows[0][0]), "upd");
+    // A one-partition transaction with a returning SELECT, and one answering Void.
+    let txn = format!(
+        "BEGIN TRANSACTION
+           LET r = (SELECT v FROM k1.t WHERE pk = {on2} AND ck = 10);
+           SELECT r.v;
+           IF r.v = 'upd' THEN
+             UPDATE k1.t SET v = 'txn' WHERE pk = {on2} AND ck = 10;
+           END IF
+         COMMIT TRANSACTION"
+    );
+    let rows = rows_of(trio.run(0, &txn, Consistency::Quorum).await);
+    assert_eq!(ctext(&rows[0][0]), "upd");
+    let void = format!(
+        "BEGIN TRANSACTION
+           LET r = (SELECT v FROM k1.t WHERE pk = {on2} AND ck = 10);
+           IF r.v = 'txn' THEN
+             UPDATE k1.t SET v = 'void' WHERE pk = {on2} AND ck = 10;
+           END IF
+         COMMIT TRANSACTION"
+    );
+    assert!(matches!(
+        trio.run(0, &void, Consistency::Quorum).await,
+        Ok(ResultMessage::Void)
+    ));
+    // Every write landed in node 2's own storage; node 1's log saw nothing.
+    let on_node2 = trio.nodes[1].select(&serial, vec![]).await;
+    assert_eq!(ctext(&on_node2[0][0]), "void");
+    let sent = selects_sent(&trio);
+    assert_eq!(
+        sent, 7,
+        "each of the seven statements went to the replica once"
+    );
+    assert_eq!(trio.transport.sent_to(host(3)), 0);
+    assert_eq!(
+        log.barriers.load(std::sync::atomic::Ordering::Relaxed)
+            + log.submits.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+
+    // Reads with no replica in common: an Invalid error naming why, nothing sent.
+    let split = format!(
+        "BEGIN TRANSACTION
+           LET a = (SELECT v FROM k1.t WHERE pk = {on2} AND ck = 0);
+           LET b = (SELECT v FROM k1.t WHERE pk = {on3} AND ck = 0);
+           SELECT a.v, b.v;
+         COMMIT TRANSACTION"
+    );
+    let e = trio.run(0, &split, Consistency::Quorum).await.unwrap_err();
+    assert_eq!(e.error, DbError::Invalid);
+    assert!(e.message.contains("no replica in common"), "{}", e.message);
+    assert_eq!(selects_sent(&trio), sent);
+
+    // A partition node 1 replicates stays on node 1 and reaches its log.
+    let local = format!("UPDATE k1.t SET v = 'x' WHERE pk = {on1} AND ck = 0 IF v = '{on1}-0'");
+    let _ = trio
+        .run_with_deadline(0, &local, Consistency::One, Duration::from_millis(300))
+        .await;
+    assert_eq!(log.submits.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(selects_sent(&trio), sent);
+
+    // The replica's errors come back with their fields; its silence is a CAS write timeout.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    let e = trio.run(0, &update, Consistency::One).await.unwrap_err();
+    assert_eq!(e.error, DbError::Overloaded, "{}", e.message);
+    trio.transport.set(host(2), Behaviour::Drop);
+    let started = Instant::now();
+    let e = trio
+        .run_with_deadline(0, &update, Consistency::One, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            DbError::WriteTimeout {
+                write_type: sluice_protocol::WriteType::Cas,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let e = trio
+        .run_with_deadline(0, &serial, Consistency::Serial, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(e.error, DbError::ReadTimeout { .. }), "{e:?}");
+    // Down for the failure detector: Unavailable before anything is sent.
+    trio.transport.set(host(2), Behaviour::Serve);
+    trio.nodes[0].engine.set_node_up(host(2), false);
+    let before = selects_sent(&trio);
+    let e = trio.run(0, &update, Consistency::One).await.unwrap_err();
+    assert!(
+        matches!(e.error, DbError::Unavailable { alive: 0, .. }),
+        "{e:?}"
+    );
+    assert_eq!(selects_sent(&trio), before);
 }
