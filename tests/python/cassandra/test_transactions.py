@@ -5,33 +5,15 @@ middle, a restart, and the check that nothing was lost, applied twice or applied
 
 import threading
 import time
-import uuid
 
 import pytest
 
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied, balances,
+                  create_bank_tables, expected_balances_after_restart, next_transfer,
+                  transfer_args)
 from conftest import Node
 
-ACCOUNTS = 8
-START_BALANCE = 1000
 CLIENTS = 4
-
-TRANSFER = """BEGIN TRANSACTION
-  LET src = (SELECT balance FROM bank.acct WHERE id = ?);
-  LET dst = (SELECT balance FROM bank.acct WHERE id = ?);
-  LET done = (SELECT id FROM bank.transfers WHERE id = ?);
-  SELECT src.balance, dst.balance, done.id;
-  IF done IS NULL AND src.balance >= ? THEN
-    UPDATE bank.acct SET balance = balance - ? WHERE id = ?;
-    UPDATE bank.acct SET balance = balance + ? WHERE id = ?;
-    INSERT INTO bank.transfers (id, src, dst, amount) VALUES (?, ?, ?, ?);
-  END IF
-COMMIT TRANSACTION"""
-
-TOTAL = "BEGIN TRANSACTION\n{lets}\n  SELECT {refs};\nCOMMIT TRANSACTION".format(
-    lets="\n".join(f"  LET a{i} = (SELECT balance FROM bank.acct WHERE id = {i});"
-                   for i in range(ACCOUNTS)),
-    refs=", ".join(f"a{i}.balance" for i in range(ACCOUNTS)),
-)
 
 
 def connect(node):
@@ -41,20 +23,6 @@ def connect(node):
     session = cluster.connect()
     session.default_timeout = 10
     return cluster, session
-
-
-def transfer_args(tid, src, dst, amount):
-    return (src, dst, tid, amount, amount, src, amount, dst, tid, src, dst, amount)
-
-
-def applied(row, amount):
-    """Accord answers no [applied]: the client re-evaluates the IF on the returned values."""
-    return row.done_id is None and row.src_balance is not None and row.src_balance >= amount
-
-
-def balances(session, total_stmt):
-    row = session.execute(total_stmt).one()
-    return [row[i] for i in range(ACCOUNTS)]
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +67,7 @@ def test_transactions_return_rows_named_after_let_columns(bank_node):
 
 def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
     cluster, s = connect(bank_node)
-    s.execute("CREATE KEYSPACE IF NOT EXISTS bank WITH replication = "
-              "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-    s.execute("CREATE TABLE IF NOT EXISTS bank.acct (id int PRIMARY KEY, balance bigint)")
-    s.execute("CREATE TABLE IF NOT EXISTS bank.transfers "
-              "(id text PRIMARY KEY, src int, dst int, amount bigint)")
+    create_bank_tables(s, "bank", 1)
     for i in range(ACCOUNTS):
         s.execute("INSERT INTO bank.acct (id, balance) VALUES (%s, %s)", (i, START_BALANCE))
     expected_total = ACCOUNTS * START_BALANCE
@@ -122,11 +86,7 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         i = 0
         while not stop.is_set():
             i += 1
-            src, dst = (n + i) % ACCOUNTS, (n + 3 * i + 1) % ACCOUNTS
-            if src == dst:
-                dst = (dst + 1) % ACCOUNTS
-            amount = 1 + (i * 7 + n) % 50
-            tid = f"{n}-{i}-{uuid.uuid4().hex[:8]}"
+            tid, src, dst, amount = next_transfer(n, i)
             try:
                 row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
             except Exception:
@@ -173,26 +133,8 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         total_stmt = s.prepare(TOTAL)
         after = balances(s, total_stmt)
         assert sum(after) == expected_total, after
-        # Every acknowledged transfer survived.
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s.execute("SELECT id, src, dst, amount FROM bank.transfers")}
-        missing = [t for t in acked if t not in logged]
-        assert not missing, missing
-        assert not (refused & logged.keys())
-        # Transfers without an answer are retried with the same id: at most once in all.
-        prepared_transfer = s.prepare(TRANSFER)
-        for tid, (src, dst, amount) in unknown.items():
-            row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            if tid in logged:
-                assert row.done_id == tid, "an applied transfer is recognised on retry"
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s.execute("SELECT id, src, dst, amount FROM bank.transfers")}
-        # The balances are exactly what the logged transfers make of the start: nothing
-        # applied twice, nothing applied in part, nothing applied without its log entry.
-        expect = [START_BALANCE] * ACCOUNTS
-        for src, dst, amount in logged.values():
-            expect[src] -= amount
-            expect[dst] += amount
+        # Every acknowledged transfer survived, and the retried ones applied at most once.
+        expect = expected_balances_after_restart(s, "bank", TRANSFER, acked, refused, unknown)
         final = balances(s, total_stmt)
         assert final == expect, (final, expect)
         assert sum(final) == expected_total

@@ -17,13 +17,13 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 
 import pytest
 
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied, balances,
+                  create_bank_tables, expected_balances_after_restart, next_transfer,
+                  transfer_args)
 from conftest import port_free_on_every_ip, sluice_bin
-from test_transactions import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied,
-                               balances, transfer_args)
 
 NODES = 3
 
@@ -133,11 +133,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     total_text = TOTAL.replace("bank.", ks + ".")
     setup = 2 if victim == 1 else 1
     cluster, s = pinned(nodes, setup)
-    s.execute(f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
-              "{'class': 'SimpleStrategy', 'replication_factor': 3}")
-    s.execute(f"CREATE TABLE IF NOT EXISTS {ks}.acct (id int PRIMARY KEY, balance bigint)")
-    s.execute(f"CREATE TABLE IF NOT EXISTS {ks}.transfers "
-              "(id text PRIMARY KEY, src int, dst int, amount bigint)")
+    create_bank_tables(s, ks, 3)
     # The opening balances go through the log too (one write-only transaction).
     s.execute("BEGIN TRANSACTION\n" + "\n".join(
         f"  INSERT INTO {ks}.acct (id, balance) VALUES ({i}, {START_BALANCE});"
@@ -172,11 +168,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
             if index == victim and victim_dead.is_set():
                 return
             i += 1
-            src, dst = (n + i) % ACCOUNTS, (n + 3 * i + 1) % ACCOUNTS
-            if src == dst:
-                dst = (dst + 1) % ACCOUNTS
-            amount = 1 + (i * 7 + n) % 50
-            tid = f"{n}-{i}-{uuid.uuid4().hex[:8]}"
+            tid, src, dst, amount = next_transfer(n, i)
             try:
                 row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
             except Exception:
@@ -246,22 +238,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
     try:
         s1 = sessions[setup][1]
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s1.execute(f"SELECT id, src, dst, amount FROM {ks}.transfers")}
-        missing = [t for t in acked if t not in logged]
-        assert not missing, missing
-        assert not (refused & logged.keys())
-        prepared_transfer = s1.prepare(transfer_text)
-        for tid, (src, dst, amount) in unknown.items():
-            row = s1.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            if tid in logged:
-                assert row.done_id == tid, "an applied transfer is recognised on retry"
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s1.execute(f"SELECT id, src, dst, amount FROM {ks}.transfers")}
-        expect = [START_BALANCE] * ACCOUNTS
-        for src, dst, amount in logged.values():
-            expect[src] -= amount
-            expect[dst] += amount
+        expect = expected_balances_after_restart(s1, ks, transfer_text, acked, refused, unknown)
         # Every node, the restarted one included, answers the same exact balances.
         for index in range(1, NODES + 1):
             final = balances(sessions[index][1], sessions[index][1].prepare(total_text))
