@@ -233,14 +233,19 @@ async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowl
     let stop = Arc::new(AtomicBool::new(false));
     let written: Vec<Arc<Written>> = KEYSPACES.iter().map(|_| Arc::default()).collect();
 
+    // The same writer runs under the join and under the decommission.
+    let start = || {
+        start_writer(
+            session.clone(),
+            inserts.clone(),
+            next.clone(),
+            stop.clone(),
+            written.clone(),
+        )
+    };
+
     // Join under load.
-    let writer = start_writer(
-        session.clone(),
-        inserts.clone(),
-        next.clone(),
-        stop.clone(),
-        written.clone(),
-    );
+    let writer = start();
     tokio::time::sleep(SETTLE).await;
     let dir_path = dir.path().to_path_buf();
     let (fourth, took) =
@@ -259,13 +264,7 @@ async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowl
     .await;
 
     // Decommission under load.
-    let writer = start_writer(
-        session.clone(),
-        inserts.clone(),
-        next.clone(),
-        stop.clone(),
-        written.clone(),
-    );
+    let writer = start();
     tokio::time::sleep(SETTLE).await;
     let answer = tokio::task::spawn_blocking(move || nodetool(4, ports, 60, &["decommission"]))
         .await
