@@ -2,6 +2,7 @@
 test_transactions_cluster.py (three nodes): the statements, the choice of each transfer, and
 the check after a kill -9 and restart that nothing was lost, applied twice or applied in part."""
 
+import threading
 import uuid
 
 ACCOUNTS = 8
@@ -59,22 +60,57 @@ def balances(session, total_stmt):
     return [row[i] for i in range(ACCOUNTS)]
 
 
+class Ledger:
+    """What the clients of a bank run were told, shared by their threads."""
+
+    def __init__(self):
+        self.acked = {}       # transfer id -> (src, dst, amount), acknowledged as applied
+        self.refused = set()  # acknowledged, IF false (not enough money)
+        self.unknown = {}     # transfer id -> (src, dst, amount): no answer
+        self.errors = []
+        self.totals_checked = 0
+        self._lock = threading.Lock()
+
+    def answered(self, row, tid, src, dst, amount):
+        """Records the answer `row` to transfer `tid`: applied or refused by its IF."""
+        with self._lock:
+            if applied(row, amount):
+                self.acked[tid] = (src, dst, amount)
+            else:
+                self.refused.add(tid)
+
+    def unanswered(self, tid, src, dst, amount):
+        """Records a transfer that had no answer: it may or may not have applied."""
+        with self._lock:
+            self.unknown[tid] = (src, dst, amount)
+
+    def check_total(self, total, after):
+        """Counts a total read after transfer `after`; one that is not the opening total is an
+        error, and then the answer is False."""
+        with self._lock:
+            if total != ACCOUNTS * START_BALANCE:
+                self.errors.append(f"total {total} after transfer {after}")
+                return False
+            self.totals_checked += 1
+            return True
+
+
 def logged_transfers(session, ks):
     """Transfer id -> (source, destination, amount) of every transfer in `ks`.transfers."""
     return {r.id: (r.src, r.dst, r.amount)
             for r in session.execute(f"SELECT id, src, dst, amount FROM {ks}.transfers")}
 
 
-def expected_balances_after_restart(session, ks, transfer_text, acked, refused, unknown):
+def expected_balances_after_restart(session, ks, transfer_text, ledger):
     """Checks that every acknowledged transfer is logged and no refused one is, retries the
     transfers that had no answer with the same id (so each applies at most once in all), and
     returns the balances that the logged transfers make of the start."""
     logged = logged_transfers(session, ks)
-    missing = [t for t in acked if t not in logged]
+    missing = [t for t in ledger.acked if t not in logged]
     assert not missing, missing
-    assert not (refused & logged.keys())
+    assert not (ledger.refused & logged.keys())
     prepared_transfer = session.prepare(transfer_text)
-    for tid, (src, dst, amount) in unknown.items():
+    for tid, (src, dst, amount) in ledger.unknown.items():
         row = session.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
         if tid in logged:
             assert row.done_id == tid, "an applied transfer is recognised on retry"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied, balances,
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
                   create_bank_tables, expected_balances_after_restart, next_transfer,
                   transfer_args)
 from conftest import Node
@@ -72,13 +72,8 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         s.execute("INSERT INTO bank.acct (id, balance) VALUES (%s, %s)", (i, START_BALANCE))
     expected_total = ACCOUNTS * START_BALANCE
 
-    acked = {}      # transfer id -> (src, dst, amount), acknowledged as applied
-    refused = set()  # acknowledged, IF false (not enough money)
-    unknown = {}    # transfer id -> args: no answer (the server was killed)
-    errors = []
-    totals_checked = [0]
+    ledger = Ledger()  # its unanswered transfers are those the kill cut off
     stop = threading.Event()
-    lock = threading.Lock()
 
     def client(n):
         prepared_transfer = s.prepare(TRANSFER)
@@ -90,23 +85,15 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
             try:
                 row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
             except Exception:
-                with lock:
-                    unknown[tid] = (src, dst, amount)
+                ledger.unanswered(tid, src, dst, amount)
                 return
-            with lock:
-                if applied(row, amount):
-                    acked[tid] = (src, dst, amount)
-                else:
-                    refused.add(tid)
+            ledger.answered(row, tid, src, dst, amount)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:
                 return
-            if total != expected_total:
-                errors.append(f"total {total} after transfer {tid}")
+            if not ledger.check_total(total, tid):
                 return
-            with lock:
-                totals_checked[0] += 1
 
     workers = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
     for w in workers:
@@ -120,11 +107,12 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         w.join(timeout=60)
     assert not any(w.is_alive() for w in workers)
     cluster.shutdown()
-    assert not errors, errors
-    print(f"before the kill: {len(acked)} transfers applied, {len(refused)} refused by the IF, "
-          f"{len(unknown)} without an answer, total checked {totals_checked[0]} times")
-    assert len(acked) > 10, f"too few transfers before the kill: {len(acked)}"
-    assert totals_checked[0] > 10
+    assert not ledger.errors, ledger.errors
+    print(f"before the kill: {len(ledger.acked)} transfers applied, "
+          f"{len(ledger.refused)} refused by the IF, {len(ledger.unknown)} without an answer, "
+          f"total checked {ledger.totals_checked} times")
+    assert len(ledger.acked) > 10, f"too few transfers before the kill: {len(ledger.acked)}"
+    assert ledger.totals_checked > 10
     assert committed_before_kill >= 10
 
     assert bank_node._start(), "sluice restarts on its data directory"
@@ -134,7 +122,7 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         after = balances(s, total_stmt)
         assert sum(after) == expected_total, after
         # Every acknowledged transfer survived, and the retried ones applied at most once.
-        expect = expected_balances_after_restart(s, "bank", TRANSFER, acked, refused, unknown)
+        expect = expected_balances_after_restart(s, "bank", TRANSFER, ledger)
         final = balances(s, total_stmt)
         assert final == expect, (final, expect)
         assert sum(final) == expected_total

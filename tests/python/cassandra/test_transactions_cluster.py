@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied, balances,
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
                   create_bank_tables, expected_balances_after_restart, next_transfer,
                   transfer_args)
 from conftest import port_free_on_every_ip, sluice_bin
@@ -141,14 +141,9 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     cluster.shutdown()
     expected_total = ACCOUNTS * START_BALANCE
 
-    acked = {}
-    refused = set()
-    unknown = {}
-    errors = []
-    totals_checked = [0]
+    ledger = Ledger()
     stop = threading.Event()
     victim_dead = threading.Event()
-    lock = threading.Lock()
     sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
 
     def client(n, index):
@@ -173,25 +168,17 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
                 row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
             except Exception:
                 # No answer (a timeout around the kill, or the node is gone): unknown.
-                with lock:
-                    unknown[tid] = (src, dst, amount)
+                ledger.unanswered(tid, src, dst, amount)
                 time.sleep(0.05)
                 continue
-            with lock:
-                if applied(row, amount):
-                    acked[tid] = (src, dst, amount)
-                else:
-                    refused.add(tid)
+            ledger.answered(row, tid, src, dst, amount)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:
                 time.sleep(0.05)
                 continue
-            if total != expected_total:
-                errors.append(f"total {total} after transfer {tid} through node {index}")
+            if not ledger.check_total(total, f"{tid} through node {index}"):
                 return
-            with lock:
-                totals_checked[0] += 1
 
     def log_counts():
         return [sum(nodes.metric(i, f"sluice_txn_log_{what}_total") for i in range(1, NODES + 1))
@@ -203,7 +190,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     for w in workers:
         w.start()
     time.sleep(4)
-    acked_before_kill = len(acked)
+    acked_before_kill = len(ledger.acked)
     commits, conflicts = log_counts()
     commits -= commits_at_start
     conflicts -= conflicts_at_start
@@ -214,7 +201,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     nodes.kill(victim)
     killed_at = time.monotonic()
     # The time of the first transfer acknowledged after the kill, for the report.
-    while len(acked) == acked_before_kill and time.monotonic() - killed_at < 15:
+    while len(ledger.acked) == acked_before_kill and time.monotonic() - killed_at < 15:
         time.sleep(0.01)
     resumed = time.monotonic() - killed_at
     time.sleep(4)
@@ -225,20 +212,21 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     assert not any(w.is_alive() for w in workers)
     for c, _ in sessions.values():
         c.shutdown()
-    assert not errors, errors
-    print(f"\nnode {victim} killed: {len(acked)} transfers applied ({acked_before_kill} before the kill), "
-          f"{len(refused)} refused by the IF, {len(unknown)} without an answer, "
-          f"total checked {totals_checked[0]} times in {elapsed:.1f} s; the first transfer "
+    assert not ledger.errors, ledger.errors
+    print(f"\nnode {victim} killed: {len(ledger.acked)} transfers applied "
+          f"({acked_before_kill} before the kill), {len(ledger.refused)} refused by the IF, "
+          f"{len(ledger.unknown)} without an answer, "
+          f"total checked {ledger.totals_checked} times in {elapsed:.1f} s; the first transfer "
           f"after the kill was acknowledged {resumed:.2f} s after it")
     assert acked_before_kill > 10, f"too few transfers before the kill: {acked_before_kill}"
-    assert len(acked) > acked_before_kill, "transfers went on with two nodes of three"
-    assert totals_checked[0] > 10
+    assert len(ledger.acked) > acked_before_kill, "transfers went on with two nodes of three"
+    assert ledger.totals_checked > 10
 
     nodes.start(victim)
     sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
     try:
         s1 = sessions[setup][1]
-        expect = expected_balances_after_restart(s1, ks, transfer_text, acked, refused, unknown)
+        expect = expected_balances_after_restart(s1, ks, transfer_text, ledger)
         # Every node, the restarted one included, answers the same exact balances.
         for index in range(1, NODES + 1):
             final = balances(sessions[index][1], sessions[index][1].prepare(total_text))
