@@ -71,6 +71,18 @@ class Ledger:
         self.totals_checked = 0
         self._lock = threading.Lock()
 
+    def transfer(self, session, prepared_transfer, client, step):
+        """Makes transfer `step` of `client` and records its answer; returns the transfer's
+        id, or None when it had no answer."""
+        tid, src, dst, amount = next_transfer(client, step)
+        try:
+            row = session.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
+        except Exception:
+            self.unanswered(tid, src, dst, amount)
+            return None
+        self.answered(row, tid, src, dst, amount)
+        return tid
+
     def answered(self, row, tid, src, dst, amount):
         """Records the answer `row` to transfer `tid`: applied or refused by its IF."""
         with self._lock:

@@ -9,8 +9,7 @@ import time
 import pytest
 
 from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
-                  create_bank_tables, expected_balances_after_restart, next_transfer,
-                  transfer_args)
+                  create_bank_tables, expected_balances_after_restart)
 from conftest import Node
 
 CLIENTS = 4
@@ -81,13 +80,9 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         i = 0
         while not stop.is_set():
             i += 1
-            tid, src, dst, amount = next_transfer(n, i)
-            try:
-                row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            except Exception:
-                ledger.unanswered(tid, src, dst, amount)
+            tid = ledger.transfer(s, prepared_transfer, n, i)
+            if tid is None:
                 return
-            ledger.answered(row, tid, src, dst, amount)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:

@@ -21,8 +21,7 @@ import time
 import pytest
 
 from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
-                  create_bank_tables, expected_balances_after_restart, next_transfer,
-                  transfer_args)
+                  create_bank_tables, expected_balances_after_restart)
 from conftest import port_free_on_every_ip, sluice_bin
 
 NODES = 3
@@ -163,15 +162,11 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
             if index == victim and victim_dead.is_set():
                 return
             i += 1
-            tid, src, dst, amount = next_transfer(n, i)
-            try:
-                row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            except Exception:
+            tid = ledger.transfer(s, prepared_transfer, n, i)
+            if tid is None:
                 # No answer (a timeout around the kill, or the node is gone): unknown.
-                ledger.unanswered(tid, src, dst, amount)
                 time.sleep(0.05)
                 continue
-            ledger.answered(row, tid, src, dst, amount)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:
