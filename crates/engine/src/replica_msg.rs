@@ -92,13 +92,7 @@ pub fn encode_mutations(mutations: &[&Mutation], rate_window: u32) -> Bytes {
             put_bound(&mut out, &rd.end);
             out.put_i64(rd.timestamp);
         }
-        match &m.static_row {
-            Some(row) => {
-                out.put_u8(1);
-                put_row(&mut out, row);
-            }
-            None => out.put_u8(0),
-        }
+        put_option(&mut out, m.static_row.as_ref(), put_row);
         out.put_u32(m.rows.len() as u32);
         for row in &m.rows {
             put_row(&mut out, row);
@@ -119,28 +113,15 @@ pub fn decode_mutations(body: &Bytes) -> R<(u32, Vec<Mutation>)> {
         let token = r.i64()?;
         let partition_key = r.bytes()?;
         let partition_deletion = r.opt_i64()?;
-        let nrd = r.count(10)?;
-        let mut range_deletions = Vec::with_capacity(nrd);
-        for _ in 0..nrd {
-            let start = r.bound()?;
-            let end = r.bound()?;
-            let timestamp = r.i64()?;
-            range_deletions.push(RangeDeletion {
-                start,
-                end,
-                timestamp,
-            });
-        }
-        let static_row = match r.u8()? {
-            0 => None,
-            1 => Some(r.row()?),
-            _ => return Err(MalformedBody("bad static row flag")),
-        };
-        let nrows = r.count(13)?;
-        let mut rows = Vec::with_capacity(nrows);
-        for _ in 0..nrows {
-            rows.push(r.row()?);
-        }
+        let range_deletions = r.list(10, |r| {
+            Ok(RangeDeletion {
+                start: r.bound()?,
+                end: r.bound()?,
+                timestamp: r.i64()?,
+            })
+        })?;
+        let static_row = r.option("bad static row flag", Reader::row)?;
+        let rows = r.list(13, Reader::row)?;
         out.push(Mutation {
             table,
             token,
@@ -315,13 +296,7 @@ pub struct ScanRequest {
 }
 
 fn put_opt_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
-    match b {
-        Some(b) => {
-            out.put_u8(1);
-            put_bytes(out, b);
-        }
-        None => out.put_u8(0),
-    }
+    put_option(out, b, put_bytes);
 }
 
 /// Encodes a forwarded SELECT.
@@ -346,13 +321,7 @@ pub fn encode_forwarded_statement(req: &ForwardedStatement) -> Bytes {
         None => out.put_u8(0),
     }
     out.put_i64(req.now_micros);
-    match req.page_size {
-        Some(n) => {
-            out.put_u8(1);
-            out.put_i32(n);
-        }
-        None => out.put_u8(0),
-    }
+    put_option(&mut out, req.page_size, BytesMut::put_i32);
     put_opt_bytes(&mut out, req.paging_state.as_deref());
     out.put_u8(u8::from(req.skip_metadata));
     out.put_u32(req.values.len() as u32);
@@ -387,23 +356,15 @@ pub fn decode_forwarded_statement(body: &Bytes) -> R<ForwardedStatement> {
         _ => return Err(MalformedBody("bad option flag")),
     };
     let now_micros = r.i64()?;
-    let page_size = match r.u8()? {
-        0 => None,
-        1 => Some(r.u32()? as i32),
-        _ => return Err(MalformedBody("bad option flag")),
-    };
+    let page_size = r.option("bad option flag", |r| Ok(r.u32()? as i32))?;
     let paging_state = r.opt_bytes()?;
     let skip_metadata = r.bool()?;
-    let n = r.count(1)?;
-    let mut values = Vec::with_capacity(n);
-    for _ in 0..n {
-        values.push(match r.u8()? {
-            0 => Value::Set(r.bytes()?),
-            1 => Value::Null,
-            2 => Value::Unset,
-            _ => return Err(MalformedBody("bad value kind")),
-        });
-    }
+    let values = r.list(1, |r| match r.u8()? {
+        0 => Ok(Value::Set(r.bytes()?)),
+        1 => Ok(Value::Null),
+        2 => Ok(Value::Unset),
+        _ => Err(MalformedBody("bad value kind")),
+    })?;
     r.finish()?;
     Ok(ForwardedStatement {
         keyspace,
@@ -604,26 +565,14 @@ pub fn encode_scan_page(page: &ScanPage) -> Bytes {
     for p in &page.partitions {
         out.put_i64(p.token);
         put_bytes(&mut out, &p.partition_key);
-        match &p.read.static_row {
-            Some(row) => {
-                out.put_u8(1);
-                put_read_row(&mut out, row);
-            }
-            None => out.put_u8(0),
-        }
+        put_option(&mut out, p.read.static_row.as_ref(), put_read_row);
         out.put_u32(p.read.rows.len() as u32);
         for row in &p.read.rows {
             put_read_row(&mut out, row);
         }
         out.put_u8(u8::from(p.read.more));
     }
-    match &page.next {
-        Some(next) => {
-            out.put_u8(1);
-            put_scan_start(&mut out, next);
-        }
-        None => out.put_u8(0),
-    }
+    put_option(&mut out, page.next.as_ref(), put_scan_start);
     out.freeze()
 }
 
@@ -636,16 +585,8 @@ pub fn decode_scan_page(body: &Bytes) -> R<ScanPage> {
     for _ in 0..n {
         let token = r.i64()?;
         let partition_key = r.bytes()?;
-        let static_row = match r.u8()? {
-            0 => None,
-            1 => Some(r.read_row()?),
-            _ => return Err(MalformedBody("bad static flag")),
-        };
-        let nrows = r.count(7)?;
-        let mut rows = Vec::with_capacity(nrows);
-        for _ in 0..nrows {
-            rows.push(r.read_row()?);
-        }
+        let static_row = r.option("bad static flag", Reader::read_row)?;
+        let rows = r.list(7, Reader::read_row)?;
         let more = r.bool()?;
         partitions.push(ScannedPartition {
             token,
@@ -657,11 +598,7 @@ pub fn decode_scan_page(body: &Bytes) -> R<ScanPage> {
             },
         });
     }
-    let next = match r.u8()? {
-        0 => None,
-        1 => Some(r.scan_start()?),
-        _ => return Err(MalformedBody("bad option flag")),
-    };
+    let next = r.option("bad option flag", Reader::scan_start)?;
     r.finish()?;
     Ok(ScanPage { partitions, next })
 }
@@ -694,25 +631,13 @@ fn put_scan_start(out: &mut BytesMut, s: &ScanStart) {
             out.put_u8(1);
             out.put_i64(*token);
             put_bytes(out, partition_key);
-            match after {
-                Some(values) => {
-                    out.put_u8(1);
-                    out.put_u16(values.len() as u16);
-                    for v in values {
-                        put_bytes(out, v);
-                    }
-                }
-                None => out.put_u8(0),
-            }
+            put_option(out, after.as_deref(), put_values);
         }
     }
 }
 
 fn put_read_row(out: &mut BytesMut, row: &ReadRow) {
-    out.put_u16(row.clustering.len() as u16);
-    for v in &row.clustering {
-        put_bytes(out, v);
-    }
+    put_values(out, &row.clustering);
     out.put_u32(row.cells.len() as u32);
     for c in &row.cells {
         out.put_u16(c.column);
@@ -725,13 +650,7 @@ fn put_read_row(out: &mut BytesMut, row: &ReadRow) {
 }
 
 fn put_raw(out: &mut BytesMut, raw: &RawPartition) {
-    match &raw.header {
-        Some(h) => {
-            out.put_u8(1);
-            put_bytes(out, h);
-        }
-        None => out.put_u8(0),
-    }
+    put_opt_bytes(out, raw.header.as_deref());
     out.put_u32(raw.rows.len() as u32);
     for row in &raw.rows {
         put_bytes(out, row);
@@ -743,25 +662,34 @@ fn put_bytes(out: &mut BytesMut, b: &[u8]) {
     out.put_slice(b);
 }
 
-fn put_opt_i64(out: &mut BytesMut, v: Option<i64>) {
+/// Writes a presence flag (1 or 0) and, when `v` is there, what `put` writes of it.
+fn put_option<T>(out: &mut BytesMut, v: Option<T>, put: impl FnOnce(&mut BytesMut, T)) {
     match v {
         Some(v) => {
             out.put_u8(1);
-            out.put_i64(v);
+            put(out, v);
         }
         None => out.put_u8(0),
     }
 }
 
-fn put_expiry(out: &mut BytesMut, e: Option<(u32, u32)>) {
-    match e {
-        Some((at, ttl)) => {
-            out.put_u8(1);
-            out.put_u32(at);
-            out.put_u32(ttl);
-        }
-        None => out.put_u8(0),
+/// Writes a u16 count and the values (clustering values, bound prefixes).
+fn put_values(out: &mut BytesMut, values: &[Bytes]) {
+    out.put_u16(values.len() as u16);
+    for v in values {
+        put_bytes(out, v);
     }
+}
+
+fn put_opt_i64(out: &mut BytesMut, v: Option<i64>) {
+    put_option(out, v, BytesMut::put_i64);
+}
+
+fn put_expiry(out: &mut BytesMut, e: Option<(u32, u32)>) {
+    put_option(out, e, |out, (at, ttl)| {
+        out.put_u32(at);
+        out.put_u32(ttl);
+    });
 }
 
 fn put_bound(out: &mut BytesMut, b: &Bound<Vec<Bytes>>) {
@@ -772,26 +700,16 @@ fn put_bound(out: &mut BytesMut, b: &Bound<Vec<Bytes>>) {
     };
     out.put_u8(kind);
     if let Some(values) = values {
-        out.put_u16(values.len() as u16);
-        for v in values {
-            put_bytes(out, v);
-        }
+        put_values(out, values);
     }
 }
 
 fn put_row(out: &mut BytesMut, row: &RowMutation) {
-    out.put_u16(row.clustering.len() as u16);
-    for v in &row.clustering {
-        put_bytes(out, v);
-    }
-    match row.liveness {
-        Some(l) => {
-            out.put_u8(1);
-            out.put_i64(l.timestamp);
-            put_expiry(out, l.expiry);
-        }
-        None => out.put_u8(0),
-    }
+    put_values(out, &row.clustering);
+    put_option(out, row.liveness, |out, l| {
+        out.put_i64(l.timestamp);
+        put_expiry(out, l.expiry);
+    });
     put_opt_i64(out, row.deletion);
     out.put_u32(row.collection_deletions.len() as u32);
     for (col, ts) in &row.collection_deletions {
@@ -801,13 +719,7 @@ fn put_row(out: &mut BytesMut, row: &RowMutation) {
     out.put_u32(row.cells.len() as u32);
     for c in &row.cells {
         out.put_u16(c.column);
-        match &c.path {
-            Some(p) => {
-                out.put_u8(1);
-                put_bytes(out, p);
-            }
-            None => out.put_u8(0),
-        }
+        put_opt_bytes(out, c.path.as_deref());
         match &c.value {
             CellValue::Live(v) => {
                 out.put_u8(0);
@@ -910,20 +822,35 @@ impl<'a> Reader<'a> {
         Ok(self.body.slice(start..start + n))
     }
 
-    fn opt_i64(&mut self) -> R<Option<i64>> {
+    /// A presence flag and, when it is 1, what `read` reads; any other flag is `bad_flag`.
+    fn option<T>(
+        &mut self,
+        bad_flag: &'static str,
+        read: impl FnOnce(&mut Self) -> R<T>,
+    ) -> R<Option<T>> {
         match self.u8()? {
             0 => Ok(None),
-            1 => Ok(Some(self.i64()?)),
-            _ => Err(MalformedBody("bad option flag")),
+            1 => Ok(Some(read(self)?)),
+            _ => Err(MalformedBody(bad_flag)),
         }
     }
 
-    fn expiry(&mut self) -> R<Option<(u32, u32)>> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some((self.u32()?, self.u32()?))),
-            _ => Err(MalformedBody("bad expiry flag")),
+    /// A u32 count, each item at least `min_size` bytes, and the items `read` reads.
+    fn list<T>(&mut self, min_size: usize, mut read: impl FnMut(&mut Self) -> R<T>) -> R<Vec<T>> {
+        let n = self.count(min_size)?;
+        let mut items = Vec::with_capacity(n);
+        for _ in 0..n {
+            items.push(read(self)?);
         }
+        Ok(items)
+    }
+
+    fn opt_i64(&mut self) -> R<Option<i64>> {
+        self.option("bad option flag", Self::i64)
+    }
+
+    fn expiry(&mut self) -> R<Option<(u32, u32)>> {
+        self.option("bad expiry flag", |r| Ok((r.u32()?, r.u32()?)))
     }
 
     fn bound(&mut self) -> R<Bound<Vec<Bytes>>> {
@@ -931,14 +858,7 @@ impl<'a> Reader<'a> {
         if kind == 0 {
             return Ok(Bound::Unbounded);
         }
-        let n = usize::from(self.u16()?);
-        if n.saturating_mul(4) > self.remaining() {
-            return Err(MalformedBody("count exceeds the body"));
-        }
-        let mut values = Vec::with_capacity(n);
-        for _ in 0..n {
-            values.push(self.bytes()?);
-        }
+        let values = self.values()?;
         match kind {
             1 => Ok(Bound::Included(values)),
             2 => Ok(Bound::Excluded(values)),
@@ -947,53 +867,32 @@ impl<'a> Reader<'a> {
     }
 
     fn row(&mut self) -> R<RowMutation> {
-        let n = usize::from(self.u16()?);
-        if n.saturating_mul(4) > self.remaining() {
-            return Err(MalformedBody("count exceeds the body"));
-        }
-        let mut clustering = Vec::with_capacity(n);
-        for _ in 0..n {
-            clustering.push(self.bytes()?);
-        }
-        let liveness = match self.u8()? {
-            0 => None,
-            1 => Some(Liveness {
-                timestamp: self.i64()?,
-                expiry: self.expiry()?,
-            }),
-            _ => return Err(MalformedBody("bad liveness flag")),
-        };
+        let clustering = self.values()?;
+        let liveness = self.option("bad liveness flag", |r| {
+            Ok(Liveness {
+                timestamp: r.i64()?,
+                expiry: r.expiry()?,
+            })
+        })?;
         let deletion = self.opt_i64()?;
-        let n = self.count(10)?;
-        let mut collection_deletions = Vec::with_capacity(n);
-        for _ in 0..n {
-            collection_deletions.push((self.u16()?, self.i64()?));
-        }
-        let n = self.count(13)?;
-        let mut cells = Vec::with_capacity(n);
-        for _ in 0..n {
-            let column = self.u16()?;
-            let path = match self.u8()? {
-                0 => None,
-                1 => Some(self.bytes()?),
-                _ => return Err(MalformedBody("bad path flag")),
-            };
-            let value = match self.u8()? {
-                0 => CellValue::Live(self.bytes()?),
+        let collection_deletions = self.list(10, |r| Ok((r.u16()?, r.i64()?)))?;
+        let cells = self.list(13, |r| {
+            let column = r.u16()?;
+            let path = r.option("bad path flag", Self::bytes)?;
+            let value = match r.u8()? {
+                0 => CellValue::Live(r.bytes()?),
                 1 => CellValue::Tombstone,
-                2 => CellValue::CounterDelta(self.i64()?),
+                2 => CellValue::CounterDelta(r.i64()?),
                 _ => return Err(MalformedBody("bad cell kind")),
             };
-            let timestamp = self.i64()?;
-            let expiry = self.expiry()?;
-            cells.push(CellWrite {
+            Ok(CellWrite {
                 column,
                 path,
                 value,
-                timestamp,
-                expiry,
-            });
-        }
+                timestamp: r.i64()?,
+                expiry: r.expiry()?,
+            })
+        })?;
         Ok(RowMutation {
             clustering,
             liveness,
@@ -1012,11 +911,7 @@ impl<'a> Reader<'a> {
     }
 
     fn opt_bytes(&mut self) -> R<Option<Bytes>> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some(self.bytes()?)),
-            _ => Err(MalformedBody("bad option flag")),
-        }
+        self.option("bad option flag", Self::bytes)
     }
 
     fn values(&mut self) -> R<Vec<Bytes>> {
@@ -1046,11 +941,7 @@ impl<'a> Reader<'a> {
             1 => {
                 let token = self.i64()?;
                 let partition_key = self.bytes()?;
-                let after = match self.u8()? {
-                    0 => None,
-                    1 => Some(self.values()?),
-                    _ => return Err(MalformedBody("bad option flag")),
-                };
+                let after = self.option("bad option flag", Self::values)?;
                 Ok(ScanStart::Resume {
                     token,
                     partition_key,
@@ -1063,17 +954,15 @@ impl<'a> Reader<'a> {
 
     fn read_row(&mut self) -> R<ReadRow> {
         let clustering = self.values()?;
-        let n = self.count(16)?;
-        let mut cells = Vec::with_capacity(n);
-        for _ in 0..n {
-            cells.push(ReadCell {
-                column: self.u16()?,
-                path: self.opt_bytes()?,
-                value: self.bytes()?,
-                timestamp: self.i64()?,
-                expiry: self.expiry()?,
-            });
-        }
+        let cells = self.list(16, |r| {
+            Ok(ReadCell {
+                column: r.u16()?,
+                path: r.opt_bytes()?,
+                value: r.bytes()?,
+                timestamp: r.i64()?,
+                expiry: r.expiry()?,
+            })
+        })?;
         Ok(ReadRow {
             clustering,
             cells,
@@ -1152,16 +1041,8 @@ impl<'a> Reader<'a> {
     }
 
     fn raw(&mut self) -> R<RawPartition> {
-        let header = match self.u8()? {
-            0 => None,
-            1 => Some(self.bytes()?),
-            _ => return Err(MalformedBody("bad header flag")),
-        };
-        let n = self.count(4)?;
-        let mut rows = Vec::with_capacity(n);
-        for _ in 0..n {
-            rows.push(self.bytes()?);
-        }
+        let header = self.option("bad header flag", Self::bytes)?;
+        let rows = self.list(4, Self::bytes)?;
         Ok(RawPartition { header, rows })
     }
 }

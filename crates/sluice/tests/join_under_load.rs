@@ -9,12 +9,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Ports, ServeNode};
+use common::cluster::{create_simple_keyspace, nodetool, Ports, ServeNode};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::prepared::PreparedStatement;
@@ -184,27 +183,6 @@ async fn check_all(
     counts[0]
 }
 
-fn decommission(ports: Ports, index: u8) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("nodetool")
-        .args([
-            "--host",
-            &ports.internode_of(index).to_string(),
-            "--timeout",
-            "60",
-            "decommission",
-        ])
-        .output()
-        .expect("run sluice nodetool");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "decommission: {stdout} {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowledged_row() {
     let started = Instant::now();
@@ -225,15 +203,14 @@ async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowl
     );
     let (mut inserts, mut selects) = (Vec::new(), Vec::new());
     for (ks, rf) in KEYSPACES {
-        for q in [
-            format!(
-                "CREATE KEYSPACE {ks} WITH replication = \
-                 {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
-            ),
-            format!("CREATE TABLE {ks}.t (k int PRIMARY KEY, v int)"),
-        ] {
-            session.query_unpaged(q, &[]).await.unwrap();
-        }
+        create_simple_keyspace(&session, ks, rf).await;
+        session
+            .query_unpaged(
+                format!("CREATE TABLE {ks}.t (k int PRIMARY KEY, v int)"),
+                &[],
+            )
+            .await
+            .unwrap();
     }
     session.await_schema_agreement().await.unwrap();
     for (ks, _) in KEYSPACES {
@@ -256,14 +233,19 @@ async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowl
     let stop = Arc::new(AtomicBool::new(false));
     let written: Vec<Arc<Written>> = KEYSPACES.iter().map(|_| Arc::default()).collect();
 
+    // The same writer runs under the join and under the decommission.
+    let start = || {
+        start_writer(
+            session.clone(),
+            inserts.clone(),
+            next.clone(),
+            stop.clone(),
+            written.clone(),
+        )
+    };
+
     // Join under load.
-    let writer = start_writer(
-        session.clone(),
-        inserts.clone(),
-        next.clone(),
-        stop.clone(),
-        written.clone(),
-    );
+    let writer = start();
     tokio::time::sleep(SETTLE).await;
     let dir_path = dir.path().to_path_buf();
     let (fourth, took) =
@@ -282,15 +264,9 @@ async fn a_fourth_node_joins_and_leaves_under_quorum_writes_and_loses_no_acknowl
     .await;
 
     // Decommission under load.
-    let writer = start_writer(
-        session.clone(),
-        inserts.clone(),
-        next.clone(),
-        stop.clone(),
-        written.clone(),
-    );
+    let writer = start();
     tokio::time::sleep(SETTLE).await;
-    let answer = tokio::task::spawn_blocking(move || decommission(ports, 4))
+    let answer = tokio::task::spawn_blocking(move || nodetool(4, ports, 60, &["decommission"]))
         .await
         .unwrap();
     assert!(answer.contains("decommissioned"), "{answer}");

@@ -12,6 +12,7 @@ use common::{connect, create_keyspace, Node};
 use scylla::client::session::Session;
 use scylla::response::PagingState;
 use scylla::statement::batch::Batch;
+use scylla::statement::prepared::PreparedStatement;
 
 /// The process's peak resident set (`VmHWM`) in bytes.
 fn peak_rss(node: &Node) -> u64 {
@@ -22,6 +23,36 @@ fn peak_rss(node: &Node) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM in /proc/PID/status");
     kib << 10
+}
+
+/// Creates keyspace `ks` and its table `table` (pk int, ck int, v blob, PRIMARY KEY (pk, ck));
+/// returns the prepared insert of all three columns.
+async fn create_blob_table(session: &Session, ks: &str, table: &str) -> PreparedStatement {
+    create_keyspace(session, ks).await;
+    session
+        .query_unpaged(
+            format!("CREATE TABLE {ks}.{table} (pk int, ck int, v blob, PRIMARY KEY (pk, ck))"),
+            &[],
+        )
+        .await
+        .unwrap();
+    session
+        .prepare(format!(
+            "INSERT INTO {ks}.{table} (pk, ck, v) VALUES (?, ?, ?)"
+        ))
+        .await
+        .unwrap()
+}
+
+/// The number of rows `select` returns.
+async fn count_rows(session: &Session, select: &str) -> usize {
+    session
+        .query_unpaged(select, &[])
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num()
 }
 
 /// The message of a failed execution, whatever the driver's error type.
@@ -48,18 +79,7 @@ async fn a_ten_megabyte_blob_round_trips_and_writes_over_the_limits_are_invalid(
         ],
     );
     let session = connect(&node).await;
-    create_keyspace(&session, "lim").await;
-    session
-        .query_unpaged(
-            "CREATE TABLE lim.blobs (pk int, ck int, v blob, PRIMARY KEY (pk, ck))",
-            &[],
-        )
-        .await
-        .unwrap();
-    let ins = session
-        .prepare("INSERT INTO lim.blobs (pk, ck, v) VALUES (?, ?, ?)")
-        .await
-        .unwrap();
+    let ins = create_blob_table(&session, "lim", "blobs").await;
     let blob: Vec<u8> = (0..10_000_000u32).map(|i| (i % 251) as u8).collect();
     session
         .execute_unpaged(&ins, (1i32, 1i32, blob.clone()))
@@ -96,13 +116,7 @@ async fn a_ten_megabyte_blob_round_trips_and_writes_over_the_limits_are_invalid(
         e.contains("max-mutation-bytes (12582912 bytes)"),
         "unexpected error: {e}"
     );
-    let rows = session
-        .query_unpaged("SELECT ck FROM lim.blobs WHERE pk = 2", &[])
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let rows = count_rows(&session, "SELECT ck FROM lim.blobs WHERE pk = 2").await;
     assert_eq!(rows, 0, "nothing of the refused batch was written");
 }
 
@@ -124,18 +138,7 @@ async fn a_write_that_would_take_a_partition_over_the_limit_is_invalid() {
         ],
     );
     let session = connect(&node).await;
-    create_keyspace(&session, "plim").await;
-    session
-        .query_unpaged(
-            "CREATE TABLE plim.t (pk int, ck int, v blob, PRIMARY KEY (pk, ck))",
-            &[],
-        )
-        .await
-        .unwrap();
-    let ins = session
-        .prepare("INSERT INTO plim.t (pk, ck, v) VALUES (?, ?, ?)")
-        .await
-        .unwrap();
+    let ins = create_blob_table(&session, "plim", "t").await;
     let value = vec![3u8; 500_000];
     // 4 MiB is 8 rows of 500 kB and some: the ninth is refused, naming the limit.
     for ck in 0..8i32 {
@@ -164,13 +167,7 @@ async fn a_write_that_would_take_a_partition_over_the_limit_is_invalid() {
             .await
             .unwrap();
     }
-    let rows = session
-        .query_unpaged("SELECT ck FROM plim.t WHERE pk = 1", &[])
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let rows = count_rows(&session, "SELECT ck FROM plim.t WHERE pk = 1").await;
     assert_eq!(rows, 8, "the refused row was not written");
     // Deleting the partition starts it again.
     session
@@ -203,21 +200,10 @@ async fn a_write_that_would_take_a_partition_over_the_limit_is_invalid() {
 
 /// Writes `rows` rows of `row_bytes` into partition 1 of `lim.big`.
 async fn write_partition(session: &Session, rows: i32, row_bytes: usize) {
-    create_keyspace(session, "lim").await;
-    session
-        .query_unpaged(
-            "CREATE TABLE lim.big (pk int, ck int, v blob, PRIMARY KEY (pk, ck))",
-            &[],
-        )
-        .await
-        .unwrap();
-    let ins = session
-        .prepare("INSERT INTO lim.big (pk, ck, v) VALUES (1, ?, ?)")
-        .await
-        .unwrap();
+    let ins = create_blob_table(session, "lim", "big").await;
     for ck in 0..rows {
         session
-            .execute_unpaged(&ins, (ck, vec![(ck % 256) as u8; row_bytes]))
+            .execute_unpaged(&ins, (1i32, ck, vec![(ck % 256) as u8; row_bytes]))
             .await
             .unwrap();
     }

@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{session_without_retries, Ports, ServeNode};
+use common::cluster::{create_simple_keyspace, session_without_retries, Ports, ServeNode};
 
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -199,16 +199,7 @@ async fn every_node_answers_every_read_at_rf1_and_rf2() {
         pinned.push(session_without_retries(*addr).await);
     }
     for (ks, rf) in [("r1", 1), ("r2", 2)] {
-        pinned[0]
-            .query_unpaged(
-                format!(
-                    "CREATE KEYSPACE {ks} WITH replication = \
-                     {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
+        create_simple_keyspace(&pinned[0], ks, rf).await;
         pinned[0]
             .query_unpaged(
                 format!("CREATE TABLE {ks}.t (pk int, ck int, v text, PRIMARY KEY (pk, ck))"),

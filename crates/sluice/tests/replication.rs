@@ -102,6 +102,26 @@ async fn until_unavailable(session: &Session, q: &str) -> ExecutionError {
     }
 }
 
+/// Kills node 3 (SIGKILL), drops its session, and waits until the failure detector of each
+/// of the first `watchers` nodes sees it gone (ALL answers Unavailable there); returns the
+/// first node's Unavailable.
+async fn kill_node_3(
+    nodes: &mut [ServeNode],
+    sessions: &mut Vec<Session>,
+    watchers: usize,
+) -> ExecutionError {
+    assert!(watchers >= 1);
+    nodes[2].kill9();
+    drop(sessions.pop());
+    let mut first = None;
+    for session in &sessions[..watchers] {
+        let e =
+            until_unavailable(session, "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')").await;
+        first.get_or_insert(e);
+    }
+    first.expect("one watcher at least")
+}
+
 /// Three nodes with the schema, each seeing the whole ring, and a session to each.
 async fn three_nodes(dir: &Path, extra: &'static [&'static str]) -> (Vec<ServeNode>, Vec<Session>) {
     let ports = Ports::free_on(3);
@@ -165,15 +185,8 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
     }
 
     // kill -9 of node 3.
-    nodes[2].kill9();
-    let node3_session = sessions.pop().unwrap();
-    drop(node3_session);
     // Once node 1's failure detector says so, ALL is Unavailable with the right counts.
-    let last = until_unavailable(
-        &sessions[0],
-        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
-    )
-    .await;
+    let last = kill_node_3(&mut nodes, &mut sessions, 1).await;
     match db_error(&last) {
         Some(DbError::Unavailable {
             consistency,
@@ -288,18 +301,7 @@ async fn quorum_survives_a_killed_replica_and_read_repair_heals_it() {
 async fn hints_replay_what_a_killed_replica_missed() {
     let dir = tempfile::tempdir().unwrap();
     let (mut nodes, mut sessions) = three_nodes(dir.path(), &[]).await;
-    nodes[2].kill9();
-    drop(sessions.pop());
-    until_unavailable(
-        &sessions[0],
-        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
-    )
-    .await;
-    until_unavailable(
-        &sessions[1],
-        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
-    )
-    .await;
+    kill_node_3(&mut nodes, &mut sessions, 2).await;
     write(
         &sessions[0],
         Consistency::Quorum,
@@ -391,13 +393,7 @@ async fn truncate_empties_the_table_on_every_node_and_is_refused_with_a_node_dow
     )
     .await
     .unwrap();
-    nodes[2].kill9();
-    drop(sessions.pop());
-    until_unavailable(
-        &sessions[0],
-        "INSERT INTO rep.t (pk, ck, v) VALUES (9, 1, 'x')",
-    )
-    .await;
+    kill_node_3(&mut nodes, &mut sessions, 1).await;
     let e = sessions[0]
         .query_unpaged("TRUNCATE rep.t", &[])
         .await

@@ -10,7 +10,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::cluster::{session_on, Ports, ServeNode};
+use common::cluster::{session_on, session_on_without_agreement_wait, Ports, ServeNode};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use uuid::Uuid;
@@ -355,24 +355,6 @@ async fn a_local_schema_becomes_the_groups_first() {
     node.stop();
 }
 
-/// A session pinned to `addr` that does not wait for schema agreement (a node is down).
-async fn session_no_agreement_wait(addr: SocketAddr) -> Session {
-    use scylla::client::execution_profile::ExecutionProfile;
-    use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
-    let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .auto_await_schema_agreement(false)
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
-
 /// `system.peers` of `session`'s node: (peer address, schema version) by address.
 async fn peer_versions(session: &Session) -> Vec<(std::net::IpAddr, Uuid)> {
     let rows = session
@@ -413,7 +395,7 @@ async fn peers_show_each_peers_own_schema_version() {
         .collect();
     let mut sessions = Vec::new();
     for i in 1..=NODES {
-        sessions.push(session_no_agreement_wait(ports.cql_of(i)).await);
+        sessions.push(session_on_without_agreement_wait(ports.cql_of(i)).await);
     }
     sessions[0]
         .query_unpaged(

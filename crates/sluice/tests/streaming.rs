@@ -12,7 +12,9 @@ use std::net::IpAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{ip, session_on, token_replicas, Ports, ServeNode};
+use common::cluster::{
+    create_simple_keyspace, ip, nodetool, session_on, token_replicas, Ports, ServeNode,
+};
 use scylla::client::session::Session;
 
 /// Nodes at the start; a fourth joins and leaves.
@@ -31,31 +33,9 @@ fn token_of(k: i32) -> i64 {
     sluice_ring::Token::of_key(&k.to_be_bytes()).0
 }
 
-/// Runs `sluice nodetool` against node `index` and returns its output; panics on failure.
-fn nodetool(index: u8, ports: Ports, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("nodetool")
-        .args([
-            "--host",
-            &ports.internode_of(index).to_string(),
-            "--timeout",
-            "120",
-        ])
-        .args(args)
-        .output()
-        .expect("run sluice nodetool");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "nodetool {args:?}: {stdout} {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
-
 /// (status code, address, token count) of each node line of `nodetool status`.
 fn status_rows(index: u8, ports: Ports) -> Vec<(String, IpAddr, usize)> {
-    let text = nodetool(index, ports, &["status"]);
+    let text = nodetool(index, ports, 120, &["status"]);
     let mut rows: Vec<(String, IpAddr, usize)> = text
         .lines()
         .filter(|l| {
@@ -178,17 +158,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
         sessions.push((ip(index), session_on(ports.cql_of(index)).await));
     }
     for (ks, rf) in KEYSPACES {
-        sessions[0]
-            .1
-            .query_unpaged(
-                format!(
-                    "CREATE KEYSPACE {ks} WITH replication = \
-                     {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
+        create_simple_keyspace(&sessions[0].1, ks, rf).await;
         sessions[0]
             .1
             .query_unpaged(
@@ -237,7 +207,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
 
     // Decommission: node 4 streams its ranges away, leaves and stops.
     let started = Instant::now();
-    let answer = nodetool(4, ports, &["decommission"]);
+    let answer = nodetool(4, ports, 120, &["decommission"]);
     println!("decommission in {:?}: {answer}", started.elapsed());
     assert!(answer.contains("decommissioned"), "{answer}");
     let mut fourth = fourth;
@@ -267,7 +237,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
         assert!(Instant::now() < deadline, "node 3 never shown down");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let answer = nodetool(1, ports, &["removenode", &host_id]);
+    let answer = nodetool(1, ports, 120, &["removenode", &host_id]);
     println!("removenode: {answer}");
     assert!(answer.contains("removed"), "{answer}");
     sessions.pop();
@@ -301,7 +271,7 @@ async fn a_joining_node_streams_its_ranges_in_and_a_decommissioned_one_streams_t
 /// The fields of node `node_ip`'s line of `nodetool status` on node `index`: code, address,
 /// load (value and unit, or `?` and an empty field), tokens, owns, host id, rack.
 fn status_line(index: u8, ports: Ports, node_ip: IpAddr) -> Vec<String> {
-    let text = nodetool(index, ports, &["status"]);
+    let text = nodetool(index, ports, 120, &["status"]);
     let line = text
         .lines()
         .find(|l| l.split_whitespace().nth(1) == Some(node_ip.to_string().as_str()))

@@ -7,53 +7,27 @@
 //! (defaults 60 and 1,000,000; one-row partitions of 100-byte values, one store, data under a
 //! temporary directory in /tmp that is removed at the end).
 
+mod common;
+
 use bytes::Bytes;
-use sluice_storage::{
-    CellValue, CellWrite, ClusteringSlice, Durability, Liveness, Mutation, RowMutation, Storage,
-    StorageConfig, TableLayout,
-};
+use common::{layout, one_row};
+use sluice_storage::{CellValue, CellWrite, ClusteringSlice, Mutation, Storage, TableLayout};
 use std::time::{Duration, Instant};
 
 const TABLE: [u8; 16] = [5; 16];
 /// Reads timed at each report.
 const READS: u64 = 2_000;
 
-fn layout() -> TableLayout {
-    TableLayout {
-        id: TABLE,
-        clustering: vec![],
-        regular: None,
-        gc_grace_seconds: sluice_storage::DEFAULT_GC_GRACE_SECONDS,
-    }
-}
-
+/// A write of partition `partition`: one row with one 100-byte value.
 fn overwrite(partition: u64, timestamp: i64) -> Mutation {
-    // Tokens spread over the ring as a hash would spread them.
-    let token = partition.wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64;
-    Mutation {
-        table: TABLE,
-        token,
-        partition_key: Bytes::copy_from_slice(&partition.to_be_bytes()),
-        partition_deletion: None,
-        range_deletions: vec![],
-        static_row: None,
-        rows: vec![RowMutation {
-            clustering: vec![],
-            liveness: Some(Liveness {
-                timestamp,
-                expiry: None,
-            }),
-            deletion: None,
-            collection_deletions: vec![],
-            cells: vec![CellWrite {
-                column: 1,
-                path: None,
-                value: CellValue::Live(Bytes::from(vec![partition as u8; 100])),
-                timestamp,
-                expiry: None,
-            }],
-        }],
-    }
+    let value = CellWrite {
+        column: 1,
+        path: None,
+        value: CellValue::Live(Bytes::from(vec![partition as u8; 100])),
+        timestamp,
+        expiry: None,
+    };
+    one_row(TABLE, partition, timestamp, vec![value])
 }
 
 /// Mean microseconds of a read of one partition, over [`READS`] partitions.
@@ -84,16 +58,8 @@ fn main() {
         .next()
         .map_or(1_000_000, |a| a.parse().expect("PARTITIONS"));
     let dir = tempfile::tempdir_in("/tmp").expect("temp dir");
-    let storage = Storage::open(StorageConfig {
-        path: dir.path().to_path_buf(),
-        durability: Durability::Periodic {
-            interval: Duration::from_secs(10),
-        },
-        cache_bytes: 64 << 20,
-        stores: 1,
-    })
-    .expect("open");
-    let layout = layout();
+    let storage = common::open(dir.path(), 64 << 20);
+    let layout = layout(TABLE);
     let mut timestamp = 1i64;
     for p in 0..partitions {
         storage

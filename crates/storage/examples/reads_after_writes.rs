@@ -13,11 +13,10 @@
 //!   memtable is never empty under writes), warms the cache with one pass over the old keys,
 //!   then reads them N times.
 
-use bytes::Bytes;
-use sluice_storage::{
-    ClusteringSlice, Durability, Liveness, Mutation, RowMutation, Storage, StorageConfig,
-    TableLayout,
-};
+mod common;
+
+use common::{layout, one_row, token};
+use sluice_storage::{ClusteringSlice, Mutation, Storage};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -27,56 +26,17 @@ const OLD_KEYS: u64 = 100_000;
 /// New keys written after opening a prepared directory, before reading.
 const MEMTABLE_KEYS: u64 = 50_000;
 
-fn layout() -> TableLayout {
-    TableLayout {
-        id: TABLE,
-        clustering: vec![],
-        regular: None,
-        gc_grace_seconds: sluice_storage::DEFAULT_GC_GRACE_SECONDS,
-    }
-}
-
-/// The token of key `id` (spread over the ring as murmur3 would spread them).
-fn token(id: u64) -> i64 {
-    id.wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64
-}
-
 /// latte's INSERT of `id` alone: a row marker, no cells.
 fn insert(id: u64, timestamp: i64) -> Mutation {
-    Mutation {
-        table: TABLE,
-        token: token(id),
-        partition_key: Bytes::copy_from_slice(&id.to_be_bytes()),
-        partition_deletion: None,
-        range_deletions: vec![],
-        static_row: None,
-        rows: vec![RowMutation {
-            clustering: vec![],
-            liveness: Some(Liveness {
-                timestamp,
-                expiry: None,
-            }),
-            deletion: None,
-            collection_deletions: vec![],
-            cells: vec![],
-        }],
-    }
+    one_row(TABLE, id, timestamp, vec![])
 }
 
 fn open(dir: &Path) -> Storage {
-    Storage::open(StorageConfig {
-        path: dir.to_path_buf(),
-        durability: Durability::Periodic {
-            interval: Duration::from_secs(10),
-        },
-        cache_bytes: 128 << 20,
-        stores: 1,
-    })
-    .expect("open")
+    common::open(dir, 128 << 20)
 }
 
 fn write(storage: &Storage, from: u64, to: u64) {
-    let layout = layout();
+    let layout = layout(TABLE);
     for id in from..to {
         storage
             .apply(&[(&layout, insert(id, id as i64 + 1))])
@@ -86,7 +46,7 @@ fn write(storage: &Storage, from: u64, to: u64) {
 
 /// One read of each of `n` old keys, scattered as latte's hash scatters them.
 fn read(storage: &Storage, n: u64) -> usize {
-    let layout = layout();
+    let layout = layout(TABLE);
     let mut found = 0;
     for i in 0..n {
         let id = i.wrapping_mul(7919) % OLD_KEYS;

@@ -5,33 +5,14 @@ middle, a restart, and the check that nothing was lost, applied twice or applied
 
 import threading
 import time
-import uuid
 
 import pytest
 
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
+                  create_bank_tables, expected_balances_after_restart)
 from conftest import Node
 
-ACCOUNTS = 8
-START_BALANCE = 1000
 CLIENTS = 4
-
-TRANSFER = """BEGIN TRANSACTION
-  LET src = (SELECT balance FROM bank.acct WHERE id = ?);
-  LET dst = (SELECT balance FROM bank.acct WHERE id = ?);
-  LET done = (SELECT id FROM bank.transfers WHERE id = ?);
-  SELECT src.balance, dst.balance, done.id;
-  IF done IS NULL AND src.balance >= ? THEN
-    UPDATE bank.acct SET balance = balance - ? WHERE id = ?;
-    UPDATE bank.acct SET balance = balance + ? WHERE id = ?;
-    INSERT INTO bank.transfers (id, src, dst, amount) VALUES (?, ?, ?, ?);
-  END IF
-COMMIT TRANSACTION"""
-
-TOTAL = "BEGIN TRANSACTION\n{lets}\n  SELECT {refs};\nCOMMIT TRANSACTION".format(
-    lets="\n".join(f"  LET a{i} = (SELECT balance FROM bank.acct WHERE id = {i});"
-                   for i in range(ACCOUNTS)),
-    refs=", ".join(f"a{i}.balance" for i in range(ACCOUNTS)),
-)
 
 
 def connect(node):
@@ -41,20 +22,6 @@ def connect(node):
     session = cluster.connect()
     session.default_timeout = 10
     return cluster, session
-
-
-def transfer_args(tid, src, dst, amount):
-    return (src, dst, tid, amount, amount, src, amount, dst, tid, src, dst, amount)
-
-
-def applied(row, amount):
-    """Accord answers no [applied]: the client re-evaluates the IF on the returned values."""
-    return row.done_id is None and row.src_balance is not None and row.src_balance >= amount
-
-
-def balances(session, total_stmt):
-    row = session.execute(total_stmt).one()
-    return [row[i] for i in range(ACCOUNTS)]
 
 
 @pytest.fixture(scope="module")
@@ -99,22 +66,13 @@ def test_transactions_return_rows_named_after_let_columns(bank_node):
 
 def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
     cluster, s = connect(bank_node)
-    s.execute("CREATE KEYSPACE IF NOT EXISTS bank WITH replication = "
-              "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-    s.execute("CREATE TABLE IF NOT EXISTS bank.acct (id int PRIMARY KEY, balance bigint)")
-    s.execute("CREATE TABLE IF NOT EXISTS bank.transfers "
-              "(id text PRIMARY KEY, src int, dst int, amount bigint)")
+    create_bank_tables(s, "bank", 1)
     for i in range(ACCOUNTS):
         s.execute("INSERT INTO bank.acct (id, balance) VALUES (%s, %s)", (i, START_BALANCE))
     expected_total = ACCOUNTS * START_BALANCE
 
-    acked = {}      # transfer id -> (src, dst, amount), acknowledged as applied
-    refused = set()  # acknowledged, IF false (not enough money)
-    unknown = {}    # transfer id -> args: no answer (the server was killed)
-    errors = []
-    totals_checked = [0]
+    ledger = Ledger()  # its unanswered transfers are those the kill cut off
     stop = threading.Event()
-    lock = threading.Lock()
 
     def client(n):
         prepared_transfer = s.prepare(TRANSFER)
@@ -122,31 +80,15 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         i = 0
         while not stop.is_set():
             i += 1
-            src, dst = (n + i) % ACCOUNTS, (n + 3 * i + 1) % ACCOUNTS
-            if src == dst:
-                dst = (dst + 1) % ACCOUNTS
-            amount = 1 + (i * 7 + n) % 50
-            tid = f"{n}-{i}-{uuid.uuid4().hex[:8]}"
-            try:
-                row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            except Exception:
-                with lock:
-                    unknown[tid] = (src, dst, amount)
+            tid = ledger.transfer(s, prepared_transfer, n, i)
+            if tid is None:
                 return
-            with lock:
-                if applied(row, amount):
-                    acked[tid] = (src, dst, amount)
-                else:
-                    refused.add(tid)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:
                 return
-            if total != expected_total:
-                errors.append(f"total {total} after transfer {tid}")
+            if not ledger.check_total(total, tid):
                 return
-            with lock:
-                totals_checked[0] += 1
 
     workers = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
     for w in workers:
@@ -160,11 +102,12 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         w.join(timeout=60)
     assert not any(w.is_alive() for w in workers)
     cluster.shutdown()
-    assert not errors, errors
-    print(f"before the kill: {len(acked)} transfers applied, {len(refused)} refused by the IF, "
-          f"{len(unknown)} without an answer, total checked {totals_checked[0]} times")
-    assert len(acked) > 10, f"too few transfers before the kill: {len(acked)}"
-    assert totals_checked[0] > 10
+    assert not ledger.errors, ledger.errors
+    print(f"before the kill: {len(ledger.acked)} transfers applied, "
+          f"{len(ledger.refused)} refused by the IF, {len(ledger.unknown)} without an answer, "
+          f"total checked {ledger.totals_checked} times")
+    assert len(ledger.acked) > 10, f"too few transfers before the kill: {len(ledger.acked)}"
+    assert ledger.totals_checked > 10
     assert committed_before_kill >= 10
 
     assert bank_node._start(), "sluice restarts on its data directory"
@@ -173,26 +116,8 @@ def test_bank_transfers_survive_kill_9_exactly_once(bank_node):
         total_stmt = s.prepare(TOTAL)
         after = balances(s, total_stmt)
         assert sum(after) == expected_total, after
-        # Every acknowledged transfer survived.
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s.execute("SELECT id, src, dst, amount FROM bank.transfers")}
-        missing = [t for t in acked if t not in logged]
-        assert not missing, missing
-        assert not (refused & logged.keys())
-        # Transfers without an answer are retried with the same id: at most once in all.
-        prepared_transfer = s.prepare(TRANSFER)
-        for tid, (src, dst, amount) in unknown.items():
-            row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            if tid in logged:
-                assert row.done_id == tid, "an applied transfer is recognised on retry"
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s.execute("SELECT id, src, dst, amount FROM bank.transfers")}
-        # The balances are exactly what the logged transfers make of the start: nothing
-        # applied twice, nothing applied in part, nothing applied without its log entry.
-        expect = [START_BALANCE] * ACCOUNTS
-        for src, dst, amount in logged.values():
-            expect[src] -= amount
-            expect[dst] += amount
+        # Every acknowledged transfer survived, and the retried ones applied at most once.
+        expect = expected_balances_after_restart(s, "bank", TRANSFER, ledger)
         final = balances(s, total_stmt)
         assert final == expect, (final, expect)
         assert sum(final) == expected_total

@@ -17,13 +17,12 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 
 import pytest
 
+from bank import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, Ledger, balances,
+                  create_bank_tables, expected_balances_after_restart)
 from conftest import port_free_on_every_ip, sluice_bin
-from test_transactions import (ACCOUNTS, START_BALANCE, TOTAL, TRANSFER, applied,
-                               balances, transfer_args)
 
 NODES = 3
 
@@ -133,11 +132,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     total_text = TOTAL.replace("bank.", ks + ".")
     setup = 2 if victim == 1 else 1
     cluster, s = pinned(nodes, setup)
-    s.execute(f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
-              "{'class': 'SimpleStrategy', 'replication_factor': 3}")
-    s.execute(f"CREATE TABLE IF NOT EXISTS {ks}.acct (id int PRIMARY KEY, balance bigint)")
-    s.execute(f"CREATE TABLE IF NOT EXISTS {ks}.transfers "
-              "(id text PRIMARY KEY, src int, dst int, amount bigint)")
+    create_bank_tables(s, ks, 3)
     # The opening balances go through the log too (one write-only transaction).
     s.execute("BEGIN TRANSACTION\n" + "\n".join(
         f"  INSERT INTO {ks}.acct (id, balance) VALUES ({i}, {START_BALANCE});"
@@ -145,14 +140,9 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     cluster.shutdown()
     expected_total = ACCOUNTS * START_BALANCE
 
-    acked = {}
-    refused = set()
-    unknown = {}
-    errors = []
-    totals_checked = [0]
+    ledger = Ledger()
     stop = threading.Event()
     victim_dead = threading.Event()
-    lock = threading.Lock()
     sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
 
     def client(n, index):
@@ -172,34 +162,18 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
             if index == victim and victim_dead.is_set():
                 return
             i += 1
-            src, dst = (n + i) % ACCOUNTS, (n + 3 * i + 1) % ACCOUNTS
-            if src == dst:
-                dst = (dst + 1) % ACCOUNTS
-            amount = 1 + (i * 7 + n) % 50
-            tid = f"{n}-{i}-{uuid.uuid4().hex[:8]}"
-            try:
-                row = s.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            except Exception:
+            tid = ledger.transfer(s, prepared_transfer, n, i)
+            if tid is None:
                 # No answer (a timeout around the kill, or the node is gone): unknown.
-                with lock:
-                    unknown[tid] = (src, dst, amount)
                 time.sleep(0.05)
                 continue
-            with lock:
-                if applied(row, amount):
-                    acked[tid] = (src, dst, amount)
-                else:
-                    refused.add(tid)
             try:
                 total = sum(balances(s, prepared_total))
             except Exception:
                 time.sleep(0.05)
                 continue
-            if total != expected_total:
-                errors.append(f"total {total} after transfer {tid} through node {index}")
+            if not ledger.check_total(total, f"{tid} through node {index}"):
                 return
-            with lock:
-                totals_checked[0] += 1
 
     def log_counts():
         return [sum(nodes.metric(i, f"sluice_txn_log_{what}_total") for i in range(1, NODES + 1))
@@ -211,7 +185,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     for w in workers:
         w.start()
     time.sleep(4)
-    acked_before_kill = len(acked)
+    acked_before_kill = len(ledger.acked)
     commits, conflicts = log_counts()
     commits -= commits_at_start
     conflicts -= conflicts_at_start
@@ -222,7 +196,7 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     nodes.kill(victim)
     killed_at = time.monotonic()
     # The time of the first transfer acknowledged after the kill, for the report.
-    while len(acked) == acked_before_kill and time.monotonic() - killed_at < 15:
+    while len(ledger.acked) == acked_before_kill and time.monotonic() - killed_at < 15:
         time.sleep(0.01)
     resumed = time.monotonic() - killed_at
     time.sleep(4)
@@ -233,35 +207,21 @@ def test_bank_transfers_on_three_nodes_survive_kill_9_of_one(nodes, victim):
     assert not any(w.is_alive() for w in workers)
     for c, _ in sessions.values():
         c.shutdown()
-    assert not errors, errors
-    print(f"\nnode {victim} killed: {len(acked)} transfers applied ({acked_before_kill} before the kill), "
-          f"{len(refused)} refused by the IF, {len(unknown)} without an answer, "
-          f"total checked {totals_checked[0]} times in {elapsed:.1f} s; the first transfer "
+    assert not ledger.errors, ledger.errors
+    print(f"\nnode {victim} killed: {len(ledger.acked)} transfers applied "
+          f"({acked_before_kill} before the kill), {len(ledger.refused)} refused by the IF, "
+          f"{len(ledger.unknown)} without an answer, "
+          f"total checked {ledger.totals_checked} times in {elapsed:.1f} s; the first transfer "
           f"after the kill was acknowledged {resumed:.2f} s after it")
     assert acked_before_kill > 10, f"too few transfers before the kill: {acked_before_kill}"
-    assert len(acked) > acked_before_kill, "transfers went on with two nodes of three"
-    assert totals_checked[0] > 10
+    assert len(ledger.acked) > acked_before_kill, "transfers went on with two nodes of three"
+    assert ledger.totals_checked > 10
 
     nodes.start(victim)
     sessions = {i: pinned(nodes, i) for i in range(1, NODES + 1)}
     try:
         s1 = sessions[setup][1]
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s1.execute(f"SELECT id, src, dst, amount FROM {ks}.transfers")}
-        missing = [t for t in acked if t not in logged]
-        assert not missing, missing
-        assert not (refused & logged.keys())
-        prepared_transfer = s1.prepare(transfer_text)
-        for tid, (src, dst, amount) in unknown.items():
-            row = s1.execute(prepared_transfer, transfer_args(tid, src, dst, amount)).one()
-            if tid in logged:
-                assert row.done_id == tid, "an applied transfer is recognised on retry"
-        logged = {r.id: (r.src, r.dst, r.amount)
-                  for r in s1.execute(f"SELECT id, src, dst, amount FROM {ks}.transfers")}
-        expect = [START_BALANCE] * ACCOUNTS
-        for src, dst, amount in logged.values():
-            expect[src] -= amount
-            expect[dst] += amount
+        expect = expected_balances_after_restart(s1, ks, transfer_text, ledger)
         # Every node, the restarted one included, answers the same exact balances.
         for index in range(1, NODES + 1):
             final = balances(sessions[index][1], sessions[index][1].prepare(total_text))

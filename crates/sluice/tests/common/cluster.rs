@@ -313,9 +313,9 @@ impl Drop for LocalCluster {
     }
 }
 
-/// A session whose every statement goes to node `addr`, whatever hosts the driver discovers;
-/// the driver still waits for schema agreement over every node it discovered.
-pub async fn session_on(addr: SocketAddr) -> Session {
+/// A session builder whose every statement goes to node `addr`, whatever hosts the driver
+/// discovers.
+fn pinned_to(addr: SocketAddr) -> SessionBuilder {
     let policy = SingleTargetLoadBalancingPolicy::new(NodeIdentifier::NodeAddress(addr), None);
     let profile = ExecutionProfile::builder()
         .load_balancing_policy(policy)
@@ -324,11 +324,64 @@ pub async fn session_on(addr: SocketAddr) -> Session {
         .known_node(addr.to_string())
         .default_execution_profile_handle(profile.into_handle())
         .connection_timeout(Duration::from_secs(20))
+}
+
+/// A session whose every statement goes to node `addr`, whatever hosts the driver discovers;
+/// the driver still waits for schema agreement over every node it discovered.
+pub async fn session_on(addr: SocketAddr) -> Session {
+    pinned_to(addr)
         // Fail fast rather than wait the default 60 s if the versions never agree.
         .schema_agreement_timeout(Duration::from_secs(10))
         .build()
         .await
         .expect("connect")
+}
+
+/// A session pinned to `addr` that does not wait for schema agreement (for when a node is
+/// down).
+pub async fn session_on_without_agreement_wait(addr: SocketAddr) -> Session {
+    pinned_to(addr)
+        .auto_await_schema_agreement(false)
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// `CREATE KEYSPACE ks` with SimpleStrategy and `rf` replicas.
+pub async fn create_simple_keyspace(session: &Session, ks: &str, rf: u32) {
+    session
+        .query_unpaged(
+            format!(
+                "CREATE KEYSPACE {ks} WITH replication = \
+                 {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// Runs `sluice nodetool` with `args` against node `index`, bounded by `timeout_secs` on the
+/// tool's side, and returns its output; panics on failure.
+pub fn nodetool(index: u8, ports: Ports, timeout_secs: u32, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("nodetool")
+        .args([
+            "--host",
+            &ports.internode_of(index).to_string(),
+            "--timeout",
+            &timeout_secs.to_string(),
+        ])
+        .args(args)
+        .output()
+        .expect("run sluice nodetool");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "nodetool {args:?}: {stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
 }
 
 /// A session whose every statement goes to `addr` and is never retried elsewhere, so that a
