@@ -14,7 +14,7 @@ use bytes::Bytes;
 use sluice_engine::coordinator::{
     Replica, ReplicaError, ReplicaFuture, ReplicaRefusal, ReplicaTransport, ReplicaVerb,
 };
-use sluice_engine::replica_stats::{RefusalReason, ReplicaStats, ServedVerb};
+use sluice_engine::replica_stats::{RefusalReason, ReplicaStats};
 use sluice_engine::Engine;
 use sluice_internode::{
     CallError, ConnectionClass, FailureDetector, FailureDetectorConfig, InboundMessage,
@@ -126,24 +126,16 @@ impl ReplicaTransport for MessengerTransport {
 pub struct ReplicaAdmission {
     in_flight: usize,
     cap: usize,
-    /// Smoothed service time per verb (in [`ServedVerb`] order), in nanoseconds.
-    service_nanos: [f64; ServedVerb::ALL.len()],
+    /// Smoothed service time per verb (in [`ReplicaVerb`] order), in nanoseconds.
+    service_nanos: [f64; ReplicaVerb::ALL.len()],
 }
 
 /// Weight of a new sample in the smoothed service time.
 const SERVICE_EWMA_WEIGHT: f64 = 0.1;
 
 /// The served verb of an internode verb, if the replica service runs it.
-pub const fn served_verb(verb: u16) -> Option<ServedVerb> {
-    match verb {
-        VERB_MUTATION => Some(ServedVerb::Mutation),
-        VERB_READ => Some(ServedVerb::Read),
-        VERB_REPAIR => Some(ServedVerb::Repair),
-        VERB_SELECT => Some(ServedVerb::Select),
-        VERB_SCAN => Some(ServedVerb::Scan),
-        VERB_TRUNCATE => Some(ServedVerb::Truncate),
-        _ => None,
-    }
+pub fn served_verb(verb: u16) -> Option<ReplicaVerb> {
+    ReplicaVerb::ALL.into_iter().find(|&v| verb_of(v) == verb)
 }
 
 fn verb_index(verb: u16) -> Option<usize> {
@@ -156,7 +148,7 @@ impl ReplicaAdmission {
         ReplicaAdmission {
             in_flight: 0,
             cap: cap.max(1),
-            service_nanos: [0.0; ServedVerb::ALL.len()],
+            service_nanos: [0.0; ReplicaVerb::ALL.len()],
         }
     }
 

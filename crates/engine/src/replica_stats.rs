@@ -4,46 +4,40 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// The verbs a replica serves, in the order their counters are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServedVerb {
-    /// MUTATION (also replayed hints).
-    Mutation,
-    /// READ (digest or raw partition).
-    Read,
-    /// REPAIR (a read repair's merged partition).
-    Repair,
-    /// SELECT forwarded by a coordinator that is not a replica.
-    Select,
-    /// SCAN of a token range.
-    Scan,
-    /// TRUNCATE of a table.
-    Truncate,
-}
+pub use crate::coordinator::ReplicaVerb;
 
-impl ServedVerb {
-    /// Every verb, in counter order.
-    pub const ALL: [ServedVerb; 6] = [
-        ServedVerb::Mutation,
-        ServedVerb::Read,
-        ServedVerb::Repair,
-        ServedVerb::Select,
-        ServedVerb::Scan,
-        ServedVerb::Truncate,
+impl ReplicaVerb {
+    /// Every verb, in counter order (the declaration order, so `verb as usize` indexes).
+    pub const ALL: [ReplicaVerb; 6] = [
+        ReplicaVerb::Mutation,
+        ReplicaVerb::Read,
+        ReplicaVerb::Repair,
+        ReplicaVerb::Truncate,
+        ReplicaVerb::Select,
+        ReplicaVerb::Scan,
     ];
 
     /// The verb's label in metrics.
     pub const fn label(self) -> &'static str {
         match self {
-            ServedVerb::Mutation => "mutation",
-            ServedVerb::Read => "read",
-            ServedVerb::Repair => "repair",
-            ServedVerb::Select => "select",
-            ServedVerb::Scan => "scan",
-            ServedVerb::Truncate => "truncate",
+            ReplicaVerb::Mutation => "mutation",
+            ReplicaVerb::Read => "read",
+            ReplicaVerb::Repair => "repair",
+            ReplicaVerb::Truncate => "truncate",
+            ReplicaVerb::Select => "select",
+            ReplicaVerb::Scan => "scan",
         }
     }
 }
+
+// Counters are indexed by `verb as usize`: `ALL` must list the verbs in declaration order.
+const _: () = {
+    let mut i = 0;
+    while i < ReplicaVerb::ALL.len() {
+        assert!(ReplicaVerb::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 /// Why a replica request was not run to an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +72,7 @@ impl RefusalReason {
     }
 }
 
-const VERBS: usize = ServedVerb::ALL.len();
+const VERBS: usize = ReplicaVerb::ALL.len();
 const REASONS: usize = RefusalReason::ALL.len();
 
 /// Served and refused replica requests, per verb (and reason).
@@ -90,22 +84,22 @@ pub struct ReplicaStats {
 
 impl ReplicaStats {
     /// Counts a request admitted and run.
-    pub fn count_served(&self, verb: ServedVerb) {
+    pub fn count_served(&self, verb: ReplicaVerb) {
         self.served[verb as usize].fetch_add(1, Relaxed);
     }
 
     /// Counts a request turned away or failed.
-    pub fn count_refused(&self, verb: ServedVerb, reason: RefusalReason) {
+    pub fn count_refused(&self, verb: ReplicaVerb, reason: RefusalReason) {
         self.refused[verb as usize][reason as usize].fetch_add(1, Relaxed);
     }
 
     /// Requests of `verb` admitted and run.
-    pub fn served(&self, verb: ServedVerb) -> u64 {
+    pub fn served(&self, verb: ReplicaVerb) -> u64 {
         self.served[verb as usize].load(Relaxed)
     }
 
     /// Requests of `verb` refused for `reason`.
-    pub fn refused(&self, verb: ServedVerb, reason: RefusalReason) -> u64 {
+    pub fn refused(&self, verb: ReplicaVerb, reason: RefusalReason) -> u64 {
         self.refused[verb as usize][reason as usize].load(Relaxed)
     }
 
@@ -126,15 +120,15 @@ mod tests {
     #[test]
     fn counts_are_kept_per_verb_and_reason() {
         let s = ReplicaStats::default();
-        s.count_served(ServedVerb::Select);
-        s.count_served(ServedVerb::Select);
-        s.count_refused(ServedVerb::Scan, RefusalReason::Budget);
-        s.count_refused(ServedVerb::Mutation, RefusalReason::Failed);
-        assert_eq!(s.served(ServedVerb::Select), 2);
-        assert_eq!(s.served(ServedVerb::Scan), 0);
-        assert_eq!(s.refused(ServedVerb::Scan, RefusalReason::Budget), 1);
-        assert_eq!(s.refused(ServedVerb::Scan, RefusalReason::Expired), 0);
-        assert_eq!(s.refused(ServedVerb::Mutation, RefusalReason::Failed), 1);
+        s.count_served(ReplicaVerb::Select);
+        s.count_served(ReplicaVerb::Select);
+        s.count_refused(ReplicaVerb::Scan, RefusalReason::Budget);
+        s.count_refused(ReplicaVerb::Mutation, RefusalReason::Failed);
+        assert_eq!(s.served(ReplicaVerb::Select), 2);
+        assert_eq!(s.served(ReplicaVerb::Scan), 0);
+        assert_eq!(s.refused(ReplicaVerb::Scan, RefusalReason::Budget), 1);
+        assert_eq!(s.refused(ReplicaVerb::Scan, RefusalReason::Expired), 0);
+        assert_eq!(s.refused(ReplicaVerb::Mutation, RefusalReason::Failed), 1);
         assert_eq!(s.refused_total(), 2);
     }
 }

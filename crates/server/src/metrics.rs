@@ -3,7 +3,7 @@
 //! Each shard only writes its own [`ShardMetrics`] (relaxed atomics, no contention); the
 //! endpoint reads all of them. Metric names use the `sluice_` prefix in snake case.
 
-use sluice_engine::replica_stats::{RefusalReason, ServedVerb};
+use sluice_engine::replica_stats::{RefusalReason, ReplicaVerb};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -443,10 +443,10 @@ pub struct CoordinatorCounts {
     pub speculative_reads: u64,
     /// The hints held for replicas that are down.
     pub hints: sluice_engine::coordinator::HintStats,
-    /// Replica requests from other coordinators run here, per verb (in `ServedVerb` order).
-    pub replica_served: [u64; ServedVerb::ALL.len()],
+    /// Replica requests from other coordinators run here, per verb (in `ReplicaVerb` order).
+    pub replica_served: [u64; ReplicaVerb::ALL.len()],
     /// Replica requests refused or failed here, per verb and reason (`RefusalReason` order).
-    pub replica_refused: [[u64; RefusalReason::ALL.len()]; ServedVerb::ALL.len()],
+    pub replica_refused: [[u64; RefusalReason::ALL.len()]; ReplicaVerb::ALL.len()],
 }
 
 impl CoordinatorCounts {
@@ -456,8 +456,8 @@ impl CoordinatorCounts {
             read_repairs: engine.read_repairs(),
             speculative_reads: engine.speculative_reads(),
             hints: engine.hint_stats(),
-            replica_served: ServedVerb::ALL.map(|v| engine.replica_stats().served(v)),
-            replica_refused: ServedVerb::ALL
+            replica_served: ReplicaVerb::ALL.map(|v| engine.replica_stats().served(v)),
+            replica_refused: ReplicaVerb::ALL
                 .map(|v| RefusalReason::ALL.map(|r| engine.replica_stats().refused(v, r))),
         }
     }
@@ -513,7 +513,7 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
         "counter",
         "Requests from other coordinators this node admitted as a replica, per verb.",
     );
-    for (v, n) in ServedVerb::ALL.iter().zip(c.replica_served) {
+    for (v, n) in ReplicaVerb::ALL.iter().zip(c.replica_served) {
         let _ = writeln!(
             out,
             "sluice_replica_requests_total{{verb=\"{}\"}} {n}",
@@ -526,7 +526,7 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
         "counter",
         "Requests from other coordinators this node turned away or failed, per verb and reason.",
     );
-    for (v, per_reason) in ServedVerb::ALL.iter().zip(c.replica_refused) {
+    for (v, per_reason) in ReplicaVerb::ALL.iter().zip(c.replica_refused) {
         for (r, n) in RefusalReason::ALL.iter().zip(per_reason) {
             let _ = writeln!(
                 out,
@@ -793,10 +793,10 @@ mod tests {
                 stored: 5,
                 dropped: 1,
             },
-            replica_served: [4, 0, 0, 7, 2, 0],
+            replica_served: [4, 0, 0, 0, 7, 2],
             replica_refused: {
-                let mut r = [[0; RefusalReason::ALL.len()]; ServedVerb::ALL.len()];
-                r[ServedVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
+                let mut r = [[0; RefusalReason::ALL.len()]; ReplicaVerb::ALL.len()];
+                r[ReplicaVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
                 r
             },
         };
