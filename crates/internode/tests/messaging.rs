@@ -692,9 +692,12 @@ async fn a_saturated_bulk_class_does_not_slow_control_pings() {
         assert!(refused > 0, "the bulk queue never filled");
         assert!(bulk_bytes > 20 << 20, "bulk moved only {bulk_bytes} bytes");
         assert!(p99 < Duration::from_millis(100), "ping p99 {p99:?} under bulk load");
+        // Medians, not the p99: one descheduling of the test on a shared machine moves a p99,
+        // while a ping queued behind the Bulk class would move the whole distribution.
+        let ping_median = percentile(&loaded, 0.5);
         assert!(
-            p99 < bulk_median,
-            "control p99 {p99:?} is not below a bulk-class round trip {bulk_median:?}"
+            ping_median < bulk_median,
+            "control median {ping_median:?} is not below a bulk-class round trip {bulk_median:?}"
         );
         assert!(detector.is_up(peer));
         let mut downs = 0;
