@@ -364,3 +364,39 @@ fn a_seen_ticket_of_durable_state_needs_no_fsync() {
         "in the OS without a timed fsync"
     );
 }
+
+#[test]
+fn a_conditional_write_is_held_to_the_write_and_partition_limits() {
+    let (_d, s) = open(periodic());
+    s.set_write_limits(WriteLimits::new(1000, 2500).with_max_partition_bytes(2500));
+    let l = layout();
+    let value = |n: usize| Bytes::from(vec![b'x'; n]);
+    let always = |_: &[PartitionRead]| true;
+    // A cell over its limit is refused before the condition is read, and nothing is written.
+    let too_big = [(&l, write(5, "p", &[(1, value(1500))], 10))];
+    let r = s.apply_conditional(5, b"p", &[whole_partition(&l)], 0, &too_big, None, always);
+    assert!(matches!(r, Err(StorageError::TooLarge(_))), "{r:?}");
+    assert!(read(&s, &l, 5, "p").rows.is_empty());
+    // Applied conditional writes count toward the partition's size: the third goes over.
+    for ts in [11, 12] {
+        let w = [(&l, write(5, "p", &[(1, value(900))], ts))];
+        let out = s.apply_conditional(5, b"p", &[whole_partition(&l)], 0, &w, None, always);
+        assert!(out.unwrap().ticket.is_some());
+    }
+    let w = [(&l, write(5, "p", &[(1, value(900))], 13))];
+    let r = s.apply_conditional(5, b"p", &[whole_partition(&l)], 0, &w, None, always);
+    assert_eq!(
+        r.err(),
+        Some(StorageError::TooLarge(
+            "The partition would grow larger than max-partition-bytes (2500 bytes)"
+        ))
+    );
+    // A write whose condition fails is not counted: the partition's estimate is unchanged.
+    let other = [(&l, write(6, "q", &[(1, value(900))], 14))];
+    for _ in 0..5 {
+        let out = s.apply_conditional(6, b"q", &[whole_partition(&l)], 0, &other, None, |_| false);
+        assert!(out.unwrap().ticket.is_none());
+    }
+    let out = s.apply_conditional(6, b"q", &[whole_partition(&l)], 0, &other, None, always);
+    assert!(out.unwrap().ticket.is_some());
+}

@@ -360,20 +360,39 @@ impl Storage {
         &self,
         mutations: &[(&TableLayout, Mutation)],
     ) -> Result<CommitTicket, StorageError> {
+        self.check_before_writing(mutations)?;
+        let ticket = self.commit_mutations(mutations)?;
+        self.record_written(mutations);
+        Ok(ticket)
+    }
+
+    /// Refuses `mutations` before anything is written: the disk below its reserve, or a
+    /// mutation over the [`WriteLimits`] or its partition's size limit.
+    fn check_before_writing(
+        &self,
+        mutations: &[(&TableLayout, Mutation)],
+    ) -> Result<(), StorageError> {
         self.inner.disk.check()?;
         let limits = self.write_limits();
         for (_, m) in mutations {
             self.check_limits(limits, m)?;
         }
-        let ticket = self.commit_mutations(mutations)?;
-        if self.inner.partition_sizes.get().is_some() {
-            for (_, m) in mutations {
-                // Checked above: this only counts its bytes again.
-                let bytes = limits.check(m)?;
+        Ok(())
+    }
+
+    /// Counts written `mutations` in their partitions' size estimates (when a partition
+    /// size limit is set); they passed [`check_before_writing`](Self::check_before_writing).
+    fn record_written(&self, mutations: &[(&TableLayout, Mutation)]) {
+        if self.inner.partition_sizes.get().is_none() {
+            return;
+        }
+        let limits = self.write_limits();
+        for (_, m) in mutations {
+            // Checked before the write: this only counts its bytes again.
+            if let Ok(bytes) = limits.check(m) {
                 self.record_partition_bytes(m, bytes);
             }
         }
-        Ok(ticket)
     }
 
     /// [`apply`](Self::apply) once the mutations are checked.
@@ -411,6 +430,7 @@ impl Storage {
     /// above every timestamp stored in the partition's stripe, so it is ordered after
     /// everything it read. The locks are released on return; await durability with
     /// [`wait_durable`](Self::wait_durable), so concurrent conditional writes share an fsync.
+    /// Refused before anything is read, as [`apply`](Self::apply) refuses.
     #[allow(clippy::too_many_arguments)]
     pub fn apply_conditional(
         &self,
@@ -430,6 +450,7 @@ impl Storage {
                 "a conditional write outside its condition's partition",
             ));
         }
+        self.check_before_writing(mutations)?;
         let store = self.store_of(token);
         let prepared = Store::prepare(mutations)?;
         let done = self.inner.stores[store].commit_conditional(
@@ -441,6 +462,9 @@ impl Storage {
             provisional,
             condition,
         )?;
+        if done.seq.is_some() {
+            self.record_written(mutations);
+        }
         Ok(ConditionalOutcome {
             ticket: done.seq.map(|seq| CommitTicket(Ticket::One { store, seq })),
             reads: done.reads,
