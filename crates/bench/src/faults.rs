@@ -1295,15 +1295,49 @@ async fn control(
     Ok(())
 }
 
-/// Reads every key with an acknowledged write at `cl`, 64 at a time.
+/// How long the final reads go on asking for keys that failed to read: a node restarted
+/// by the last fault may still be starting, and a read at ALL needs it.
+const FINAL_READ_RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// Reads every key with an acknowledged write at `cl`, 64 at a time, asking again (after a
+/// second, for up to [`FINAL_READ_RETRY_FOR`]) for the keys whose read failed: a key is
+/// unreadable only if it never read in that time.
 async fn final_reads(shared: &Arc<Shared>, cl: Consistency) -> FinalCheck {
     let mut read = shared.read.clone();
     read.set_consistency(cl);
     let read = Arc::new(read);
-    let written = shared.acks.written();
-    let mut out = Vec::with_capacity(written.len());
+    let mut pending = shared.acks.written();
+    let mut out = Vec::with_capacity(pending.len());
+    let give_up = Instant::now() + FINAL_READ_RETRY_FOR;
+    loop {
+        let round = read_keys(shared, &read, &pending).await;
+        pending.clear();
+        for r in round {
+            if r.2.is_none() && Instant::now() < give_up {
+                pending.push((r.0, r.1));
+            } else {
+                out.push(r);
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    out.sort_unstable_by_key(|r| r.0);
+    FinalCheck::of(&format!("{cl:?}").to_uppercase(), &out)
+}
+
+/// One read of each of `keys` with `read`, 64 at a time: (key, highest acknowledged, what
+/// the read returned or None when it failed).
+async fn read_keys(
+    shared: &Arc<Shared>,
+    read: &Arc<PreparedStatement>,
+    keys: &[(u64, i64)],
+) -> Vec<(u64, i64, Option<Option<i64>>)> {
+    let mut out = Vec::with_capacity(keys.len());
     let mut set = JoinSet::new();
-    for (key, acked) in written {
+    for &(key, acked) in keys {
         while set.len() >= 64 {
             if let Some(Ok(r)) = set.join_next().await {
                 out.push(r);
@@ -1327,8 +1361,7 @@ async fn final_reads(shared: &Arc<Shared>, cl: Consistency) -> FinalCheck {
             out.push(r);
         }
     }
-    out.sort_unstable_by_key(|r| r.0);
-    FinalCheck::of(&format!("{cl:?}").to_uppercase(), &out)
+    out
 }
 
 #[cfg(test)]
