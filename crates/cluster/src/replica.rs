@@ -339,7 +339,7 @@ async fn handle(engine: &Engine, message: InboundMessage) {
                 .serve_forwarded_statement(&message.body, deadline)
                 .await
         }
-        VERB_SCAN => engine.serve_scan(&message.body, deadline),
+        VERB_SCAN => engine.serve_scan(&message.body, deadline).await,
         _ => {
             message.reply_status(Status::UnknownVerb);
             return;

@@ -1435,7 +1435,7 @@ impl Engine {
     }
 
     /// Replica side of a remote scan: one storage page of a token range of a table.
-    pub fn serve_scan(
+    pub async fn serve_scan(
         &self,
         body: &Bytes,
         deadline: Instant,
@@ -1448,12 +1448,14 @@ impl Engine {
         if Instant::now() >= deadline {
             return Err(ReplicaRefusal::Expired);
         }
-        remote_read::serve_scan(self, &t, &req).map_err(|e| {
-            ReplicaRefusal::Storage(match e.message {
-                std::borrow::Cow::Borrowed(m) => m,
-                std::borrow::Cow::Owned(_) => "the scan failed",
+        remote_read::serve_scan(self, &t, &req, deadline)
+            .await
+            .map_err(|e| {
+                ReplicaRefusal::Storage(match e.message {
+                    std::borrow::Cow::Borrowed(m) => m,
+                    std::borrow::Cow::Owned(_) => "the scan failed",
+                })
             })
-        })
     }
 
     async fn execute_dynamic(

@@ -293,6 +293,9 @@ pub struct ScanRequest {
     pub row_limit: u32,
     /// "Now" in seconds, for TTL expiry.
     pub now_secs: u32,
+    /// The scan's level: ONE reads the replica's own storage; a level that needs more than
+    /// one replica has the replica reconcile the page with others as the scan's coordinator.
+    pub consistency: Consistency,
 }
 
 fn put_opt_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
@@ -539,6 +542,7 @@ pub fn encode_scan(req: &ScanRequest) -> Bytes {
     put_token_bound(&mut out, req.end);
     out.put_u32(req.row_limit);
     out.put_u32(req.now_secs);
+    out.put_u16(req.consistency as u16);
     out.freeze()
 }
 
@@ -552,6 +556,7 @@ pub fn decode_scan(body: &Bytes) -> R<ScanRequest> {
         end: r.token_bound()?,
         row_limit: r.u32()?,
         now_secs: r.u32()?,
+        consistency: Consistency::from_code(r.u16()?).ok_or(MalformedBody("bad consistency"))?,
     };
     r.finish()?;
     Ok(req)
@@ -1261,6 +1266,7 @@ mod tests {
             end: Bound::Included(99),
             row_limit: 1000,
             now_secs: 1_800_000_000,
+            consistency: Consistency::Quorum,
         };
         let body = encode_scan(&req);
         assert_eq!(decode_scan(&body).unwrap(), req);
