@@ -58,6 +58,9 @@ pub enum ReplicaVerb {
     /// Answer one storage page of a token range ([`replica_msg::encode_scan`]); the reply is
     /// [`replica_msg::encode_scan_page`].
     Scan,
+    /// Answer a slice of one partition, made consistent at the read's level first
+    /// ([`replica_msg::encode_slice`]); the reply is [`replica_msg::encode_partition_read`].
+    Slice,
 }
 
 /// Why a replica did not answer with a result.

@@ -11,17 +11,20 @@
 
 use crate::catalog::{invalid, TableDef};
 use crate::coordinator::{
-    choose_read_targets, read_failure, read_timeout, repair_partition, replication_of, requirement,
-    Replica, ReplicaError, ReplicaTransport, ReplicaVerb, Requirement, Tally, TargetState,
+    choose_read_targets, read_failure, read_timeout, reconcile_partition, repair_partition,
+    replication_of, requirement, Replica, ReplicaError, ReplicaTransport, ReplicaVerb, Requirement,
+    Tally, TargetState,
 };
-use crate::replica_msg::{self, ForwardedResult, ForwardedStatement, ScanRequest};
+use crate::replica_msg::{self, ForwardedResult, ForwardedStatement, ScanRequest, SliceRequest};
 use crate::{storage_error, Engine, Prepared, RequestContext};
 use bytes::Bytes;
 use sluice_protocol::{
     Consistency, DbError, DetailedError, QueryParameters, ResultMessage, Rows, RowsMetadata, Value,
 };
 use sluice_ring::{NodeIndex, Replication, Token, TokenMetadata};
-use sluice_storage::{PartitionRead, ScanPage, ScanStart, StorageError, TableLayout};
+use sluice_storage::{
+    ClusteringSlice, PartitionRead, ScanPage, ScanStart, StorageError, TableLayout,
+};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -809,6 +812,130 @@ fn cut_page(
         out.partitions.push(p);
     }
     Ok(out)
+}
+
+/// One slice of a partition for a read coordinated here: from storage when this node holds
+/// the partition, else from a live replica (this data center first) that makes its copy
+/// consistent at `consistency` first, as a forwarded read would. A replica that refuses or
+/// cannot be reached is replaced by the next; silence to the deadline is a Read_timeout.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn read_partition_slice(
+    engine: &Engine,
+    t: &TableDef,
+    (token, partition_key): (i64, &Bytes),
+    slice: &ClusteringSlice,
+    after: Option<&[Bytes]>,
+    want: usize,
+    now_secs: u32,
+    (consistency, deadline): (Consistency, Option<Instant>),
+) -> Result<PartitionRead, DetailedError> {
+    let local = || {
+        engine
+            .storage()
+            .read_partition(
+                &t.layout,
+                token,
+                partition_key,
+                slice,
+                after,
+                want,
+                now_secs,
+            )
+            .map_err(storage_error)
+    };
+    let Some(transport) = engine.replica_transport() else {
+        return local();
+    };
+    if reads_locally(engine, t, token) {
+        return local();
+    }
+    let ring = engine.ring();
+    let replication = replication_of(engine, t);
+    let replicas = replicas_of(&ring, &replication, token);
+    let block_for = check_available(engine, &ring, &replication, &replicas, consistency)?;
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + DEFAULT_REMOTE_READ_WAIT);
+    let body = replica_msg::encode_slice(&SliceRequest {
+        table: *t.id.as_bytes(),
+        token,
+        partition_key: partition_key.clone(),
+        slice: slice.clone(),
+        after: after.map(<[Bytes]>::to_vec),
+        row_limit: (want as u32).clamp(1, MAX_SCAN_ROWS),
+        now_secs,
+        consistency,
+    });
+    let mut tried: Vec<NodeIndex> = Vec::with_capacity(replicas.len());
+    while let Some(target) = pick_live(engine, &ring, &replicas, &tried) {
+        tried.push(target);
+        let call = transport.send(
+            replica_at(&ring, target),
+            ReplicaVerb::Slice,
+            body.clone(),
+            deadline,
+        );
+        match call.await {
+            Ok(reply) => {
+                return replica_msg::decode_partition_read(&reply)
+                    .map_err(|_| remote_failure(consistency, block_for, tried.len()))
+            }
+            Err(ReplicaError::Timeout) => return Err(remote_timeout(consistency, block_for)),
+            Err(_) => continue,
+        }
+    }
+    Err(remote_failure(consistency, block_for, tried.len()))
+}
+
+/// Replica side of a partition slice: the partition made consistent at the read's level
+/// here, then read, with fewer rows when the answer would not fit a frame.
+pub(crate) async fn serve_slice(
+    engine: &Engine,
+    t: &TableDef,
+    req: &SliceRequest,
+    deadline: Instant,
+) -> Result<Bytes, DetailedError> {
+    if !reads_locally(engine, t, req.token) {
+        return Err(invalid("this node is not a replica of the partition"));
+    }
+    if let Some(transport) = engine.replica_transport() {
+        let ctx = RequestContext {
+            deadline: Some(forwarded_deadline(deadline)),
+            now_micros: i64::from(req.now_secs) * 1_000_000,
+            ack_barrier: None,
+        };
+        reconcile_partition(
+            engine,
+            transport,
+            t,
+            req.token,
+            &req.partition_key,
+            req.consistency,
+            &ctx,
+        )
+        .await?;
+    }
+    let mut limit = req.row_limit.clamp(1, MAX_SCAN_ROWS) as usize;
+    loop {
+        let read = engine
+            .storage()
+            .read_partition(
+                &t.layout,
+                req.token,
+                &req.partition_key,
+                &req.slice,
+                req.after.as_deref(),
+                limit,
+                req.now_secs,
+            )
+            .map_err(storage_error)?;
+        let body = replica_msg::encode_partition_read(&read);
+        if body.len() <= MAX_SCAN_REPLY_BYTES {
+            return Ok(body);
+        }
+        if limit == 1 {
+            return Err(invalid("A row is too large to send between nodes"));
+        }
+        limit = (limit / 4).max(1);
+    }
 }
 
 /// Replica side of a remote scan: one storage page of the range asked for, with fewer rows

@@ -88,6 +88,7 @@ impl ReplicaTransport for FakeTransport {
                             engine.serve_forwarded_statement(&body, deadline).await
                         }
                         ReplicaVerb::Scan => engine.serve_scan(&body, deadline).await,
+                        ReplicaVerb::Slice => engine.serve_slice(&body, deadline).await,
                     };
                     result.map_err(|_| ReplicaError::Refused)
                 }
@@ -1641,6 +1642,30 @@ async fn a_non_replica_has_a_replica_reconcile_the_ranges_it_does_not_hold() {
     let q = format!("INSERT INTO k2.t (pk, ck, v) VALUES ({missed}, 0, 'missed')");
     trio.run(2, &q, Consistency::One).await.unwrap();
     trio.transport.set(host(2), Behaviour::Serve);
+    // An IN with a partition node 1 holds: the other is read on node 2, which at QUORUM
+    // first reconciles it with node 3 (and is repaired by it).
+    let held = (0..12)
+        .find(|&pk| replicas(pk).contains(&host(1)))
+        .expect("a partition on node 1");
+    let q = format!("SELECT pk, ck, v FROM k2.t WHERE pk IN ({missed}, {held})");
+    let in_one = pk_ck_v(&rows_of(trio.run(0, &q, Consistency::One).await));
+    assert_eq!(in_one, vec![(held, 0, "a".into())]);
+    let in_quorum = pk_ck_v(&rows_of(trio.run(0, &q, Consistency::Quorum).await));
+    assert_eq!(in_quorum.len(), 2, "{in_quorum:?}");
+    assert!(in_quorum.contains(&(missed, 0, "missed".into())));
+    assert_eq!(trio.nodes[1].engine.read_repairs(), 1);
+    // Undo node 2's repair so that the scans below find it stale again.
+    trio.nodes[1]
+        .engine
+        .storage()
+        .truncate(*uuid::Uuid::parse_str(RF1_TABLE_ID).unwrap().as_bytes())
+        .unwrap();
+    for pk in 0..12 {
+        if replicas(pk).contains(&host(2)) {
+            let q = format!("INSERT INTO k2.t (pk, ck, v) VALUES ({pk}, 0, 'a')");
+            trio.run(0, &q, Consistency::All).await.unwrap();
+        }
+    }
     let scan = "SELECT pk, ck, v FROM k2.t";
     let one = pk_ck_v(&all_pages(&mut trio, scan, Consistency::One, 5).await);
     assert_eq!(
@@ -1660,4 +1685,86 @@ async fn a_non_replica_has_a_replica_reconcile_the_ranges_it_does_not_hold() {
     );
     let one = pk_ck_v(&all_pages(&mut trio, scan, Consistency::One, 5).await);
     assert_eq!(one.len(), 13, "node 2 was repaired");
+}
+
+#[tokio::test]
+async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives() {
+    let mut trio = trio_rf1(30).await;
+    let (on1, on2, on3) = (pk_on(&trio, 1), pk_on(&trio, 2), pk_on(&trio, 3));
+    // The rows in the IN's order (as one node answers), each partition's rows by ck.
+    let order = [on3, on1, on2];
+    let want: Vec<String> = order
+        .iter()
+        .flat_map(|pk| (0..3).map(move |ck| format!("{pk}-{ck}")))
+        .collect();
+    let q = format!("SELECT pk, ck, v FROM k1.t WHERE pk IN ({on3}, {on1}, {on2}, {on3})");
+    let texts = |rows: &[Vec<Option<Bytes>>]| rows.iter().map(|r| ctext(&r[2])).collect::<Vec<_>>();
+    let rows = rows_of(trio.run(0, &q, Consistency::One).await);
+    assert_eq!(texts(&rows), want);
+    let slices = |trio: &Trio| {
+        trio.transport
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| *v == ReplicaVerb::Slice)
+            .count()
+    };
+    assert!(
+        slices(&trio) >= 2,
+        "the partitions of nodes 2 and 3 were read there"
+    );
+    assert_eq!(selects_sent(&trio), 0, "nothing forwarded whole");
+    // Paged two rows at a time: the same rows in the same order.
+    for page in [1, 2, 4] {
+        let rows = all_pages(&mut trio, &q, Consistency::One, page).await;
+        assert_eq!(texts(&rows), want, "page size {page}");
+    }
+    // LIMIT and PER PARTITION LIMIT count across the partitions, in order.
+    let rows = rows_of(trio.run(0, &format!("{q} LIMIT 4"), Consistency::One).await);
+    assert_eq!(texts(&rows), want[..4]);
+    let rows = rows_of(
+        trio.run(0, &format!("{q} PER PARTITION LIMIT 1"), Consistency::One)
+            .await,
+    );
+    let firsts: Vec<String> = order.iter().map(|pk| format!("{pk}-0")).collect();
+    assert_eq!(texts(&rows), firsts);
+    let rows = all_pages(
+        &mut trio,
+        &format!("{q} PER PARTITION LIMIT 2 LIMIT 5"),
+        Consistency::One,
+        2,
+    )
+    .await;
+    let two_each: Vec<String> = order
+        .iter()
+        .flat_map(|pk| (0..2).map(move |ck| format!("{pk}-{ck}")))
+        .take(5)
+        .collect();
+    assert_eq!(texts(&rows), two_each);
+    // An aggregate and an ORDER BY over the IN.
+    let count = format!("SELECT COUNT(*) FROM k1.t WHERE pk IN ({on1}, {on2}, {on3})");
+    let rows = rows_of(trio.run(0, &count, Consistency::One).await);
+    assert_eq!(cbig(&rows[0][0]), 9);
+    let ordered =
+        format!("SELECT pk, ck, v FROM k1.t WHERE pk IN ({on3}, {on1}, {on2}) ORDER BY ck DESC");
+    let rows = rows_of(trio.run(0, &ordered, Consistency::One).await);
+    let by_ck: Vec<String> = (0..3)
+        .rev()
+        .flat_map(|ck| order.iter().map(move |pk| format!("{pk}-{ck}")))
+        .collect();
+    assert_eq!(texts(&rows), by_ck);
+    // The only replica of one partition refuses: Read_failure with its counts.
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = error_of(trio.run(0, &q, Consistency::One).await);
+    assert_eq!(
+        e,
+        DbError::ReplicaReadFailure {
+            consistency: Consistency::One,
+            received: 0,
+            block_for: 1,
+            failures: 1,
+            data_present: false,
+        }
+    );
 }
