@@ -4,10 +4,13 @@
 //! whole and bound, to a live replica (an LWT, SERIAL read or transaction to a live replica of
 //! every partition it reads), which runs it as the coordinator (digests, read repair,
 //! paging) and answers its rows or its error: the client sees exactly what a replica
-//! coordinator would have answered. A scan (no partition key) walks the token ring in order
-//! and reads each run of ranges from this node when it is a replica of them, else from one
-//! live replica, as storage pages; filtering, aggregates and paging stay here, so a page
-//! resumes from its token on whichever node holds the next range.
+//! coordinator would have answered. The partitions of a multi-partition IN that this node
+//! does not hold are read slice by slice from one of their replicas, which reconciles its
+//! copy at the level first. A scan (no partition key) walks the token ring in order and reads
+//! each run of ranges from this node when it is a replica of them, else from one live
+//! replica, as storage pages; at a level above one, the pages of blockFor replicas are
+//! reconciled. Filtering, aggregates and paging stay here, so a page resumes from its token
+//! on whichever node holds the next range.
 
 use crate::catalog::{invalid, TableDef};
 use crate::coordinator::{

@@ -20,7 +20,9 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{create_simple_keyspace, session_without_retries, Ports, ServeNode};
+use common::cluster::{
+    create_simple_keyspace, session_without_retries, token_replicas, Ports, ServeNode,
+};
 
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -88,7 +90,10 @@ async fn all_rows(
         assert!(n < 1000, "{q}: paging did not end");
         let (result, next) = page_of(session, &prepared, (), &state).await?;
         let result = result.into_rows_result().unwrap();
-        assert!(result.rows_num() <= page as usize, "a page holds at most its size");
+        assert!(
+            result.rows_num() <= page as usize,
+            "a page holds at most its size"
+        );
         for row in result.rows::<(i32, i32, String)>().unwrap() {
             rows.push(row.unwrap());
         }
@@ -184,7 +189,10 @@ async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
     let node1 = session_without_retries(ports.cql_of(1)).await;
     let count_q = "SELECT COUNT(*) FROM r3.t";
     let stale = count(&node1, count_q, Consistency::One).await.unwrap();
-    assert_eq!(stale, 0, "node 1 holds none of the rows written while it was down");
+    assert_eq!(
+        stale, 0,
+        "node 1 holds none of the rows written while it was down"
+    );
     let scan = "SELECT pk, ck, v FROM r3.t";
     assert!(all_rows(&node1, scan, Consistency::One, 7)
         .await
@@ -205,7 +213,9 @@ async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
     assert_eq!(counted, 60);
     // The reconciled pages repaired node 1's copy: ONE now reads every row there.
     assert_eq!(count(&node1, count_q, Consistency::One).await.unwrap(), 60);
-    let rows = all_rows(&node1, scan, Consistency::Quorum, 7).await.unwrap();
+    let rows = all_rows(&node1, scan, Consistency::Quorum, 7)
+        .await
+        .unwrap();
     let unique: BTreeSet<_> = rows.iter().cloned().collect();
     assert_eq!(unique.len(), rows.len(), "a row came twice");
     assert_eq!(unique, want);
@@ -279,6 +289,19 @@ async fn an_in_across_nodes_answers_every_row_in_its_order_through_any_node() {
         .iter()
         .flat_map(|&pk| (0..3).map(move |ck| (pk, ck, format!("{pk}-{ck}"))))
         .collect();
+    // Their replicas: more than one node, so that no node holds every partition of the IN.
+    let mut owners = BTreeSet::new();
+    for pk in order {
+        let rows = pinned[0]
+            .query_unpaged("SELECT token(pk) FROM r1.t WHERE pk = ? LIMIT 1", (pk,))
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap();
+        let (token,): (i64,) = rows.first_row().unwrap();
+        owners.extend(token_replicas(&pinned[0], "r1", token).await);
+    }
+    assert!(owners.len() > 1, "the IN's partitions live on {owners:?}");
     let rr = round_robin_session(&addrs).await;
     for (label, session) in [
         ("node 1", &pinned[0]),
