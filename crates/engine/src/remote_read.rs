@@ -680,8 +680,9 @@ async fn reconciled_page(
     // Each partition as each target holds it before the cut, by its storage key.
     let mut views: std::collections::BTreeMap<Vec<u8>, HeldBy> = std::collections::BTreeMap::new();
     let targets_n = pages.len() + 1;
-    for (i, page) in std::iter::once(&local).chain(&pages).enumerate() {
-        let page = cut_page(layout, page.clone(), start, cut).map_err(storage_error)?;
+    // The peers' pages are not needed after this; this node's may be the answer.
+    for (i, page) in std::iter::once(local.clone()).chain(pages).enumerate() {
+        let page = cut_page(layout, page, start, cut).map_err(storage_error)?;
         for p in page.partitions {
             let key = sluice_storage::keycodec::partition_prefix(p.token, &p.partition_key);
             let entry = views
