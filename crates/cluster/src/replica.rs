@@ -24,7 +24,9 @@ use sluice_ring::{NodeState, TokenMetadata};
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use crate::verbs::{VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_SCAN, VERB_SELECT, VERB_TRUNCATE};
+use crate::verbs::{
+    VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_SCAN, VERB_SELECT, VERB_SLICE, VERB_TRUNCATE,
+};
 
 /// Replica requests this node runs at once; more are refused at arrival.
 pub const MAX_REPLICA_IN_FLIGHT: usize = 1024;
@@ -70,6 +72,7 @@ pub const fn verb_of(verb: ReplicaVerb) -> u16 {
         ReplicaVerb::Truncate => VERB_TRUNCATE,
         ReplicaVerb::Select => VERB_SELECT,
         ReplicaVerb::Scan => VERB_SCAN,
+        ReplicaVerb::Slice => VERB_SLICE,
     }
 }
 
@@ -339,7 +342,8 @@ async fn handle(engine: &Engine, message: InboundMessage) {
                 .serve_forwarded_statement(&message.body, deadline)
                 .await
         }
-        VERB_SCAN => engine.serve_scan(&message.body, deadline),
+        VERB_SCAN => engine.serve_scan(&message.body, deadline).await,
+        VERB_SLICE => engine.serve_slice(&message.body, deadline).await,
         _ => {
             message.reply_status(Status::UnknownVerb);
             return;

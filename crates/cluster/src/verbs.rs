@@ -39,6 +39,11 @@ pub const VERB_SELECT: u16 = FIRST_APPLICATION_VERB + 14;
 /// `ConnectionClass::Requests` (`sluice_engine::replica_msg::encode_scan`).
 pub const VERB_SCAN: u16 = FIRST_APPLICATION_VERB + 15;
 
+/// A slice of one partition for a coordinator that holds no copy of it, read once this
+/// replica made its copy consistent at the read's level, on `ConnectionClass::Requests`
+/// (`sluice_engine::replica_msg::encode_slice`).
+pub const VERB_SLICE: u16 = FIRST_APPLICATION_VERB + 16;
+
 /// A chunk of a token range of a table, on `ConnectionClass::Bulk`: the body names the
 /// table, the range and the key to resume after; the reply carries the records (see
 /// `crate::streaming`).
@@ -58,7 +63,7 @@ pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
 pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
 
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 12] = [
+pub const ALL: [u16; 13] = [
     VERB_RAFT,
     VERB_JOIN,
     VERB_MUTATION,
@@ -67,6 +72,7 @@ pub const ALL: [u16; 12] = [
     VERB_TRUNCATE,
     VERB_SELECT,
     VERB_SCAN,
+    VERB_SLICE,
     VERB_STREAM_FETCH,
     VERB_STREAM_GAINS,
     VERB_NODE_LOAD,

@@ -58,6 +58,9 @@ pub enum ReplicaVerb {
     /// Answer one storage page of a token range ([`replica_msg::encode_scan`]); the reply is
     /// [`replica_msg::encode_scan_page`].
     Scan,
+    /// Answer a slice of one partition, made consistent at the read's level first
+    /// ([`replica_msg::encode_slice`]); the reply is [`replica_msg::encode_partition_read`].
+    Slice,
 }
 
 /// Why a replica did not answer with a result.
@@ -694,35 +697,7 @@ pub(crate) async fn reconcile_partition(
         .collect();
     let alive: Vec<(u16, bool)> = liveness.iter().map(|&(_, dc, up)| (dc, up)).collect();
     req.check_alive(&alive).map_err(unavailable)?;
-    // The targets: this node first, then live replicas that help meet the level.
-    let mut chosen: Vec<(NodeIndex, u16)> = Vec::with_capacity(req.block_for as usize);
-    let mut tally = Tally {
-        req: req.clone(),
-        targets: Vec::new(),
-    };
-    let my_dc = ring.dc_of(me);
-    for &(r, dc, up) in std::iter::once(&(me, my_dc, true)).chain(liveness.iter()) {
-        if !up || chosen.iter().any(|(x, _)| *x == r) {
-            continue;
-        }
-        let helps = if tally.req.per_dc.is_empty() {
-            tally.req.counts(dc)
-        } else {
-            tally
-                .req
-                .per_dc
-                .iter()
-                .any(|&(d, need)| d == dc && tally.count(Some(d), TargetState::Acked) < need)
-        };
-        if r != me && !helps {
-            continue;
-        }
-        chosen.push((r, dc));
-        tally.targets.push((dc, TargetState::Acked));
-        if tally.met() {
-            break;
-        }
-    }
+    let (mut chosen, mut tally) = choose_read_targets(&req, me, ring.dc_of(me), &liveness);
     if chosen.len() <= 1 {
         // ONE / LOCAL_ONE on a replica: the local read is the answer.
         return Ok(());
@@ -745,7 +720,7 @@ pub(crate) async fn reconcile_partition(
             internode: node.internode_address,
         }
     };
-    let mut request = ReadRequest {
+    let request = ReadRequest {
         kind: ReadKind::Digest,
         table: *t.id.as_bytes(),
         token,
@@ -822,36 +797,111 @@ pub(crate) async fn reconcile_partition(
     if stale.is_empty() || t.is_counter() {
         return Ok(());
     }
-    // Blocking read repair: the differing replicas' data merged here, then the merged
-    // partition written back to them, all before the read answers.
-    request.kind = ReadKind::Data;
+    let stale: Vec<NodeIndex> = stale.iter().map(|&slot| chosen[slot].0).collect();
+    repair_partition(
+        engine,
+        transport,
+        &ring,
+        t,
+        (token, partition_key),
+        &stale,
+        &tally,
+        deadline,
+        ctx.ack_barrier,
+    )
+    .await
+}
+
+/// The replicas a read at `req` asks: this node first, then live replicas (`liveness`:
+/// index, data center, up) that help meet the level, with their tally (all acknowledged).
+pub(crate) fn choose_read_targets(
+    req: &Requirement,
+    me: NodeIndex,
+    my_dc: u16,
+    liveness: &[(NodeIndex, u16, bool)],
+) -> (Vec<(NodeIndex, u16)>, Tally) {
+    // The targets: this node first, then live replicas that help meet the level.
+    let mut chosen: Vec<(NodeIndex, u16)> = Vec::with_capacity(req.block_for as usize);
+    let mut tally = Tally {
+        req: req.clone(),
+        targets: Vec::new(),
+    };
+    for &(r, dc, up) in std::iter::once(&(me, my_dc, true)).chain(liveness.iter()) {
+        if !up || chosen.iter().any(|(x, _)| *x == r) {
+            continue;
+        }
+        let helps = if tally.req.per_dc.is_empty() {
+            tally.req.counts(dc)
+        } else {
+            tally
+                .req
+                .per_dc
+                .iter()
+                .any(|&(d, need)| d == dc && tally.count(Some(d), TargetState::Acked) < need)
+        };
+        if r != me && !helps {
+            continue;
+        }
+        chosen.push((r, dc));
+        tally.targets.push((dc, TargetState::Acked));
+        if tally.met() {
+            break;
+        }
+    }
+    (chosen, tally)
+}
+
+/// Blocking read repair of one partition, shared by single-partition reads and scans: the
+/// raw partitions of the `stale` replicas are merged into this node's copy by storage's
+/// last-write-wins merge, then the merged partition is written back to them, all before the
+/// read answers. Errors carry `tally`'s counts.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn repair_partition(
+    engine: &Engine,
+    transport: &std::sync::Arc<dyn ReplicaTransport>,
+    ring: &TokenMetadata,
+    t: &TableDef,
+    (token, partition_key): (i64, &Bytes),
+    stale: &[NodeIndex],
+    tally: &Tally,
+    deadline: Instant,
+    ack_barrier: Option<sluice_storage::AckBarrierHeld>,
+) -> Result<(), DetailedError> {
+    let to_replica = |r: NodeIndex| {
+        let node = ring.node(r);
+        Replica {
+            host_id: node.host_id,
+            internode: node.internode_address,
+        }
+    };
+    let request = ReadRequest {
+        kind: ReadKind::Data,
+        table: *t.id.as_bytes(),
+        token,
+        partition_key: partition_key.clone(),
+    };
     let body = replica_msg::encode_read(&request);
     let mut datas = JoinSet::new();
-    for &slot in &stale {
-        let call = transport.send(
-            to_replica(chosen[slot].0),
-            ReplicaVerb::Read,
-            body.clone(),
-            deadline,
-        );
+    for &r in stale {
+        let call = transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline);
         datas.spawn(call);
     }
     let layout = &t.layout;
     while let Some(joined) = tokio::time::timeout_at(deadline.into(), datas.join_next())
         .await
-        .map_err(|_| read_timeout(&tally, true))?
+        .map_err(|_| read_timeout(tally, true))?
     {
         let reply = match joined {
             Ok(Ok(reply)) => reply,
-            Ok(Err(ReplicaError::Timeout)) | Err(_) => return Err(read_timeout(&tally, true)),
-            Ok(Err(_)) => return Err(read_failure(&tally, true)),
+            Ok(Err(ReplicaError::Timeout)) | Err(_) => return Err(read_timeout(tally, true)),
+            Ok(Err(_)) => return Err(read_failure(tally, true)),
         };
-        let raw = replica_msg::decode_raw(&reply).map_err(|_| read_failure(&tally, true))?;
+        let raw = replica_msg::decode_raw(&reply).map_err(|_| read_failure(tally, true))?;
         let ticket = engine
             .storage()
             .apply_raw_partition(layout, token, partition_key, &raw)
             .map_err(read_storage_error)?;
-        crate::write::wait_until_durable(engine, ticket, ctx.ack_barrier).await?;
+        crate::write::wait_until_durable(engine, ticket, ack_barrier).await?;
     }
     let merged = engine
         .storage()
@@ -864,23 +914,18 @@ pub(crate) async fn reconcile_partition(
         raw: merged,
     });
     let mut repairs = JoinSet::new();
-    for &slot in &stale {
-        let call = transport.send(
-            to_replica(chosen[slot].0),
-            ReplicaVerb::Repair,
-            body.clone(),
-            deadline,
-        );
+    for &r in stale {
+        let call = transport.send(to_replica(r), ReplicaVerb::Repair, body.clone(), deadline);
         repairs.spawn(call);
     }
     while let Some(joined) = tokio::time::timeout_at(deadline.into(), repairs.join_next())
         .await
-        .map_err(|_| read_timeout(&tally, true))?
+        .map_err(|_| read_timeout(tally, true))?
     {
         match joined {
             Ok(Ok(_)) => {}
-            Ok(Err(ReplicaError::Timeout)) | Err(_) => return Err(read_timeout(&tally, true)),
-            Ok(Err(_)) => return Err(read_failure(&tally, true)),
+            Ok(Err(ReplicaError::Timeout)) | Err(_) => return Err(read_timeout(tally, true)),
+            Ok(Err(_)) => return Err(read_failure(tally, true)),
         }
     }
     engine.count_read_repair();

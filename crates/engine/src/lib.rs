@@ -1330,11 +1330,12 @@ impl Engine {
             let cluster = self.cluster.is_multi_node();
             if cluster && !s.table.is_virtual() && s.where_.pk_complete() {
                 let keys = exec::partition_keys(b, &s.table, &s.where_)?;
-                if may_forward {
-                    let remote = keys
-                        .iter()
-                        .find(|pk| !remote_read::reads_locally(self, &s.table, pk.token));
-                    if let Some(pk) = remote {
+                // One partition this node does not hold: the statement runs on a replica. Of
+                // several (an IN), each that is not here is read on one of its replicas
+                // (`remote_read::read_partition_slice`), each that is here is reconciled here.
+                if may_forward && keys.len() == 1 {
+                    let pk = &keys[0];
+                    if !remote_read::reads_locally(self, &s.table, pk.token) {
                         return Box::pin(remote_read::forward_select(
                             self, transport, p, &s.table, pk.token, values, params, ctx,
                         ))
@@ -1342,6 +1343,9 @@ impl Engine {
                     }
                 }
                 for pk in keys {
+                    if !remote_read::reads_locally(self, &s.table, pk.token) {
+                        continue;
+                    }
                     // Boxed: a single node's read future stays as small as it was.
                     Box::pin(coordinator::reconcile_partition(
                         self,
@@ -1435,7 +1439,7 @@ impl Engine {
     }
 
     /// Replica side of a remote scan: one storage page of a token range of a table.
-    pub fn serve_scan(
+    pub async fn serve_scan(
         &self,
         body: &Bytes,
         deadline: Instant,
@@ -1448,12 +1452,39 @@ impl Engine {
         if Instant::now() >= deadline {
             return Err(ReplicaRefusal::Expired);
         }
-        remote_read::serve_scan(self, &t, &req).map_err(|e| {
-            ReplicaRefusal::Storage(match e.message {
-                std::borrow::Cow::Borrowed(m) => m,
-                std::borrow::Cow::Owned(_) => "the scan failed",
+        remote_read::serve_scan(self, &t, &req, deadline)
+            .await
+            .map_err(|e| {
+                ReplicaRefusal::Storage(match e.message {
+                    std::borrow::Cow::Borrowed(m) => m,
+                    std::borrow::Cow::Owned(_) => "the scan failed",
+                })
             })
-        })
+    }
+
+    /// Replica side of a partition slice: this node's copy of one partition made consistent
+    /// at the read's level, then the slice asked for.
+    pub async fn serve_slice(
+        &self,
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Bytes, coordinator::ReplicaRefusal> {
+        use coordinator::ReplicaRefusal;
+        let req = replica_msg::decode_slice(body).map_err(|e| ReplicaRefusal::Malformed(e.0))?;
+        let t = self
+            .table_by_id(&req.table)
+            .ok_or(ReplicaRefusal::UnknownTable)?;
+        if Instant::now() >= deadline {
+            return Err(ReplicaRefusal::Expired);
+        }
+        remote_read::serve_slice(self, &t, &req, deadline)
+            .await
+            .map_err(|e| {
+                ReplicaRefusal::Storage(match e.message {
+                    std::borrow::Cow::Borrowed(m) => m,
+                    std::borrow::Cow::Owned(_) => "the partition read failed",
+                })
+            })
     }
 
     async fn execute_dynamic(

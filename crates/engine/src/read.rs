@@ -6,7 +6,7 @@ use crate::codec;
 use crate::exec::{self, Binder, R};
 use crate::paging::{PagingState, Position};
 use crate::result::RowsBuilder;
-use crate::{storage_error, system, Engine, Prepared, RequestContext};
+use crate::{system, Engine, Prepared, RequestContext};
 use bytes::Bytes;
 use sluice_cql::ast::Operator;
 use sluice_protocol::{DetailedError, QueryParameters, ResultMessage};
@@ -789,13 +789,18 @@ async fn select_applied(
         if page_size.is_some() {
             return Err(invalid("Cannot page queries with both ORDER BY and a IN restriction on the partition key; you must either remove the ORDER BY or the IN and sort client side, or disable paging for this query"));
         }
-        read_in_ordered(engine, s, b, &mut out, limit, ppl, now_secs)?;
+        let level = (budget.consistency, budget.deadline);
+        Box::pin(read_in_ordered(
+            engine, s, b, &mut out, limit, ppl, now_secs, level,
+        ))
+        .await?;
         None
     } else {
         let mut resume = state;
         loop {
             let pos = if s.where_.pk_complete() {
-                read_partitions(
+                // Boxed: a partition read's future stays as small as it was.
+                Box::pin(read_partitions(
                     engine,
                     s,
                     b,
@@ -804,7 +809,8 @@ async fn select_applied(
                     ppl,
                     resume.as_ref(),
                     now_secs,
-                )?
+                ))
+                .await?
             } else {
                 // Boxed: a partition read's future stays as small as it was.
                 Box::pin(scan(
@@ -868,14 +874,16 @@ async fn select_applied(
 
 /// `pk IN (...) ORDER BY ck`: reads every partition, then merges rows in clustering
 /// order (unpaged only, as in Cassandra).
-fn read_in_ordered(
+#[allow(clippy::too_many_arguments)]
+async fn read_in_ordered(
     engine: &Engine,
     s: &SelectPlan,
-    b: &Binder,
-    out: &mut Out,
+    b: &Binder<'_>,
+    out: &mut Out<'_>,
     limit: Option<usize>,
     ppl: Option<usize>,
     now_secs: u32,
+    level: (sluice_protocol::Consistency, Option<std::time::Instant>),
 ) -> Result<(), DetailedError> {
     let t = &*s.table;
     let keys = exec::partition_keys(b, t, &s.where_)?;
@@ -894,18 +902,18 @@ fn read_in_ordered(
         let mut ppl_left = ppl;
         let mut after: Option<Vec<Bytes>> = None;
         loop {
-            let read = engine
-                .storage
-                .read_partition(
-                    &t.layout,
-                    pk.token,
-                    &pk.key,
-                    &slice,
-                    after.as_deref(),
-                    CHUNK,
-                    now_secs,
-                )
-                .map_err(storage_error)?;
+            // A partition this node does not hold is read on one of its replicas.
+            let read = crate::remote_read::read_partition_slice(
+                engine,
+                t,
+                (pk.token, &pk.key),
+                &slice,
+                after.as_deref(),
+                CHUNK,
+                now_secs,
+                level,
+            )
+            .await?;
             for row in &read.rows {
                 after = Some(row.clustering.clone());
                 if ppl_left == Some(0) {
@@ -1008,11 +1016,11 @@ fn static_only_allowed(s: &SelectPlan) -> bool {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn read_partitions(
+async fn read_partitions(
     engine: &Engine,
     s: &SelectPlan,
-    b: &Binder,
-    out: &mut Out,
+    b: &Binder<'_>,
+    out: &mut Out<'_>,
     budget: &mut Budget,
     ppl: Option<usize>,
     state: Option<&PagingState>,
@@ -1046,18 +1054,18 @@ fn read_partitions(
         loop {
             budget.check_deadline()?;
             let want = budget.want(ppl_left, filtering);
-            let read = engine
-                .storage
-                .read_partition(
-                    &t.layout,
-                    pk.token,
-                    &pk.key,
-                    &slice,
-                    after_here.as_deref(),
-                    want,
-                    now_secs,
-                )
-                .map_err(storage_error)?;
+            // A partition this node does not hold is read on one of its replicas.
+            let read = crate::remote_read::read_partition_slice(
+                engine,
+                t,
+                (pk.token, &pk.key),
+                &slice,
+                after_here.as_deref(),
+                want,
+                now_secs,
+                (budget.consistency, budget.deadline),
+            )
+            .await?;
             if after_here.is_none() && read.rows.is_empty() {
                 if let (true, Some(st)) = (static_only_allowed(s), read.static_row.as_ref()) {
                     let src = StoredRow {

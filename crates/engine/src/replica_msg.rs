@@ -5,8 +5,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use sluice_protocol::{Consistency, DbError, DetailedError, OperationType, Value, WriteType};
 use sluice_storage::{
-    CellValue, CellWrite, Liveness, Mutation, PartitionRead, RangeDeletion, RawPartition, ReadCell,
-    ReadRow, RowMutation, ScanPage, ScanStart, ScannedPartition,
+    CellValue, CellWrite, ClusteringSlice, Liveness, Mutation, PartitionRead, RangeDeletion,
+    RawPartition, ReadCell, ReadRow, RowMutation, ScanPage, ScanStart, ScannedPartition,
 };
 use std::ops::Bound;
 
@@ -293,6 +293,31 @@ pub struct ScanRequest {
     pub row_limit: u32,
     /// "Now" in seconds, for TTL expiry.
     pub now_secs: u32,
+    /// The scan's level: ONE reads the replica's own storage; a level that needs more than
+    /// one replica has the replica reconcile the page with others as the scan's coordinator.
+    pub consistency: Consistency,
+}
+
+/// A slice of one partition for a coordinator that holds no copy of it (a partition of a
+/// multi-partition IN): the replica makes its copy consistent at `consistency`, then reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceRequest {
+    /// The table's id.
+    pub table: [u8; 16],
+    /// The partition's token.
+    pub token: i64,
+    /// The partition key.
+    pub partition_key: Bytes,
+    /// Which rows, in which order.
+    pub slice: ClusteringSlice,
+    /// Resume strictly after this clustering key.
+    pub after: Option<Vec<Bytes>>,
+    /// Most rows in the answer.
+    pub row_limit: u32,
+    /// "Now" in seconds, for TTL expiry.
+    pub now_secs: u32,
+    /// The read's level, which the replica reconciles its copy at.
+    pub consistency: Consistency,
 }
 
 fn put_opt_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
@@ -539,6 +564,7 @@ pub fn encode_scan(req: &ScanRequest) -> Bytes {
     put_token_bound(&mut out, req.end);
     out.put_u32(req.row_limit);
     out.put_u32(req.now_secs);
+    out.put_u16(req.consistency as u16);
     out.freeze()
 }
 
@@ -552,9 +578,79 @@ pub fn decode_scan(body: &Bytes) -> R<ScanRequest> {
         end: r.token_bound()?,
         row_limit: r.u32()?,
         now_secs: r.u32()?,
+        consistency: Consistency::from_code(r.u16()?).ok_or(MalformedBody("bad consistency"))?,
     };
     r.finish()?;
     Ok(req)
+}
+
+/// Encodes a partition slice request.
+pub fn encode_slice(req: &SliceRequest) -> Bytes {
+    let mut out = BytesMut::with_capacity(64 + req.partition_key.len());
+    out.put_u8(VERSION);
+    out.put_slice(&req.table);
+    out.put_i64(req.token);
+    put_bytes(&mut out, &req.partition_key);
+    out.put_u32(req.slice.ranges.len() as u32);
+    for (lo, hi) in &req.slice.ranges {
+        put_bound(&mut out, lo);
+        put_bound(&mut out, hi);
+    }
+    out.put_u8(u8::from(req.slice.reversed));
+    put_option(&mut out, req.after.as_deref(), put_values);
+    out.put_u32(req.row_limit);
+    out.put_u32(req.now_secs);
+    out.put_u16(req.consistency as u16);
+    out.freeze()
+}
+
+/// Decodes a partition slice request.
+pub fn decode_slice(body: &Bytes) -> R<SliceRequest> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let table = r.array16()?;
+    let token = r.i64()?;
+    let partition_key = r.bytes()?;
+    let ranges = r.list(2, |r| Ok((r.bound()?, r.bound()?)))?;
+    let reversed = r.bool()?;
+    let req = SliceRequest {
+        table,
+        token,
+        partition_key,
+        slice: ClusteringSlice { ranges, reversed },
+        after: r.option("bad option flag", Reader::values)?,
+        row_limit: r.u32()?,
+        now_secs: r.u32()?,
+        consistency: r.consistency()?,
+    };
+    r.finish()?;
+    Ok(req)
+}
+
+/// Encodes a partition slice (a slice request's answer).
+pub fn encode_partition_read(read: &PartitionRead) -> Bytes {
+    let mut out = BytesMut::with_capacity(256);
+    out.put_u8(VERSION);
+    put_option(&mut out, read.static_row.as_ref(), put_read_row);
+    out.put_u32(read.rows.len() as u32);
+    for row in &read.rows {
+        put_read_row(&mut out, row);
+    }
+    out.put_u8(u8::from(read.more));
+    out.freeze()
+}
+
+/// Decodes a partition slice.
+pub fn decode_partition_read(body: &Bytes) -> R<PartitionRead> {
+    let mut r = Reader::new(body);
+    r.version()?;
+    let read = PartitionRead {
+        static_row: r.option("bad static flag", Reader::read_row)?,
+        rows: r.list(7, Reader::read_row)?,
+        more: r.bool()?,
+    };
+    r.finish()?;
+    Ok(read)
 }
 
 /// Encodes a scan page (a scan's answer).
@@ -1250,6 +1346,55 @@ mod tests {
     }
 
     #[test]
+    fn partition_slices_and_their_answers_round_trip() {
+        let req = SliceRequest {
+            table: [4; 16],
+            token: 12,
+            partition_key: Bytes::from_static(b"pk"),
+            slice: ClusteringSlice {
+                ranges: vec![
+                    (
+                        Bound::Included(vec![Bytes::from_static(b"a")]),
+                        Bound::Unbounded,
+                    ),
+                    (Bound::Unbounded, Bound::Excluded(vec![Bytes::new()])),
+                ],
+                reversed: true,
+            },
+            after: Some(vec![Bytes::from_static(b"c")]),
+            row_limit: 100,
+            now_secs: 1_800_000_000,
+            consistency: Consistency::LocalQuorum,
+        };
+        let body = encode_slice(&req);
+        assert_eq!(decode_slice(&body).unwrap(), req);
+        for cut in 0..body.len() {
+            assert!(decode_slice(&body.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let row = |ck: &'static [u8]| ReadRow {
+            clustering: vec![Bytes::from_static(ck)],
+            cells: vec![ReadCell {
+                column: 1,
+                path: None,
+                value: Bytes::from_static(b"v"),
+                timestamp: 7,
+                expiry: Some((9, 2)),
+            }],
+            has_liveness: true,
+        };
+        let read = PartitionRead {
+            static_row: Some(row(b"")),
+            rows: vec![row(b"a"), row(b"b")],
+            more: true,
+        };
+        let body = encode_partition_read(&read);
+        assert_eq!(decode_partition_read(&body).unwrap(), read);
+        for cut in 0..body.len() {
+            assert!(decode_partition_read(&body.slice(..cut)).is_err());
+        }
+    }
+
+    #[test]
     fn scans_and_scan_pages_round_trip() {
         let req = ScanRequest {
             table: [3; 16],
@@ -1261,6 +1406,7 @@ mod tests {
             end: Bound::Included(99),
             row_limit: 1000,
             now_secs: 1_800_000_000,
+            consistency: Consistency::Quorum,
         };
         let body = encode_scan(&req);
         assert_eq!(decode_scan(&body).unwrap(), req);

@@ -8,13 +8,14 @@ pub use crate::coordinator::ReplicaVerb;
 
 impl ReplicaVerb {
     /// Every verb, in counter order (the declaration order, so `verb as usize` indexes).
-    pub const ALL: [ReplicaVerb; 6] = [
+    pub const ALL: [ReplicaVerb; 7] = [
         ReplicaVerb::Mutation,
         ReplicaVerb::Read,
         ReplicaVerb::Repair,
         ReplicaVerb::Truncate,
         ReplicaVerb::Select,
         ReplicaVerb::Scan,
+        ReplicaVerb::Slice,
     ];
 
     /// The verb's label in metrics.
@@ -26,6 +27,7 @@ impl ReplicaVerb {
             ReplicaVerb::Truncate => "truncate",
             ReplicaVerb::Select => "select",
             ReplicaVerb::Scan => "scan",
+            ReplicaVerb::Slice => "slice",
         }
     }
 }

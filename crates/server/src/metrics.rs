@@ -793,7 +793,7 @@ mod tests {
                 stored: 5,
                 dropped: 1,
             },
-            replica_served: [4, 0, 0, 0, 7, 2],
+            replica_served: [4, 0, 0, 0, 7, 2, 3],
             replica_refused: {
                 let mut r = [[0; RefusalReason::ALL.len()]; ReplicaVerb::ALL.len()];
                 r[ReplicaVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
@@ -816,6 +816,7 @@ mod tests {
         assert!(text.contains("sluice_replica_requests_total{verb=\"mutation\"} 4"));
         assert!(text.contains("sluice_replica_requests_total{verb=\"select\"} 7"));
         assert!(text.contains("sluice_replica_requests_total{verb=\"scan\"} 2"));
+        assert!(text.contains("sluice_replica_requests_total{verb=\"slice\"} 3"));
         assert!(text.contains("sluice_replica_refused_total{verb=\"scan\",reason=\"budget\"} 6"));
         assert!(
             text.contains("sluice_replica_refused_total{verb=\"read\",reason=\"in_flight_cap\"} 0")

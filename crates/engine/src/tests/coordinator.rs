@@ -87,7 +87,8 @@ impl ReplicaTransport for FakeTransport {
                         ReplicaVerb::Select => {
                             engine.serve_forwarded_statement(&body, deadline).await
                         }
-                        ReplicaVerb::Scan => engine.serve_scan(&body, deadline),
+                        ReplicaVerb::Scan => engine.serve_scan(&body, deadline).await,
+                        ReplicaVerb::Slice => engine.serve_slice(&body, deadline).await,
                     };
                     result.map_err(|_| ReplicaError::Refused)
                 }
@@ -1420,4 +1421,350 @@ async fn lwt_serial_reads_and_transactions_through_a_non_replica_run_on_a_replic
         "{e:?}"
     );
     assert_eq!(selects_sent(&trio), before);
+}
+
+/// Every row of a `SELECT pk, ck, v` as (pk, ck, v), sorted.
+fn pk_ck_v(rows: &[Vec<Option<Bytes>>]) -> Vec<(i32, i32, String)> {
+    let mut out: Vec<(i32, i32, String)> = rows
+        .iter()
+        .map(|r| (cint(&r[0]), cint(&r[1]), ctext(&r[2])))
+        .collect();
+    out.sort();
+    out
+}
+
+fn scans_sent(trio: &Trio) -> usize {
+    trio.transport
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| *v == ReplicaVerb::Scan)
+        .count()
+}
+
+async fn count_at(trio: &mut Trio, cl: Consistency) -> i64 {
+    let rows = rows_of(trio.run(0, "SELECT COUNT(*) FROM ks.t", cl).await);
+    cbig(&rows[0][0])
+}
+
+#[tokio::test]
+async fn a_quorum_scan_sees_writes_this_replica_missed_and_repairs_them() {
+    let mut trio = Trio::new().await;
+    for pk in 0..20 {
+        for ck in 0..2 {
+            let q =
+                format!("INSERT INTO ks.t (pk, ck, v) VALUES ({pk}, {ck}, 'a') USING TIMESTAMP 10");
+            trio.run(0, &q, Consistency::All).await.unwrap();
+        }
+    }
+    // Writes node 1 missed (down, no hint): only nodes 2 and 3 get a new partition, a new row
+    // of an old one, a newer value and a deletion.
+    for h in &mut trio.nodes[1..] {
+        h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (100, 0, 'new') USING TIMESTAMP 20")
+            .await;
+        h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (5, 7, 'new') USING TIMESTAMP 20")
+            .await;
+        h.ok("UPDATE ks.t USING TIMESTAMP 20 SET v = 'newer' WHERE pk = 6 AND ck = 0")
+            .await;
+        h.ok("DELETE FROM ks.t USING TIMESTAMP 20 WHERE pk = 7 AND ck = 1")
+            .await;
+    }
+    let mut want: Vec<(i32, i32, String)> = Vec::new();
+    for pk in 0..20 {
+        for ck in 0..2 {
+            if (pk, ck) == (7, 1) {
+                continue;
+            }
+            let v = if (pk, ck) == (6, 0) { "newer" } else { "a" };
+            want.push((pk, ck, v.to_string()));
+        }
+    }
+    want.push((5, 7, "new".into()));
+    want.push((100, 0, "new".into()));
+    want.sort();
+    let q = "SELECT pk, ck, v FROM ks.t";
+    // ONE through node 1 reads its own, stale copy and asks nobody.
+    let one = pk_ck_v(&all_pages(&mut trio, q, Consistency::One, 7).await);
+    assert_eq!(one.len(), 40);
+    assert!(!one.contains(&(100, 0, "new".into())));
+    assert_eq!(scans_sent(&trio), 0);
+    // COUNT(*) at QUORUM compares each page with a second replica.
+    assert_eq!(count_at(&mut trio, Consistency::Quorum).await, 41);
+    assert!(scans_sent(&trio) > 0);
+    // The differing partitions were repaired into node 1 (and node 2 already held them).
+    assert_eq!(trio.nodes[0].engine.read_repairs(), 4);
+    assert_eq!(count_at(&mut trio, Consistency::One).await, 41);
+    let quorum = pk_ck_v(&all_pages(&mut trio, q, Consistency::Quorum, 7).await);
+    assert_eq!(quorum, want, "every row once, the newest of each");
+    assert_eq!(
+        trio.nodes[0].engine.read_repairs(),
+        4,
+        "nothing left to repair"
+    );
+    // More missed writes, read through a paged QUORUM scan (pages of 3 rows cut partitions).
+    for h in &mut trio.nodes[1..] {
+        h.ok("INSERT INTO ks.t (pk, ck, v) VALUES (101, 0, 'new') USING TIMESTAMP 20")
+            .await;
+        h.ok("DELETE FROM ks.t USING TIMESTAMP 20 WHERE pk = 8")
+            .await;
+    }
+    want.retain(|r| r.0 != 8);
+    want.push((101, 0, "new".into()));
+    want.sort();
+    let quorum = pk_ck_v(&all_pages(&mut trio, q, Consistency::Quorum, 3).await);
+    assert_eq!(quorum, want);
+    // A newer value only node 3 holds: QUORUM asks node 2 and misses it, ALL sees it.
+    trio.nodes[2]
+        .ok("UPDATE ks.t USING TIMESTAMP 30 SET v = 'only3' WHERE pk = 9 AND ck = 0")
+        .await;
+    let quorum = pk_ck_v(&all_pages(&mut trio, q, Consistency::Quorum, 50).await);
+    assert!(quorum.contains(&(9, 0, "a".into())));
+    let all = pk_ck_v(&all_pages(&mut trio, q, Consistency::All, 50).await);
+    assert!(all.contains(&(9, 0, "only3".into())), "{all:?}");
+    assert_eq!(all.len(), want.len());
+}
+
+#[tokio::test]
+async fn a_reconciled_scan_replaces_a_refusing_replica_and_reports_the_counts() {
+    let mut trio = Trio::new().await;
+    for pk in 0..5 {
+        let q = format!("INSERT INTO ks.t (pk, ck, v) VALUES ({pk}, 0, 'a')");
+        trio.run(0, &q, Consistency::All).await.unwrap();
+    }
+    // Node 2 refuses: the page is read from node 3 instead.
+    trio.transport.set(host(2), Behaviour::Refuse);
+    assert_eq!(count_at(&mut trio, Consistency::Quorum).await, 5);
+    assert!(trio.transport.sent_to(host(3)) > 5, "node 3 was asked");
+    // Both refuse: Read_failure at once with the counts.
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = error_of(
+        trio.run(0, "SELECT COUNT(*) FROM ks.t", Consistency::Quorum)
+            .await,
+    );
+    assert_eq!(
+        e,
+        DbError::ReplicaReadFailure {
+            consistency: Consistency::Quorum,
+            received: 1,
+            block_for: 2,
+            failures: 2,
+            data_present: true,
+        }
+    );
+    // A silent replica: Read_timeout at the deadline, with what was received.
+    trio.transport.set(host(2), Behaviour::Drop);
+    trio.transport.set(host(3), Behaviour::Serve);
+    let started = Instant::now();
+    let e = error_of(
+        trio.run_with_deadline(
+            0,
+            "SELECT pk FROM ks.t",
+            Consistency::All,
+            Duration::from_millis(300),
+        )
+        .await,
+    );
+    assert_eq!(
+        e,
+        DbError::ReadTimeout {
+            consistency: Consistency::All,
+            received: 2,
+            block_for: 3,
+            data_present: true,
+        }
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Too few alive for the level: Unavailable before anything is sent.
+    trio.transport.set(host(2), Behaviour::Serve);
+    trio.nodes[0].engine.set_node_up(host(3), false);
+    let sent = trio.transport.sent.lock().unwrap().len();
+    let e = error_of(trio.run(0, "SELECT pk FROM ks.t", Consistency::All).await);
+    assert_eq!(
+        e,
+        DbError::Unavailable {
+            consistency: Consistency::All,
+            required: 3,
+            alive: 2,
+        }
+    );
+    assert_eq!(trio.transport.sent.lock().unwrap().len(), sent);
+}
+
+#[tokio::test]
+async fn a_non_replica_has_a_replica_reconcile_the_ranges_it_does_not_hold() {
+    let mut trio = Trio::new().await;
+    // Every node coordinates: each has the ring and reaches the others.
+    let ring = trio.nodes[0].engine.ring();
+    trio.transport
+        .replicas
+        .lock()
+        .unwrap()
+        .insert(host(1), (trio.nodes[0].engine.clone(), Behaviour::Serve));
+    for h in &trio.nodes[1..] {
+        h.engine.set_ring(ring.clone());
+        assert!(h.engine.set_replica_transport(trio.transport.clone()));
+    }
+    for h in &mut trio.nodes {
+        h.ok("CREATE KEYSPACE k2 WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 2}").await;
+        h.ok(&format!(
+            "CREATE TABLE k2.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {RF1_TABLE_ID}"
+        ))
+        .await;
+    }
+    for pk in 0..12 {
+        let q = format!("INSERT INTO k2.t (pk, ck, v) VALUES ({pk}, 0, 'a')");
+        trio.run(0, &q, Consistency::All).await.unwrap();
+    }
+    // A partition of a range node 1 does not replicate (nodes 2 and 3 do), written while
+    // node 2 refused: only node 3 holds it.
+    let step = i64::MAX / 8;
+    let missed = (100..10_000)
+        .find(|pk: &i32| {
+            let token = Token::of_key(&pk.to_be_bytes()).0;
+            token > step && token <= 2 * step
+        })
+        .expect("a partition in (t1, t2]");
+    let replicas = |pk: i32| {
+        let mut out = Vec::new();
+        sluice_ring::natural_replicas(
+            &ring,
+            &Replication::Simple { factor: 2 },
+            Token::of_key(&pk.to_be_bytes()),
+            &mut out,
+        );
+        out.iter()
+            .map(|&r| ring.node(r).host_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(replicas(missed), vec![host(2), host(3)]);
+    trio.transport.set(host(2), Behaviour::Refuse);
+    let q = format!("INSERT INTO k2.t (pk, ck, v) VALUES ({missed}, 0, 'missed')");
+    trio.run(2, &q, Consistency::One).await.unwrap();
+    trio.transport.set(host(2), Behaviour::Serve);
+    // An IN with a partition node 1 holds: the other is read on node 2, which at QUORUM
+    // first reconciles it with node 3 (and is repaired by it).
+    let held = (0..12)
+        .find(|&pk| replicas(pk).contains(&host(1)))
+        .expect("a partition on node 1");
+    let q = format!("SELECT pk, ck, v FROM k2.t WHERE pk IN ({missed}, {held})");
+    let in_one = pk_ck_v(&rows_of(trio.run(0, &q, Consistency::One).await));
+    assert_eq!(in_one, vec![(held, 0, "a".into())]);
+    let in_quorum = pk_ck_v(&rows_of(trio.run(0, &q, Consistency::Quorum).await));
+    assert_eq!(in_quorum.len(), 2, "{in_quorum:?}");
+    assert!(in_quorum.contains(&(missed, 0, "missed".into())));
+    assert_eq!(trio.nodes[1].engine.read_repairs(), 1);
+    // Undo node 2's repair so that the scans below find it stale again.
+    trio.nodes[1]
+        .engine
+        .storage()
+        .truncate(*uuid::Uuid::parse_str(RF1_TABLE_ID).unwrap().as_bytes())
+        .unwrap();
+    for pk in 0..12 {
+        if replicas(pk).contains(&host(2)) {
+            let q = format!("INSERT INTO k2.t (pk, ck, v) VALUES ({pk}, 0, 'a')");
+            trio.run(0, &q, Consistency::All).await.unwrap();
+        }
+    }
+    let scan = "SELECT pk, ck, v FROM k2.t";
+    let one = pk_ck_v(&all_pages(&mut trio, scan, Consistency::One, 5).await);
+    assert_eq!(
+        one.len(),
+        12,
+        "ONE reads the range from node 2 alone: {one:?}"
+    );
+    // QUORUM: node 2 reconciles the range with node 3 and answers node 1.
+    let quorum = pk_ck_v(&all_pages(&mut trio, scan, Consistency::Quorum, 5).await);
+    assert_eq!(quorum.len(), 13);
+    assert!(quorum.contains(&(missed, 0, "missed".into())));
+    assert!(trio.nodes[1].engine.read_repairs() >= 1);
+    assert_eq!(
+        trio.nodes[0].engine.read_repairs(),
+        0,
+        "node 1 holds no copy"
+    );
+    let one = pk_ck_v(&all_pages(&mut trio, scan, Consistency::One, 5).await);
+    assert_eq!(one.len(), 13, "node 2 was repaired");
+}
+
+#[tokio::test]
+async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives() {
+    let mut trio = trio_rf1(30).await;
+    let (on1, on2, on3) = (pk_on(&trio, 1), pk_on(&trio, 2), pk_on(&trio, 3));
+    // The rows in the IN's order (as one node answers), each partition's rows by ck.
+    let order = [on3, on1, on2];
+    let want: Vec<String> = order
+        .iter()
+        .flat_map(|pk| (0..3).map(move |ck| format!("{pk}-{ck}")))
+        .collect();
+    let q = format!("SELECT pk, ck, v FROM k1.t WHERE pk IN ({on3}, {on1}, {on2}, {on3})");
+    let texts = |rows: &[Vec<Option<Bytes>>]| rows.iter().map(|r| ctext(&r[2])).collect::<Vec<_>>();
+    let rows = rows_of(trio.run(0, &q, Consistency::One).await);
+    assert_eq!(texts(&rows), want);
+    let slices = |trio: &Trio| {
+        trio.transport
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| *v == ReplicaVerb::Slice)
+            .count()
+    };
+    assert!(
+        slices(&trio) >= 2,
+        "the partitions of nodes 2 and 3 were read there"
+    );
+    assert_eq!(selects_sent(&trio), 0, "nothing forwarded whole");
+    // Paged two rows at a time: the same rows in the same order.
+    for page in [1, 2, 4] {
+        let rows = all_pages(&mut trio, &q, Consistency::One, page).await;
+        assert_eq!(texts(&rows), want, "page size {page}");
+    }
+    // LIMIT and PER PARTITION LIMIT count across the partitions, in order.
+    let rows = rows_of(trio.run(0, &format!("{q} LIMIT 4"), Consistency::One).await);
+    assert_eq!(texts(&rows), want[..4]);
+    let rows = rows_of(
+        trio.run(0, &format!("{q} PER PARTITION LIMIT 1"), Consistency::One)
+            .await,
+    );
+    let firsts: Vec<String> = order.iter().map(|pk| format!("{pk}-0")).collect();
+    assert_eq!(texts(&rows), firsts);
+    let rows = all_pages(
+        &mut trio,
+        &format!("{q} PER PARTITION LIMIT 2 LIMIT 5"),
+        Consistency::One,
+        2,
+    )
+    .await;
+    let two_each: Vec<String> = order
+        .iter()
+        .flat_map(|pk| (0..2).map(move |ck| format!("{pk}-{ck}")))
+        .take(5)
+        .collect();
+    assert_eq!(texts(&rows), two_each);
+    // An aggregate and an ORDER BY over the IN.
+    let count = format!("SELECT COUNT(*) FROM k1.t WHERE pk IN ({on1}, {on2}, {on3})");
+    let rows = rows_of(trio.run(0, &count, Consistency::One).await);
+    assert_eq!(cbig(&rows[0][0]), 9);
+    let ordered =
+        format!("SELECT pk, ck, v FROM k1.t WHERE pk IN ({on3}, {on1}, {on2}) ORDER BY ck DESC");
+    let rows = rows_of(trio.run(0, &ordered, Consistency::One).await);
+    let by_ck: Vec<String> = (0..3)
+        .rev()
+        .flat_map(|ck| order.iter().map(move |pk| format!("{pk}-{ck}")))
+        .collect();
+    assert_eq!(texts(&rows), by_ck);
+    // The only replica of one partition refuses: Read_failure with its counts.
+    trio.transport.set(host(3), Behaviour::Refuse);
+    let e = error_of(trio.run(0, &q, Consistency::One).await);
+    assert_eq!(
+        e,
+        DbError::ReplicaReadFailure {
+            consistency: Consistency::One,
+            received: 0,
+            block_for: 1,
+            failures: 1,
+            data_present: false,
+        }
+    );
 }
