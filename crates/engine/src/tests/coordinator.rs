@@ -1421,3 +1421,6 @@ async fn lwt_serial_reads_and_transactions_through_a_non_replica_run_on_a_replic
     );
     assert_eq!(selects_sent(&trio), before);
 }
+
+#[path = "logged_batch.rs"]
+mod logged_batch;
