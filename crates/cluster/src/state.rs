@@ -208,6 +208,7 @@ mod tests {
                 reads: vec![p(a), p(b)],
                 writes: vec![p(a), p(b)],
                 mutations: vec![9; 4],
+                keeps_timestamps: false,
             }],
         }
         .encode()

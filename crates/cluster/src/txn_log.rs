@@ -21,8 +21,15 @@ use sluice_meta::MetaError;
 /// The first byte of a transaction command.
 pub const TXN_TAG: u8 = 3;
 
-/// The encoding version after the tag.
+/// The encoding version after the tag (and of the snapshot).
 const TXN_VERSION: u8 = 1;
+
+/// The command version whose transactions carry a flags byte: only commands with a logged
+/// batch use it, so every other command keeps the first version's bytes.
+const TXN_FLAGS_VERSION: u8 = 2;
+
+/// Flag: the transaction keeps the timestamps it carries.
+const FLAG_KEEPS_TIMESTAMPS: u8 = 1;
 
 /// The default byte budget of the write table (about 100,000 partitions).
 pub const DEFAULT_WRITE_TABLE_BYTES: usize = 8 << 20;
@@ -137,6 +144,9 @@ pub struct TxnProposal {
     pub writes: Vec<PartitionRef>,
     /// The write set, opaque here (the engine's encoding of mutations).
     pub mutations: Vec<u8>,
+    /// Its writes keep the timestamps they carry (a logged batch's, which users may set):
+    /// the log neither moves them nor advances its own clock by them.
+    pub keeps_timestamps: bool,
 }
 
 /// Several transactions of one node, proposed as one command.
@@ -236,11 +246,22 @@ fn put_partitions(out: &mut Vec<u8>, partitions: &[PartitionRef]) {
 impl TxnBatch {
     /// The encoded size of this batch.
     pub fn encoded_len(&self) -> usize {
-        4 + self
-            .transactions
-            .iter()
-            .map(TxnProposal::encoded_len)
-            .sum::<usize>()
+        let flags = if self.has_flags() {
+            self.transactions.len()
+        } else {
+            0
+        };
+        4 + flags
+            + self
+                .transactions
+                .iter()
+                .map(TxnProposal::unflagged_len)
+                .sum::<usize>()
+    }
+
+    /// Whether a transaction needs the flagged encoding.
+    fn has_flags(&self) -> bool {
+        self.transactions.iter().any(|t| t.keeps_timestamps)
     }
 
     /// Encodes the batch as a command; `None` when it is over the format's bounds.
@@ -254,13 +275,25 @@ impl TxnBatch {
         {
             return None;
         }
+        let flagged = self.has_flags();
         let mut out = Vec::with_capacity(self.encoded_len());
         out.push(TXN_TAG);
-        out.push(TXN_VERSION);
+        out.push(if flagged {
+            TXN_FLAGS_VERSION
+        } else {
+            TXN_VERSION
+        });
         out.extend_from_slice(&(self.transactions.len() as u16).to_be_bytes());
         for t in &self.transactions {
             out.extend_from_slice(&t.read_at.to_be_bytes());
             out.extend_from_slice(&t.provisional.to_be_bytes());
+            if flagged {
+                out.push(if t.keeps_timestamps {
+                    FLAG_KEEPS_TIMESTAMPS
+                } else {
+                    0
+                });
+            }
             put_partitions(&mut out, &t.reads);
             put_partitions(&mut out, &t.writes);
             out.extend_from_slice(&(t.mutations.len() as u32).to_be_bytes());
@@ -273,9 +306,14 @@ impl TxnBatch {
     /// Decodes a command that [`TxnBatch::encode`] made.
     pub fn decode(bytes: &[u8]) -> Result<TxnBatch, TxnLogError> {
         let mut r = Reader(bytes);
-        if r.u8()? != TXN_TAG || r.u8()? != TXN_VERSION {
+        if r.u8()? != TXN_TAG {
             return Err(TxnLogError::Malformed);
         }
+        let flagged = match r.u8()? {
+            TXN_VERSION => false,
+            TXN_FLAGS_VERSION => true,
+            _ => return Err(TxnLogError::Malformed),
+        };
         let n = usize::from(r.u16()?);
         if n == 0 || n > MAX_BATCH_TRANSACTIONS {
             return Err(TxnLogError::Malformed);
@@ -284,6 +322,15 @@ impl TxnBatch {
         for _ in 0..n {
             let read_at = r.u64()?;
             let provisional = r.i64()?;
+            let keeps_timestamps = if flagged {
+                match r.u8()? {
+                    0 => false,
+                    FLAG_KEEPS_TIMESTAMPS => true,
+                    _ => return Err(TxnLogError::Malformed),
+                }
+            } else {
+                false
+            };
             let reads = r.partitions()?;
             let writes = r.partitions()?;
             let len = r.u32()? as usize;
@@ -294,6 +341,7 @@ impl TxnBatch {
                 reads,
                 writes,
                 mutations,
+                keeps_timestamps,
             });
         }
         if !r.0.is_empty() {
@@ -304,8 +352,13 @@ impl TxnBatch {
 }
 
 impl TxnProposal {
-    /// The encoded size of this transaction within a batch.
+    /// The most this transaction adds to a batch's encoding (with the flags byte).
     pub fn encoded_len(&self) -> usize {
+        self.unflagged_len() + 1
+    }
+
+    /// Its size in a batch of the first version, without the flags byte.
+    fn unflagged_len(&self) -> usize {
         16 + 2 + 32 * self.reads.len() + 2 + 32 * self.writes.len() + 4 + self.mutations.len()
     }
 }
@@ -503,9 +556,15 @@ impl TxnState {
                 outcomes.push(TxnOutcome::Conflict);
                 continue;
             }
-            let timestamp = t.provisional.max(self.last_timestamp.saturating_add(1));
-            debug_assert!(timestamp > self.last_timestamp || self.last_timestamp == i64::MAX);
-            self.last_timestamp = timestamp;
+            let timestamp = if t.keeps_timestamps {
+                // A user's timestamp may be anywhere: the log's clock ignores it.
+                t.provisional
+            } else {
+                let timestamp = t.provisional.max(self.last_timestamp.saturating_add(1));
+                debug_assert!(timestamp > self.last_timestamp || self.last_timestamp == i64::MAX);
+                self.last_timestamp = timestamp;
+                timestamp
+            };
             self.table.record(index, &t.writes);
             self.counts.commits += 1;
             let commit = TxnCommit {

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 /// How long a replicated write waits when the request carries no deadline.
-const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_WRITE_WAIT: Duration = Duration::from_secs(2);
 /// How long a replicated read waits when the request carries no deadline.
 const DEFAULT_READ_WAIT: Duration = Duration::from_secs(5);
 
@@ -396,7 +396,7 @@ fn pending_of(
 }
 
 /// One replicated write: each mutation's tally, and which mutations each replica holds.
-struct WriteFanOut {
+pub(crate) struct WriteFanOut {
     tallies: Vec<Tally>,
     /// (replica, its position in each tally it belongs to: (mutation, target)).
     by_replica: Vec<(NodeIndex, Vec<(usize, usize)>)>,
@@ -430,6 +430,15 @@ impl WriteFanOut {
     fn lagging(&self) -> Option<&Tally> {
         self.tallies.iter().find(|t| !t.met())
     }
+
+    /// The most acknowledgements any one mutation needs.
+    pub(crate) fn block_for(&self) -> u32 {
+        self.tallies
+            .iter()
+            .map(|t| t.req.block_for)
+            .max()
+            .unwrap_or(1)
+    }
 }
 
 /// The replication of a table's keyspace.
@@ -444,7 +453,7 @@ pub(crate) fn replication_of(engine: &Engine, t: &TableDef) -> Replication {
 
 /// Plans a write's fan-out: `None` when every mutation's only replica is this node (the
 /// local write path runs, unchanged), Unavailable when too few replicas are alive.
-fn plan_write(
+pub(crate) fn plan_write(
     engine: &Engine,
     tables: &[&TableDef],
     muts: &[Mutation],
@@ -555,9 +564,54 @@ pub(crate) async fn replicate_writes(
         return Ok(Some(muts));
     }
     let tables: Vec<&TableDef> = entries.iter().map(|(w, _)| &*w.table).collect();
-    let Some(mut fan) = plan_write(engine, &tables, &muts, consistency)? else {
+    let Some(fan) = plan_write(engine, &tables, &muts, consistency)? else {
         return Ok(Some(muts));
     };
+    run_write_fan_out(engine, transport, entries, &muts, fan, write_type, ctx).await?;
+    Ok(None)
+}
+
+/// Whether the partitions of `muts` have different replica sets (natural and pending), so
+/// that no one replica applies all of them; false when any table is node-local.
+pub(crate) fn replica_sets_differ(
+    engine: &Engine,
+    tables: &[&TableDef],
+    muts: &[Mutation],
+) -> bool {
+    let rings = engine.rings();
+    let mut first: Option<Vec<NodeIndex>> = None;
+    for m in muts {
+        let Some(t) = tables.iter().find(|t| *t.id.as_bytes() == m.table) else {
+            return false;
+        };
+        let replication = replication_of(engine, t);
+        if replication == Replication::Local {
+            return false;
+        }
+        let mut set = replicas_of(&rings.current, &replication, m.token);
+        let pending = pending_of(rings.settled.as_deref(), &replication, m.token, &set);
+        set.extend_from_slice(&pending);
+        set.sort_unstable();
+        match &first {
+            None => first = Some(set),
+            Some(f) if *f != set => return true,
+            Some(_) => {}
+        }
+    }
+    false
+}
+
+/// Sends a planned write to its replicas (the local part applied here) and waits for the
+/// consistency level, the first failure that makes it impossible, or the deadline.
+pub(crate) async fn run_write_fan_out(
+    engine: &Engine,
+    transport: &std::sync::Arc<dyn ReplicaTransport>,
+    entries: &[(&crate::analyze::WritePlan, &crate::exec::Binder<'_>)],
+    muts: &[Mutation],
+    mut fan: WriteFanOut,
+    write_type: WriteType,
+    ctx: &crate::RequestContext,
+) -> Result<(), DetailedError> {
     let deadline = ctx
         .deadline
         .unwrap_or_else(|| Instant::now() + DEFAULT_WRITE_WAIT);
@@ -614,7 +668,7 @@ pub(crate) async fn replicate_writes(
     tokio::pin!(sleep);
     let outcome = loop {
         if fan.met() {
-            break Ok(None);
+            break Ok(());
         }
         if let Some(t) = fan.impossible() {
             break Err(write_failure(t, write_type));

@@ -35,6 +35,7 @@ mod ddl;
 mod describe;
 mod exec;
 mod json;
+mod logged_batch;
 mod paging;
 pub mod rate_limit_option;
 mod read;

@@ -552,6 +552,7 @@ fn write_type_code(w: WriteType) -> u8 {
         WriteType::UnloggedBatch => 2,
         WriteType::Counter => 3,
         WriteType::Cas => 4,
+        WriteType::BatchLog => 5,
     }
 }
 
@@ -1077,6 +1078,7 @@ impl<'a> Reader<'a> {
             2 => WriteType::UnloggedBatch,
             3 => WriteType::Counter,
             4 => WriteType::Cas,
+            5 => WriteType::BatchLog,
             _ => return Err(MalformedBody("bad write type")),
         })
     }
@@ -1323,6 +1325,12 @@ mod tests {
                 received: 0,
                 block_for: 1,
                 write_type: WriteType::Cas,
+            },
+            DbError::WriteTimeout {
+                consistency: Consistency::Quorum,
+                received: 0,
+                block_for: 2,
+                write_type: WriteType::BatchLog,
             },
             DbError::ReplicaWriteFailure {
                 consistency: Consistency::Quorum,

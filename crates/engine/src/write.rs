@@ -672,6 +672,31 @@ pub(crate) async fn execute_writes(
             return Ok(ResultMessage::Void);
         }
     }
+    // A LOGGED batch over several replica sets is atomic across them through the log. One
+    // replica set needs no log: each replica applies its one MUTATION whole, so none holds
+    // part of the batch. UNLOGGED batches promise nothing more; COUNTER batches are deltas,
+    // which the log's replay and the fan-out would both apply.
+    if write_type == WriteType::Batch {
+        if let Some(route) = crate::logged_batch::route(engine, entries, &muts) {
+            match Box::pin(crate::logged_batch::execute(
+                engine,
+                route,
+                entries,
+                muts,
+                request_ts,
+                consistency,
+                ctx,
+            ))
+            .await?
+            {
+                None => return Ok(ResultMessage::Void),
+                Some(local) => {
+                    apply(engine, entries, local, ctx.ack_barrier).await?;
+                    return Ok(ResultMessage::Void);
+                }
+            }
+        }
+    }
     let muts = match engine.replica_transport() {
         // Boxed: a single node's write future stays as small as it was.
         Some(transport) if engine.is_multi_node() => {

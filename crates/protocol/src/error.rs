@@ -68,6 +68,8 @@ pub enum WriteType {
     Counter,
     /// CAS (lightweight transaction).
     Cas,
+    /// BATCH_LOG: a logged batch's log write timed out (the batch may still be applied).
+    BatchLog,
 }
 
 impl WriteType {
@@ -79,6 +81,7 @@ impl WriteType {
             WriteType::UnloggedBatch => "UNLOGGED_BATCH",
             WriteType::Counter => "COUNTER",
             WriteType::Cas => "CAS",
+            WriteType::BatchLog => "BATCH_LOG",
         }
     }
 }

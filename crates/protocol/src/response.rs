@@ -1001,6 +1001,22 @@ mod tests {
         assert_eq!(r.read_string().unwrap(), "UNLOGGED_BATCH");
         assert_eq!(r.remaining(), 0);
 
+        // A logged batch whose log write timed out: the spec's BATCH_LOG.
+        let error = DbError::WriteTimeout {
+            consistency: Consistency::Quorum,
+            received: 0,
+            block_for: 2,
+            write_type: WriteType::BatchLog,
+        };
+        let body = error_body(&ErrorResponse::new(error, "w"));
+        let mut r = Reader::new(&body);
+        assert_eq!(r.read_int().unwrap(), 0x1100);
+        r.read_string().unwrap();
+        assert_eq!(r.read_consistency().unwrap(), Consistency::Quorum);
+        assert_eq!((r.read_int().unwrap(), r.read_int().unwrap()), (0, 2));
+        assert_eq!(r.read_string().unwrap(), "BATCH_LOG");
+        assert_eq!(r.remaining(), 0);
+
         let error = DbError::ReplicaReadFailure {
             consistency: Consistency::All,
             received: 2,

@@ -855,7 +855,7 @@ proptest! {
         present in any::<bool>(),
         // CAS is left out: the oracle reads v5's `<contentions>` after CAS even on v4, where
         // the v4 spec (and Sluice) has no such field.
-        wt in 0u8..4,
+        wt in 0u8..5,
         id in prop::collection::vec(any::<u8>(), 0..=16),
         ks in ident(),
         table in "[a-z]{0,8}",
@@ -863,8 +863,8 @@ proptest! {
         stream in any::<i16>(),
         c in compression(),
     ) {
-        let write_type = [WriteType::Simple, WriteType::Batch, WriteType::UnloggedBatch, WriteType::Counter, WriteType::Cas][wt as usize];
-        let owt = [OWriteType::Simple, OWriteType::Batch, OWriteType::UnloggedBatch, OWriteType::Counter, OWriteType::Cas][wt as usize].clone();
+        let write_type = [WriteType::Simple, WriteType::Batch, WriteType::UnloggedBatch, WriteType::Counter, WriteType::BatchLog, WriteType::Cas][wt as usize];
+        let owt = [OWriteType::Simple, OWriteType::Batch, OWriteType::UnloggedBatch, OWriteType::Counter, OWriteType::BatchLog, OWriteType::Cas][wt as usize].clone();
         let cases: Vec<(ErrorResponse, ErrorCheck)> = vec![
             (ErrorResponse::new(DbError::Overloaded, "o"), Box::new(|t| matches!(t, ErrorType::Overloaded))),
             (ErrorResponse::new(DbError::ServerError, "o"), Box::new(|t| matches!(t, ErrorType::Server))),

@@ -159,6 +159,7 @@ impl TxnLog for GroupTxnLog {
             reads: txn.reads.iter().map(partition).collect(),
             writes: txn.writes.iter().map(partition).collect(),
             mutations: txn.mutations.to_vec(),
+            keeps_timestamps: txn.keeps_timestamps,
         };
         if 4 + txn.encoded_len() > self.max_command_bytes {
             return Box::pin(async { Err(TxnLogError::TooLarge) });

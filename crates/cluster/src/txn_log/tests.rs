@@ -15,6 +15,7 @@ fn txn(read_at: u64, reads: &[u8], writes: &[u8], provisional: i64) -> TxnPropos
         reads: reads.iter().map(|&n| part(n)).collect(),
         writes: writes.iter().map(|&n| part(n)).collect(),
         mutations: writes.to_vec(),
+        keeps_timestamps: false,
     }
 }
 
@@ -103,6 +104,88 @@ fn timestamps_come_from_the_log_and_only_grow() {
         last = timestamp;
     }
     assert_eq!(last, 902);
+}
+
+#[test]
+fn a_logged_batch_keeps_its_timestamps_and_leaves_the_clock_alone() {
+    let mut state = TxnState::default();
+    let recorder = Arc::new(Recorder::default());
+    state.attach(recorder.clone());
+    let o = outcomes(state.apply(10, &batch(vec![txn(9, &[], &[1], 500)])));
+    assert_eq!(o, vec![TxnOutcome::Committed { timestamp: 500 }]);
+    // A batch with a timestamp far ahead, and one far behind: both kept as they are.
+    let ahead = TxnProposal {
+        keeps_timestamps: true,
+        ..txn(10, &[], &[2], 1 << 60)
+    };
+    let behind = TxnProposal {
+        keeps_timestamps: true,
+        ..txn(10, &[], &[3], 7)
+    };
+    let o = outcomes(state.apply(11, &batch(vec![ahead, behind])));
+    assert_eq!(
+        o,
+        vec![
+            TxnOutcome::Committed { timestamp: 1 << 60 },
+            TxnOutcome::Committed { timestamp: 7 }
+        ]
+    );
+    // The follower is handed the kept timestamps, so nothing moves.
+    let handed: Vec<i64> = recorder
+        .commits
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(handed, vec![500, 1 << 60, 7]);
+    // The next transaction's timestamp follows the log's clock, not the batch's.
+    let o = outcomes(state.apply(12, &batch(vec![txn(11, &[], &[4], 0)])));
+    assert_eq!(o, vec![TxnOutcome::Committed { timestamp: 501 }]);
+    // Its writes count for validation: a read of partition 2 from before it conflicts.
+    let o = outcomes(state.apply(13, &batch(vec![txn(10, &[2], &[5], 0)])));
+    assert_eq!(o, vec![TxnOutcome::Conflict]);
+}
+
+#[test]
+fn commands_without_a_logged_batch_keep_the_first_encoding() {
+    let plain = TxnBatch {
+        transactions: vec![txn(1, &[1], &[2], 3), txn(2, &[], &[4], 5)],
+    };
+    let bytes = plain.encode().unwrap();
+    assert_eq!(bytes[1], TXN_VERSION);
+    assert_eq!(bytes.len(), plain.encoded_len());
+    // The per-transaction bound the committer adds up covers either encoding.
+    assert!(
+        bytes.len()
+            <= 4 + plain
+                .transactions
+                .iter()
+                .map(TxnProposal::encoded_len)
+                .sum::<usize>()
+    );
+    let mut flagged = plain.clone();
+    flagged.transactions[1].keeps_timestamps = true;
+    let bytes = flagged.encode().unwrap();
+    assert_eq!(bytes[1], TXN_FLAGS_VERSION);
+    assert_eq!(bytes.len(), flagged.encoded_len());
+    assert_eq!(
+        bytes.len(),
+        4 + flagged
+            .transactions
+            .iter()
+            .map(TxnProposal::encoded_len)
+            .sum::<usize>()
+    );
+    assert_eq!(TxnBatch::decode(&bytes).unwrap(), flagged);
+    assert_eq!(TxnBatch::decode(&plain.encode().unwrap()).unwrap(), plain);
+    // An unknown flag, and every cut, are refused.
+    let mut unknown = bytes.clone();
+    unknown[4 + 16] = 0x80;
+    assert_eq!(TxnBatch::decode(&unknown), Err(TxnLogError::Malformed));
+    for cut in 0..bytes.len() {
+        assert!(TxnBatch::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
 }
 
 #[test]

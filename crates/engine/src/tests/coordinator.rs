@@ -1768,3 +1768,6 @@ async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives
         }
     );
 }
+
+#[path = "logged_batch.rs"]
+mod logged_batch;

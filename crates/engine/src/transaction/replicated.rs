@@ -49,6 +49,8 @@ pub struct LoggedTxn {
     pub writes: Vec<LoggedPartition>,
     /// Its mutations, encoded as a replica MUTATION body.
     pub mutations: Bytes,
+    /// Its mutations keep their timestamps (a logged batch's): the log moves none of them.
+    pub keeps_timestamps: bool,
 }
 
 /// What the log decided for a transaction.
@@ -401,6 +403,7 @@ pub(crate) async fn read_and_commit<T>(
             reads: evaluated.reads,
             writes,
             mutations: body,
+            keeps_timestamps: false,
         };
         match log.submit(txn, deadline).await.map_err(map)? {
             LoggedDecision::Committed { timestamp } => {
@@ -441,6 +444,7 @@ pub(crate) async fn commit_blind(
         reads: Vec::new(),
         writes,
         mutations: body,
+        keeps_timestamps: false,
     };
     match log.submit(txn, deadline).await {
         Ok(LoggedDecision::Committed { timestamp }) => {
