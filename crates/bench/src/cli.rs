@@ -5,7 +5,7 @@ use crate::driver::{
     RetryMode, KEYSPACE,
 };
 use crate::faults::{self, FaultKind, FaultNode, FaultPlan};
-use crate::raw::RawTarget;
+use crate::raw::{NodeChoice, RawOptions, RawTarget, ReplicaRing};
 use crate::report::{
     file_stem, hgrm, html_compare, html_report, standalone_svg, text_table, RunReport, Settings,
 };
@@ -93,8 +93,9 @@ impl Scenario {
 pub enum ClientKind {
     /// The Rust `scylla` driver: prepared statements, token- and shard-aware, retry policies.
     Driver,
-    /// A raw pipelined, shard-aware protocol-v4 client (one node, no retries): far less CPU
-    /// per request, so that the server rather than the generator is measured.
+    /// A raw pipelined, shard-aware protocol-v4 client (no retries; several nodes token-aware
+    /// or in turn): far less CPU per request, so that the server rather than the generator is
+    /// measured.
     Raw,
 }
 
@@ -203,15 +204,15 @@ pub struct BenchArgs {
     /// max_reads_per_second applied in the last hot-partition phase.
     #[arg(long, default_value_t = 100)]
     pub hot_limit: u32,
-    /// Consistency level of every request (driver client) [default: QUORUM for faults, ONE
-    /// otherwise].
+    /// Consistency level of every request [default: QUORUM for faults, ONE otherwise].
     #[arg(long, value_enum, ignore_case = true)]
     pub consistency: Option<ConsistencyLevel>,
     /// replication_factor of the keyspace the bench creates (SimpleStrategy); an existing
     /// keyspace is altered to it [default: 3 for faults, 1 otherwise].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32))]
     pub replication_factor: Option<u32>,
-    /// How the driver picks each request's coordinator.
+    /// How the client picks each request's coordinator (the raw client: among several
+    /// --nodes, the replicas of the partition from the cluster's ring, or the nodes in turn).
     #[arg(long, value_enum, default_value = "token-aware")]
     pub load_balancing: Balancing,
     /// faults: what is done to the node, in order.
@@ -381,6 +382,25 @@ impl BenchArgs {
         }
     }
 
+    /// How the raw client picks each request's node: with several nodes and token-aware
+    /// balancing, the replicas of its partition on the ring `conn`'s driver session read.
+    async fn node_choice(
+        &self,
+        conn: &Connection,
+        replication_factor: u32,
+        nodes: &[String],
+    ) -> anyhow::Result<NodeChoice> {
+        Ok(
+            if nodes.len() > 1 && self.load_balancing == Balancing::TokenAware {
+                NodeChoice::Replicas(
+                    ReplicaRing::from_session(&conn.session, replication_factor, nodes).await?,
+                )
+            } else {
+                NodeChoice::RoundRobin
+            },
+        )
+    }
+
     /// Connections per host (driver) or per shard (raw).
     fn connections(&self) -> usize {
         self.connections.unwrap_or(match self.client {
@@ -546,14 +566,6 @@ pub async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     if args.client == ClientKind::Raw && args.retry_policy == RetryMode::Stock {
         bail!("--client raw never retries; use --retry-policy none or --client driver");
     }
-    if args.client == ClientKind::Raw
-        && args.consistency.is_some_and(|c| c != ConsistencyLevel::One)
-    {
-        bail!("--client raw sends every request at consistency ONE; use --client driver");
-    }
-    if args.client == ClientKind::Raw && args.load_balancing != Balancing::TokenAware {
-        bail!("--client raw drives one node; --load-balancing needs --client driver");
-    }
     let plan = args.plan(s);
     if s == Scenario::Faults {
         return run_faults(&args, &plan).await;
@@ -661,14 +673,18 @@ async fn run_against_cql(args: &BenchArgs, s: Scenario, plan: &Plan) -> anyhow::
             run_scenario(args, s, plan, &conn, table, Arc::new(target), r).await
         }
         ClientKind::Raw => {
-            let (target, notes) = RawTarget::connect_with(
-                &args.nodes,
-                args.connections(),
-                table,
+            let choice = args
+                .node_choice(&conn, opts.replication_factor, &args.nodes)
+                .await?;
+            let raw = RawOptions {
+                connections: args.connections(),
+                table: table.to_string(),
                 using_timeout,
-                usize::from(args.batch_rows),
-            )
-            .await?;
+                batch_rows: usize::from(args.batch_rows),
+                consistency: opts.consistency,
+                choice,
+            };
+            let (target, notes) = RawTarget::connect_with(&args.nodes, raw).await?;
             r.notes.push(format!("client: {}", target.describe()));
             if args.batch_rows > 1 {
                 r.notes.push(format!(
@@ -989,10 +1005,17 @@ async fn run_versus(args: &BenchArgs, plan: &Plan) -> anyhow::Result<()> {
             drop(conns);
             let mut targets = Vec::with_capacity(2);
             for side in 0..2 {
-                let (target, notes) =
-                    RawTarget::connect(&nodes[side], args.connections(), VERSUS_TABLE, None)
-                        .await
-                        .with_context(|| format!("raw client to {}", labels[side]))?;
+                let opts = RawOptions {
+                    connections: args.connections(),
+                    table: VERSUS_TABLE.to_string(),
+                    using_timeout: None,
+                    batch_rows: 1,
+                    consistency: args.consistency(Scenario::Versus),
+                    choice: NodeChoice::RoundRobin,
+                };
+                let (target, notes) = RawTarget::connect_with(&nodes[side], opts)
+                    .await
+                    .with_context(|| format!("raw client to {}", labels[side]))?;
                 reports[side]
                     .notes
                     .push(format!("client: {}", target.describe()));
@@ -1381,17 +1404,33 @@ mod tests {
             .expect("parse");
         let e = run_bench(t.a).await.expect_err("raw");
         assert!(e.to_string().contains("--client driver"), "{e}");
-        let t = T::try_parse_from([
-            "x",
-            "capacity",
-            "--client",
-            "raw",
-            "--consistency",
-            "QUORUM",
-        ])
-        .expect("parse");
-        let e = run_bench(t.a).await.expect_err("raw at QUORUM");
-        assert!(e.to_string().contains("consistency ONE"), "{e}");
+        // Any consistency level and either balancing pass the checks: a closed port is
+        // what stops these, when the driver connects.
+        for lb in ["token-aware", "round-robin"] {
+            let t = T::try_parse_from([
+                "x",
+                "capacity",
+                "--client",
+                "raw",
+                "--consistency",
+                "QUORUM",
+                "--load-balancing",
+                lb,
+                "--nodes",
+                "127.0.0.1:1,127.0.0.2:1",
+            ])
+            .expect("parse");
+            assert_eq!(
+                t.a.consistency(Scenario::Capacity),
+                ConsistencyLevel::Quorum
+            );
+            let e = run_bench(t.a).await.expect_err("nothing listens");
+            let e = format!("{e:#}");
+            assert!(
+                !e.contains("consistency") && !e.contains("--load-balancing"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -77,6 +77,22 @@ impl ConsistencyLevel {
         }
     }
 
+    /// The value on the wire, for clients that encode their own frames.
+    pub fn wire(self) -> sluice_protocol::Consistency {
+        use sluice_protocol::Consistency as C;
+        match self {
+            ConsistencyLevel::Any => C::Any,
+            ConsistencyLevel::One => C::One,
+            ConsistencyLevel::Two => C::Two,
+            ConsistencyLevel::Three => C::Three,
+            ConsistencyLevel::Quorum => C::Quorum,
+            ConsistencyLevel::All => C::All,
+            ConsistencyLevel::LocalOne => C::LocalOne,
+            ConsistencyLevel::LocalQuorum => C::LocalQuorum,
+            ConsistencyLevel::EachQuorum => C::EachQuorum,
+        }
+    }
+
     /// The CQL name (QUORUM, LOCAL_ONE, ...).
     pub fn name(self) -> &'static str {
         match self {

@@ -19,7 +19,7 @@
 //! Schema changes stay on the driver's [`Connection`](crate::driver::Connection): setup is not
 //! measured.
 
-use crate::driver::{KEYSPACE, VALUE_LEN};
+use crate::driver::{ConsistencyLevel, KEYSPACE, VALUE_LEN};
 use crate::runner::Ticket;
 use crate::target::{Op, OpKind, Reply, Target};
 use anyhow::{anyhow, bail, Context};
@@ -29,9 +29,10 @@ use sluice_protocol::{
     decode_request, BatchEntry, BatchQuery, BatchRequest, Consistency, FrameHeader, Opcode,
     QueryParameters, Request, Value, HEADER_LEN,
 };
+use sluice_ring::{Node, NodeState, ReplicaMap, Replication, Token, TokenMetadata};
 use sluice_types::token::{murmur3_token, shard_of};
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -110,10 +111,10 @@ struct ExecTemplate {
 }
 
 impl ExecTemplate {
-    /// The frame of `kind` for the prepared statement `id`: consistency ONE, values only;
+    /// The frame of `kind` for the prepared statement `id` at `consistency`, values only;
     /// writes bind (pk bigint, ck int, v blob of `VALUE_LEN` bytes), reads bind pk. The
     /// protocol codec encodes it, and decoding it back tells where the keys sit.
-    fn new(id: &[u8], kind: OpKind) -> anyhow::Result<Self> {
+    fn new(id: &[u8], kind: OpKind, consistency: Consistency) -> anyhow::Result<Self> {
         let mut values = vec![Value::Set(Bytes::from_static(&[0; 8]))];
         if kind == OpKind::Write {
             values.push(Value::Set(Bytes::from_static(&[0; 4])));
@@ -123,7 +124,7 @@ impl ExecTemplate {
         let request = Request::Execute {
             id: Bytes::copy_from_slice(id),
             params: QueryParameters {
-                consistency: Consistency::One,
+                consistency,
                 values,
                 ..QueryParameters::default()
             },
@@ -152,9 +153,9 @@ impl ExecTemplate {
     /// `id` (clustering keys `ck * rows + i`): a heavier request, so that a multiple of the
     /// server's capacity stays within what one generator core can offer. One row is a plain
     /// EXECUTE.
-    fn write_batch(id: &[u8], rows: usize) -> anyhow::Result<Self> {
+    fn write_batch(id: &[u8], rows: usize, consistency: Consistency) -> anyhow::Result<Self> {
         if rows <= 1 {
-            return Self::new(id, OpKind::Write);
+            return Self::new(id, OpKind::Write, consistency);
         }
         let entry = BatchEntry {
             statement: BatchQuery::Prepared(Bytes::copy_from_slice(id)),
@@ -167,7 +168,7 @@ impl ExecTemplate {
         let request = Request::Batch(BatchRequest {
             batch_type: BATCH_UNLOGGED,
             entries: vec![entry; rows.min(u16::MAX as usize)],
-            consistency: Consistency::One,
+            consistency,
             serial_consistency: None,
             default_timestamp: None,
         });
@@ -572,6 +573,8 @@ struct Opened {
 /// Where one connection ended up (for checks and reports).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnInfo {
+    /// The node it goes to: its position in the client's node list.
+    pub node: usize,
     /// The shard this connection serves in the routing table.
     pub meant: u32,
     /// The shard the server said the connection is on (None: unsharded server).
@@ -967,6 +970,98 @@ async fn sweep_expiries(conns: Vec<Arc<Conn>>) {
     }
 }
 
+// ------------------------------------------------------------------ node choice
+
+/// How the raw client picks each request's node; within a node, requests always go to the
+/// shard that owns their partition.
+pub enum NodeChoice {
+    /// The nodes in turn. Every request reaches a replica only when every node is one, as
+    /// with RF 3 on 3 nodes.
+    RoundRobin,
+    /// The replicas of the request's partition among the `--nodes`, in turn (token-aware).
+    Replicas(ReplicaRing),
+}
+
+/// The replicas of each partition among the client's nodes: the ring's tokens as the cluster
+/// publishes them (system.local and system.peers) placed by the project's own SimpleStrategy.
+pub struct ReplicaRing {
+    map: ReplicaMap,
+    factor: u32,
+    /// Per ring node, its position in the client's node list, if it is there.
+    slot: Vec<Option<usize>>,
+}
+
+impl ReplicaRing {
+    /// The replicas of `meta`'s ring under SimpleStrategy with `factor`; ring nodes are
+    /// matched with the client's `nodes` by IP address.
+    pub fn new(meta: &TokenMetadata, factor: u32, nodes: &[IpAddr]) -> Self {
+        let map = ReplicaMap::build(meta, &Replication::Simple { factor });
+        let slot = meta
+            .nodes()
+            .iter()
+            .map(|n| nodes.iter().position(|ip| *ip == n.cql_address.ip()))
+            .collect();
+        Self { map, factor, slot }
+    }
+
+    /// The ring the driver `session` read from system.local and system.peers, for the client's
+    /// `nodes` (host:port).
+    pub async fn from_session(
+        session: &scylla::client::session::Session,
+        factor: u32,
+        nodes: &[String],
+    ) -> anyhow::Result<Self> {
+        let mut ips = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            ips.push(resolve(n).await?.ip());
+        }
+        let state = session.get_cluster_state();
+        let mut ring: Vec<Node> = Vec::new();
+        for (token, node) in state.replica_locator().ring().iter() {
+            let i = match ring.iter().position(|n| n.host_id == node.host_id) {
+                Some(i) => i,
+                None => {
+                    let addr = SocketAddr::new(node.address.ip(), node.address.port());
+                    ring.push(Node {
+                        host_id: node.host_id,
+                        cql_address: addr,
+                        internode_address: addr,
+                        dc: node.datacenter.clone().unwrap_or_default(),
+                        rack: node.rack.clone().unwrap_or_default(),
+                        tokens: Vec::new(),
+                        state: NodeState::Normal,
+                    });
+                    ring.len() - 1
+                }
+            };
+            ring[i].tokens.push(Token(token.value()));
+        }
+        if ring.is_empty() {
+            bail!(
+                "the driver read no token ring from the cluster; use --load-balancing round-robin"
+            );
+        }
+        let meta =
+            TokenMetadata::new(ring).map_err(|e| anyhow!("the cluster's ring: {}", e.message()))?;
+        let this = Self::new(&meta, factor, &ips);
+        if this.slot.iter().all(Option::is_none) {
+            bail!(
+                "no ring node has the address of one of --nodes ({})",
+                nodes.join(",")
+            );
+        }
+        Ok(this)
+    }
+
+    /// The `turn`-th replica of `token` that is one of the client's nodes (its position in
+    /// their list), or None if none of them replicates it.
+    fn pick(&self, token: i64, turn: usize) -> Option<usize> {
+        let replicas = self.map.replicas(Token(token));
+        let n = replicas.len();
+        (0..n).find_map(|k| self.slot[replicas[(turn + k) % n].get()])
+    }
+}
+
 // ------------------------------------------------------------------ the target
 
 /// The connections of one shard, used in turn.
@@ -975,64 +1070,191 @@ struct ShardConns {
     next: AtomicUsize,
 }
 
-/// A CQL endpoint driven over raw protocol v4: shard-aware routing, pipelined connections,
-/// no retries. Same contract as [`CqlTarget`](crate::driver::CqlTarget).
-pub struct RawTarget {
+/// The connections to one node, by shard.
+struct RawNode {
     shards: Vec<ShardConns>,
     nr_shards: u32,
     ignore_msb: u8,
-    /// Requests routed to each shard (their sum is the requests sent).
+    /// Requests routed to each shard of this node.
     routed: Vec<AtomicU64>,
-    conns: Vec<ConnInfo>,
     shard_aware_port: Option<u16>,
+}
+
+impl RawNode {
+    /// The shard of this node that owns `token`.
+    fn shard_of(&self, token: i64) -> usize {
+        shard_of(token, self.nr_shards, self.ignore_msb) as usize
+    }
+
+    /// The connection that carries a request for `token`: one of its shard's, in turn;
+    /// counts it.
+    fn conn_for(&self, token: i64) -> &Conn {
+        let shard = self.shard_of(token);
+        self.routed[shard].fetch_add(1, Ordering::Relaxed);
+        let s = &self.shards[shard];
+        let i = match s.conns.len() {
+            1 => 0,
+            n => s.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        &s.conns[i]
+    }
+
+    /// How connections reach their shard, for reports.
+    fn how(&self) -> String {
+        match self.shard_aware_port {
+            Some(p) => format!("shard-aware port {p}"),
+            None if self.nr_shards > 1 => "main port".to_string(),
+            None => "unsharded node".to_string(),
+        }
+    }
+}
+
+/// Settings of [`RawTarget::connect_with`].
+pub struct RawOptions {
+    /// Connections per shard of each node.
+    pub connections: usize,
+    /// Table of [`KEYSPACE`] the statements write and read.
+    pub table: String,
+    /// `USING TIMEOUT` on the writes, if the server accepts it.
+    pub using_timeout: Option<Duration>,
+    /// Rows per write: more than one makes each write an UNLOGGED BATCH of its partition.
+    pub batch_rows: usize,
+    /// Consistency level of every request.
+    pub consistency: ConsistencyLevel,
+    /// How each request's node is picked when there are several.
+    pub choice: NodeChoice,
+}
+
+/// CQL endpoints driven over raw protocol v4: shard-aware routing, pipelined connections,
+/// no retries, one or several nodes. Same contract as [`CqlTarget`](crate::driver::CqlTarget).
+pub struct RawTarget {
+    nodes: Vec<RawNode>,
+    choice: NodeChoice,
+    /// Counts requests for the nodes or replicas taken in turn.
+    turn: AtomicUsize,
+    consistency: ConsistencyLevel,
+    conns: Vec<ConnInfo>,
     tasks: Vec<AbortHandle>,
 }
 
+/// The first address `node` (host:port) resolves to.
+async fn resolve(node: &str) -> anyhow::Result<SocketAddr> {
+    tokio::net::lookup_host(node)
+        .await
+        .with_context(|| format!("resolving {node}"))?
+        .next()
+        .ok_or_else(|| anyhow!("{node} resolves to no address"))
+}
+
+/// Opens `per_shard` connections to every shard of the node at `addr`, `control` (its first,
+/// already open) among them when the node assigns shards itself.
+async fn open_node(
+    addr: SocketAddr,
+    control: Opened,
+    per_shard: usize,
+) -> anyhow::Result<(Vec<Opened>, Sharding)> {
+    let info = control.sharding.clone();
+    let nr = info.nr_shards.max(1);
+    let mut opened: Vec<Opened> = Vec::with_capacity(per_shard * nr as usize);
+    match (info.shard, info.shard_aware_port) {
+        (Some(_), Some(port)) => {
+            // Each connection chooses its shard by its source port.
+            let sa = SocketAddr::new(addr.ip(), port);
+            let mut ports = PortPicker::new(rand::random_range(PORT_LOW..=PORT_HIGH));
+            for shard in 0..nr {
+                for _ in 0..per_shard {
+                    let c = open(sa, Some((shard, nr)), Some(&mut ports)).await?;
+                    if c.sharding.shard != Some(shard) {
+                        bail!(
+                            "a connection to the shard-aware port {port} meant for shard {shard} reports shard {:?}",
+                            c.sharding.shard
+                        );
+                    }
+                    opened.push(c);
+                }
+            }
+        }
+        (Some(shard), None) => {
+            // The main port assigns shards itself: open until every shard has its share.
+            let mut need = vec![per_shard; nr as usize];
+            need[shard as usize] -= 1;
+            opened.push(Opened {
+                meant: shard,
+                ..control
+            });
+            let max_attempts = 8 * per_shard * nr as usize + 8;
+            let mut attempts = 0;
+            while need.iter().any(|n| *n > 0) {
+                if attempts == max_attempts {
+                    bail!("after {attempts} connections some shards of {addr} still lack connections: {need:?} missing");
+                }
+                attempts += 1;
+                let c = open(addr, None, None).await?;
+                let s = c.sharding.shard.unwrap_or(0).min(nr - 1);
+                if need[s as usize] > 0 {
+                    need[s as usize] -= 1;
+                    opened.push(Opened { meant: s, ..c });
+                }
+            }
+        }
+        (None, _) => {
+            opened.push(Opened {
+                meant: 0,
+                ..control
+            });
+            for _ in 1..per_shard {
+                opened.push(open(addr, None, None).await?);
+            }
+        }
+    }
+    Ok((opened, info))
+}
+
 impl RawTarget {
-    /// Connects `connections` connections per shard of the single node in `nodes` and prepares
-    /// the write (with `USING TIMEOUT` if given and accepted) and read statements of `table`.
-    /// Returns notes for the report, as [`CqlTarget::prepare`](crate::driver::CqlTarget::prepare).
+    /// Connects `connections` connections per shard of each of `nodes` (in turn when there are
+    /// several) at consistency ONE and prepares the write (with `USING TIMEOUT` if given and
+    /// accepted) and read statements of `table`. Returns notes for the report, as
+    /// [`CqlTarget::prepare`](crate::driver::CqlTarget::prepare).
     pub async fn connect(
         nodes: &[String],
         connections: usize,
         table: &str,
         using_timeout: Option<Duration>,
     ) -> anyhow::Result<(Self, Vec<String>)> {
-        Self::connect_with(nodes, connections, table, using_timeout, 1).await
+        let opts = RawOptions {
+            connections,
+            table: table.to_string(),
+            using_timeout,
+            batch_rows: 1,
+            consistency: ConsistencyLevel::One,
+            choice: NodeChoice::RoundRobin,
+        };
+        Self::connect_with(nodes, opts).await
     }
 
-    /// [`Self::connect`], with each write an UNLOGGED BATCH of `batch_rows` rows of its
-    /// partition when `batch_rows` > 1.
+    /// [`Self::connect`] with every setting: consistency, batches and how nodes are picked.
     pub async fn connect_with(
         nodes: &[String],
-        connections: usize,
-        table: &str,
-        using_timeout: Option<Duration>,
-        batch_rows: usize,
+        opts: RawOptions,
     ) -> anyhow::Result<(Self, Vec<String>)> {
-        let [node] = nodes else {
-            bail!(
-                "--client raw drives one node (no token ring); got {}",
-                nodes.join(",")
-            );
-        };
-        let addr = tokio::net::lookup_host(node.as_str())
-            .await
-            .with_context(|| format!("resolving {node}"))?
-            .next()
-            .ok_or_else(|| anyhow!("{node} resolves to no address"))?;
-        let per_shard = connections.max(1);
+        if nodes.is_empty() {
+            bail!("--client raw needs at least one node");
+        }
+        let per_shard = opts.connections.max(1);
+        let mut addrs = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            addrs.push(resolve(n).await?);
+        }
 
-        // The first connection tells how the node is sharded; it also picks the statements.
-        let first = open(addr, None, None).await?;
-        let info = first.sharding.clone();
+        // The first connection to the first node picks the statements.
+        let mut first = open(addrs[0], None, None).await?;
         let mut notes = Vec::new();
-        let mut control = first.stream;
+        let table = &opts.table;
         let plain = format!("INSERT INTO {KEYSPACE}.{table} (pk, ck, v) VALUES (?, ?, ?)");
-        let write_cql = match using_timeout {
+        let write_cql = match opts.using_timeout {
             Some(t) => {
                 let cql = format!("{plain} USING TIMEOUT {}ms", t.as_millis());
-                match prepare(&mut control, &cql).await? {
+                match prepare(&mut first.stream, &cql).await? {
                     Ok(_) => cql,
                     Err(e) => {
                         notes.push(format!(
@@ -1045,147 +1267,149 @@ impl RawTarget {
             None => plain,
         };
         let read_cql = format!("SELECT pk, ck, v FROM {KEYSPACE}.{table} WHERE pk = ?");
+        let consistency = opts.consistency.wire();
 
-        let nr = info.nr_shards.max(1);
-        let mut opened: Vec<Opened> = Vec::with_capacity(per_shard * nr as usize);
-        match (info.shard, info.shard_aware_port) {
-            (Some(_), Some(port)) => {
-                // Each connection chooses its shard by its source port.
-                let sa = SocketAddr::new(addr.ip(), port);
-                let mut ports = PortPicker::new(rand::random_range(PORT_LOW..=PORT_HIGH));
-                for shard in 0..nr {
-                    for _ in 0..per_shard {
-                        let c = open(sa, Some((shard, nr)), Some(&mut ports)).await?;
-                        if c.sharding.shard != Some(shard) {
-                            bail!(
-                                "a connection to the shard-aware port {port} meant for shard {shard} reports shard {:?}",
-                                c.sharding.shard
-                            );
-                        }
-                        opened.push(c);
-                    }
-                }
-            }
-            (Some(shard), None) => {
-                // The main port assigns shards itself: open until every shard has its share.
-                let mut need = vec![per_shard; nr as usize];
-                need[shard as usize] -= 1;
-                opened.push(Opened {
-                    stream: control,
-                    sharding: info.clone(),
-                    meant: shard,
+        let mut raw_nodes = Vec::with_capacity(addrs.len());
+        let mut conns = Vec::new();
+        let mut all: Vec<Arc<Conn>> = Vec::new();
+        let mut tasks = Vec::new();
+        let mut first = Some(first);
+        for (node, &addr) in addrs.iter().enumerate() {
+            let control = match first.take() {
+                Some(c) => c,
+                None => open(addr, None, None).await?,
+            };
+            let (opened, info) = open_node(addr, control, per_shard).await?;
+            let nr = info.nr_shards.max(1);
+            let mut shards: Vec<ShardConns> = (0..nr)
+                .map(|_| ShardConns {
+                    conns: Vec::with_capacity(per_shard),
+                    next: AtomicUsize::new(0),
+                })
+                .collect();
+            for mut c in opened {
+                let write_id = prepare(&mut c.stream, &write_cql)
+                    .await?
+                    .map_err(|e| anyhow!("preparing the write on {addr}: {e}"))?;
+                let read_id = prepare(&mut c.stream, &read_cql)
+                    .await?
+                    .map_err(|e| anyhow!("preparing the read on {addr}: {e}"))?;
+                conns.push(ConnInfo {
+                    node,
+                    meant: c.meant,
+                    reported: c.sharding.shard,
+                    local_port: c.stream.local_addr().map(|a| a.port()).unwrap_or(0),
                 });
-                let max_attempts = 8 * per_shard * nr as usize + 8;
-                let mut attempts = 0;
-                while need.iter().any(|n| *n > 0) {
-                    if attempts == max_attempts {
-                        bail!("after {attempts} connections some shards of {node} still lack connections: {need:?} missing");
-                    }
-                    attempts += 1;
-                    let c = open(addr, None, None).await?;
-                    let s = c.sharding.shard.unwrap_or(0).min(nr - 1);
-                    if need[s as usize] > 0 {
-                        need[s as usize] -= 1;
-                        opened.push(Opened { meant: s, ..c });
-                    }
-                }
+                let (rd, wr) = c.stream.into_split();
+                let conn = Arc::new(Conn::new(
+                    wr,
+                    ExecTemplate::write_batch(&write_id, opts.batch_rows, consistency)?,
+                    ExecTemplate::new(&read_id, OpKind::Read, consistency)?,
+                ));
+                let opt_in = c.sharding.rate_limit_error.is_some();
+                tasks.push(tokio::spawn(unstall(conn.clone())).abort_handle());
+                tasks.push(tokio::spawn(reader(rd, conn.clone(), opt_in)).abort_handle());
+                all.push(conn.clone());
+                shards[c.meant as usize].conns.push(conn);
             }
-            (None, _) => {
-                opened.push(Opened {
-                    stream: control,
-                    sharding: info.clone(),
-                    meant: 0,
-                });
-                for _ in 1..per_shard {
-                    opened.push(open(addr, None, None).await?);
-                }
-            }
-        }
-
-        let mut shards: Vec<ShardConns> = (0..nr)
-            .map(|_| ShardConns {
-                conns: Vec::with_capacity(per_shard),
-                next: AtomicUsize::new(0),
-            })
-            .collect();
-        let mut conns = Vec::with_capacity(opened.len());
-        let mut tasks = Vec::with_capacity(2 * opened.len());
-        for mut c in opened {
-            let write_id = prepare(&mut c.stream, &write_cql)
-                .await?
-                .map_err(|e| anyhow!("preparing the write: {e}"))?;
-            let read_id = prepare(&mut c.stream, &read_cql)
-                .await?
-                .map_err(|e| anyhow!("preparing the read: {e}"))?;
-            conns.push(ConnInfo {
-                meant: c.meant,
-                reported: c.sharding.shard,
-                local_port: c.stream.local_addr().map(|a| a.port()).unwrap_or(0),
+            raw_nodes.push(RawNode {
+                shards,
+                nr_shards: nr,
+                ignore_msb: info.ignore_msb,
+                routed: (0..nr).map(|_| AtomicU64::new(0)).collect(),
+                shard_aware_port: info.shard_aware_port.filter(|_| info.shard.is_some()),
             });
-            let (rd, wr) = c.stream.into_split();
-            let conn = Arc::new(Conn::new(
-                wr,
-                ExecTemplate::write_batch(&write_id, batch_rows)?,
-                ExecTemplate::new(&read_id, OpKind::Read)?,
-            ));
-            let opt_in = c.sharding.rate_limit_error.is_some();
-            tasks.push(tokio::spawn(unstall(conn.clone())).abort_handle());
-            tasks.push(tokio::spawn(reader(rd, conn.clone(), opt_in)).abort_handle());
-            shards[c.meant as usize].conns.push(conn);
         }
-        let all: Vec<Arc<Conn>> = shards.iter().flat_map(|s| s.conns.clone()).collect();
         tasks.push(tokio::spawn(sweep_expiries(all)).abort_handle());
         let target = Self {
-            shards,
-            nr_shards: nr,
-            ignore_msb: info.ignore_msb,
-            routed: (0..nr).map(|_| AtomicU64::new(0)).collect(),
+            nodes: raw_nodes,
+            choice: opts.choice,
+            turn: AtomicUsize::new(0),
+            consistency: opts.consistency,
             conns,
-            shard_aware_port: info.shard_aware_port.filter(|_| info.shard.is_some()),
             tasks,
         };
         Ok((target, notes))
     }
 
-    /// The shard that owns partition `pk` (token of the bigint key, ScyllaDB's sharding).
+    /// The shard of the first node that owns partition `pk` (token of the bigint key,
+    /// ScyllaDB's sharding).
     pub fn shard_of(&self, pk: i64) -> usize {
-        shard_of(
-            murmur3_token(&pk.to_be_bytes()),
-            self.nr_shards,
-            self.ignore_msb,
-        ) as usize
+        self.nodes[0].shard_of(murmur3_token(&pk.to_be_bytes()))
     }
 
-    /// Requests routed to each shard so far.
+    /// Requests routed to each shard so far, summed over the nodes.
     pub fn routed(&self) -> Vec<u64> {
-        self.routed
+        let width = self.nodes.iter().map(|n| n.routed.len()).max().unwrap_or(0);
+        let mut out = vec![0; width];
+        for n in &self.nodes {
+            for (o, c) in out.iter_mut().zip(&n.routed) {
+                *o += c.load(Ordering::Relaxed);
+            }
+        }
+        out
+    }
+
+    /// Requests routed to each node so far, in the order of the client's nodes.
+    pub fn routed_per_node(&self) -> Vec<u64> {
+        self.nodes
             .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|n| n.routed.iter().map(|c| c.load(Ordering::Relaxed)).sum())
             .collect()
     }
 
-    /// Every connection: the shard it serves, the shard the server reported, its source port.
+    /// Every connection: its node, the shard it serves, the shard the server reported, its
+    /// source port.
     pub fn connections(&self) -> &[ConnInfo] {
         &self.conns
     }
 
-    /// Shards of the node (1 for an unsharded node such as Cassandra).
+    /// Shards of the first node (1 for an unsharded node such as Cassandra).
     pub fn nr_shards(&self) -> u32 {
-        self.nr_shards
+        self.nodes[0].nr_shards
     }
 
-    /// One line for reports: protocol, sharding and connections.
+    /// One line for reports: protocol, consistency, node choice, sharding and connections.
     pub fn describe(&self) -> String {
-        let per_shard = self.conns.len() / self.shards.len().max(1);
-        let how = match self.shard_aware_port {
-            Some(p) => format!("shard-aware port {p}"),
-            None if self.nr_shards > 1 => "main port".to_string(),
-            None => "unsharded node".to_string(),
+        let first = &self.nodes[0];
+        let per_shard = self.conns.len() / self.nodes.len() / first.shards.len().max(1);
+        let choice = match (&self.choice, self.nodes.len()) {
+            (_, 1) => "1 node".to_string(),
+            (NodeChoice::RoundRobin, n) => format!("{n} nodes in turn (round-robin)"),
+            (NodeChoice::Replicas(r), n) => format!(
+                "{n} nodes, token-aware (each partition's replicas in turn, SimpleStrategy RF {} on the cluster's ring)",
+                r.factor
+            ),
         };
         format!(
-            "raw CQL v4 (pipelined, no retries), {} shard(s) x {per_shard} connection(s), {how}",
-            self.nr_shards
+            "raw CQL v4 (pipelined, no retries: 0 retries per request by construction), consistency {}, {choice}, {} shard(s) x {per_shard} connection(s) per node, {}",
+            self.consistency.name(),
+            first.nr_shards,
+            first.how()
         )
+    }
+
+    /// All connections of every node.
+    fn all_conns(&self) -> impl Iterator<Item = &Arc<Conn>> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.shards.iter().flat_map(|s| &s.conns))
+    }
+
+    /// The connection that carries `op`: its node by the node choice, then one of its
+    /// partition's shard, in turn; counts it.
+    fn conn_for(&self, op: &Op) -> &Conn {
+        let token = murmur3_token(&op.pk.to_be_bytes());
+        let node = match (&self.choice, self.nodes.len()) {
+            (_, 1) => 0,
+            (NodeChoice::RoundRobin, n) => self.turn.fetch_add(1, Ordering::Relaxed) % n,
+            (NodeChoice::Replicas(ring), n) => {
+                let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+                // A partition none of the nodes replicates still goes somewhere.
+                ring.pick(token, turn).unwrap_or(turn % n)
+            }
+        };
+        self.nodes[node].conn_for(token)
     }
 }
 
@@ -1226,20 +1450,6 @@ impl Drop for RawTarget {
     }
 }
 
-impl RawTarget {
-    /// The connection that carries `op`: one of its partition's shard, in turn; counts it.
-    fn conn_for(&self, op: &Op) -> &Conn {
-        let shard = self.shard_of(op.pk);
-        self.routed[shard].fetch_add(1, Ordering::Relaxed);
-        let s = &self.shards[shard];
-        let i = match s.conns.len() {
-            1 => 0,
-            n => s.next.fetch_add(1, Ordering::Relaxed) % n,
-        };
-        &s.conns[i]
-    }
-}
-
 impl Target for RawTarget {
     async fn execute(&self, op: Op) -> Reply {
         let (tx, rx) = oneshot::channel();
@@ -1249,7 +1459,7 @@ impl Target for RawTarget {
     }
 
     fn attempts(&self) -> Option<u64> {
-        Some(self.routed.iter().map(|c| c.load(Ordering::Relaxed)).sum())
+        Some(self.routed().iter().sum())
     }
 
     /// Queues the request on its shard's connection with the ticket in its stream-id slot:
@@ -1260,7 +1470,7 @@ impl Target for RawTarget {
     }
 
     fn flush(&self) {
-        for c in self.shards.iter().flat_map(|s| &s.conns) {
+        for c in self.all_conns() {
             if c.claim_flush() {
                 c.flush();
             }
@@ -1269,7 +1479,7 @@ impl Target for RawTarget {
 
     fn take_send_delays(&self) -> Option<hdrhistogram::Histogram<u64>> {
         let mut all = send_delay_histogram();
-        for c in self.shards.iter().flat_map(|s| &s.conns) {
+        for c in self.all_conns() {
             // Same bounds on both sides: adding cannot fail.
             let _ = all.add(c.take_send_delays());
         }
@@ -1346,8 +1556,9 @@ mod tests {
     #[test]
     fn execute_frames_decode_with_the_oracle() {
         let id: Vec<u8> = (1..=16).collect();
-        let write = ExecTemplate::new(&id, OpKind::Write).unwrap();
-        let read = ExecTemplate::new(&id, OpKind::Read).unwrap();
+        let write =
+            ExecTemplate::new(&id, OpKind::Write, sluice_protocol::Consistency::One).unwrap();
+        let read = ExecTemplate::new(&id, OpKind::Read, sluice_protocol::Consistency::One).unwrap();
         let w = Op {
             kind: OpKind::Write,
             pk: -42,
@@ -1405,7 +1616,8 @@ mod tests {
     fn batch_writes_decode_with_the_oracle() {
         use cassandra_protocol::frame::message_batch::{BatchQuerySubj, BatchType};
         let id: Vec<u8> = (1..=16).collect();
-        let batch = ExecTemplate::write_batch(&id, 3).expect("template");
+        let batch =
+            ExecTemplate::write_batch(&id, 3, sluice_protocol::Consistency::One).expect("template");
         let op = Op {
             kind: OpKind::Write,
             pk: 99,
@@ -1434,8 +1646,117 @@ mod tests {
             );
         }
         // One row stays a plain EXECUTE.
-        let one = ExecTemplate::write_batch(&id, 1).expect("template");
+        let one =
+            ExecTemplate::write_batch(&id, 1, sluice_protocol::Consistency::One).expect("template");
         assert_eq!(one.frame[4], 0x0A, "EXECUTE");
+    }
+
+    #[test]
+    fn every_consistency_level_reaches_the_frame() {
+        use cassandra_protocol::frame::message_batch::BatchType;
+        let id: Vec<u8> = (1..=16).collect();
+        let op = Op {
+            kind: OpKind::Write,
+            pk: 3,
+            ck: 1,
+        };
+        for (ours, oracle) in [
+            (ConsistencyLevel::Quorum, Consistency::Quorum),
+            (ConsistencyLevel::All, Consistency::All),
+            (ConsistencyLevel::LocalQuorum, Consistency::LocalQuorum),
+            (ConsistencyLevel::LocalOne, Consistency::LocalOne),
+            (ConsistencyLevel::Two, Consistency::Two),
+        ] {
+            for kind in [OpKind::Write, OpKind::Read] {
+                let t = ExecTemplate::new(&id, kind, ours.wire()).expect("template");
+                let mut buf = BytesMut::new();
+                t.encode(&mut buf, 5, &Op { kind, ..op });
+                let RequestBody::Execute(e) = oracle_request(&buf, 5, Opcode::Execute) else {
+                    panic!("not EXECUTE")
+                };
+                assert_eq!(e.query_parameters.consistency, oracle, "{ours:?} {kind:?}");
+            }
+            let t = ExecTemplate::write_batch(&id, 4, ours.wire()).expect("template");
+            let mut buf = BytesMut::new();
+            t.encode(&mut buf, 6, &op);
+            let RequestBody::Batch(b) = oracle_request(&buf, 6, Opcode::Batch) else {
+                panic!("not BATCH")
+            };
+            assert_eq!(b.batch_type, BatchType::Unlogged);
+            assert_eq!(b.consistency, oracle, "{ours:?} batch");
+        }
+    }
+
+    /// Three nodes on 127.0.0.1-3 with two tokens each, interleaved.
+    fn three_node_ring() -> TokenMetadata {
+        let node = |i: u8, tokens: [i64; 2]| {
+            let addr: SocketAddr = format!("127.0.0.{i}:9042").parse().expect("addr");
+            Node {
+                host_id: uuid::Uuid::from_u128(u128::from(i)),
+                cql_address: addr,
+                internode_address: addr,
+                dc: "datacenter1".into(),
+                rack: "rack1".into(),
+                tokens: tokens.map(Token).to_vec(),
+                state: NodeState::Normal,
+            }
+        };
+        TokenMetadata::new(vec![
+            node(1, [-300, 0]),
+            node(2, [-200, 100]),
+            node(3, [-100, 200]),
+        ])
+        .expect("ring")
+    }
+
+    fn ips(last: &[u8]) -> Vec<IpAddr> {
+        last.iter().map(|i| IpAddr::from([127, 0, 0, *i])).collect()
+    }
+
+    #[test]
+    fn replica_ring_picks_the_partitions_replicas_in_turn() {
+        let meta = three_node_ring();
+        // RF 1: always the primary, the owner of the first token at or after the key's.
+        let one = ReplicaRing::new(&meta, 1, &ips(&[1, 2, 3]));
+        for turn in 0..4 {
+            assert_eq!(one.pick(-250, turn), Some(1), "(-300, -200] is node 2's");
+            assert_eq!(one.pick(-200, turn), Some(1), "a token ends its own range");
+            assert_eq!(one.pick(50, turn), Some(1));
+            assert_eq!(one.pick(150, turn), Some(2));
+            assert_eq!(
+                one.pick(250, turn),
+                Some(0),
+                "past the last token wraps to the first"
+            );
+        }
+        // RF 2: the primary and the next distinct node on the ring, alternately.
+        let two = ReplicaRing::new(&meta, 2, &ips(&[1, 2, 3]));
+        let picks: Vec<_> = (0..4).map(|t| two.pick(150, t)).collect();
+        assert_eq!(picks, [Some(2), Some(0), Some(2), Some(0)]);
+        // RF 3 on 3 nodes: every node in turn.
+        let three = ReplicaRing::new(&meta, 3, &ips(&[1, 2, 3]));
+        let picks: Vec<_> = (0..3).map(|t| three.pick(-50, t)).collect();
+        assert_eq!(picks, [Some(0), Some(1), Some(2)]);
+        // The client's own node order maps ring nodes onto its connections.
+        let reordered = ReplicaRing::new(&meta, 1, &ips(&[3, 1]));
+        assert_eq!(
+            reordered.pick(150, 0),
+            Some(0),
+            "node 3 is the client's first"
+        );
+        assert_eq!(
+            reordered.pick(-250, 0),
+            None,
+            "node 2 is not among the client's"
+        );
+        // A replica the client lacks is skipped for the next one.
+        let partial = ReplicaRing::new(&meta, 2, &ips(&[3, 1]));
+        assert_eq!(
+            partial.pick(-250, 0),
+            Some(0),
+            "node 2 missing: node 3 next"
+        );
+        assert_eq!(partial.pick(-250, 1), Some(0));
     }
 
     #[test]
@@ -1780,8 +2101,8 @@ mod tests {
         let id = [9u8; 16];
         let conn = Arc::new(Conn::new(
             wr,
-            ExecTemplate::new(&id, OpKind::Write).unwrap(),
-            ExecTemplate::new(&id, OpKind::Read).unwrap(),
+            ExecTemplate::new(&id, OpKind::Write, sluice_protocol::Consistency::One).unwrap(),
+            ExecTemplate::new(&id, OpKind::Read, sluice_protocol::Consistency::One).unwrap(),
         ));
         tokio::spawn(unstall(conn.clone()));
         tokio::spawn(reader(rd, conn.clone(), true));
