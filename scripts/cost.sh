@@ -47,11 +47,14 @@ free_port() {
 start() {
     local name=$1
     shift
-    local port
+    local port internode
     port=$(free_port)
+    # Each server its own node-to-node port: the default (7000) would be shared.
+    internode=$(free_port)
     mkdir -p "$WORK/$name"
     valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file="$WORK/$name.out" \
-        "$BIN/sluice" serve --listen "127.0.0.1:$port" --data-dir "$WORK/$name/data" \
+        "$BIN/sluice" serve --listen "127.0.0.1:$port" --internode-listen "127.0.0.1:$internode" \
+        --data-dir "$WORK/$name/data" \
         --shards 1 --shard-aware-port off --metrics-listen off --log warn "$@" \
         >"$WORK/$name.log" 2>&1 &
     PIDS+=($!)

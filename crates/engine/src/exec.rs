@@ -6,7 +6,9 @@ use crate::catalog::{invalid, TableDef};
 use crate::codec;
 use crate::Prepared;
 use bytes::Bytes;
-use sluice_protocol::{Consistency, DbError, DetailedError, QueryParameters, Value, WriteType};
+use sluice_protocol::{
+    BoundValues, Consistency, DbError, DetailedError, QueryParameters, Value, ValueRef, WriteType,
+};
 use sluice_storage::Order;
 use sluice_types::CqlType;
 use std::borrow::Cow;
@@ -283,7 +285,7 @@ pub(crate) fn constant_timeout(v: Option<&Val>) -> Option<Result<Option<Duration
 }
 
 /// Decodes a `duration` value as a request timeout (no months, not negative).
-fn decode_timeout(bytes: &[u8]) -> Result<Duration, DetailedError> {
+pub(crate) fn decode_timeout(bytes: &[u8]) -> Result<Duration, DetailedError> {
     // Directly, not through `Value::decode`: a bound timeout is decoded for every request
     // that carries one, before its deadline is checked.
     match sluice_types::value::decode_duration(bytes) {
@@ -426,14 +428,17 @@ pub(crate) fn single_partition_token(
 /// functions, null, oversized keys), which [`single_partition_token`] handles. The caller
 /// makes sure `values` need no canonical reordering (no set or map markers).
 #[inline]
-pub(crate) fn single_column_key_token(values: &[Value], w: &Where) -> Option<i64> {
+pub(crate) fn single_column_key_token<V: BoundValues + ?Sized>(
+    values: &V,
+    w: &Where,
+) -> Option<i64> {
     let [Some(Restr::Eq(v))] = &w.pk[..] else {
         return None;
     };
     let key: &[u8] = match v {
         Val::Const(Some(b)) => b,
-        Val::Bind(i) => match values.get(*i) {
-            Some(Value::Set(b)) => b,
+        Val::Bind(i) => match values.value(*i) {
+            Some(ValueRef::Set(b)) => b,
             _ => return None,
         },
         _ => return None,

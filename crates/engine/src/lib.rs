@@ -57,8 +57,8 @@ use analyze::Plan;
 use bytes::Bytes;
 use catalog::{PersistedSchema, Schema};
 use sluice_protocol::{
-    BatchRequest, ColumnSpec, DbError, DetailedError, PreparedMetadata, QueryParameters,
-    ResultColumns, ResultMessage, RowsMetadata, SchemaChange,
+    BatchRequest, BoundValues, ColumnSpec, DbError, DetailedError, PreparedMetadata,
+    QueryParameters, ResultColumns, ResultMessage, RowsMetadata, SchemaChange, ValueRef,
 };
 use sluice_storage::{Storage, StorageError, TableId};
 use std::collections::HashMap;
@@ -1031,29 +1031,35 @@ impl Engine {
     /// bound from `values` when a marker. Cheap, so that the deadline check can run
     /// before any routing work. Values are positional.
     #[inline]
-    pub fn timeout(
+    pub fn timeout<V: BoundValues + ?Sized>(
         &self,
         p: &Prepared,
-        values: &[sluice_protocol::Value],
+        values: &V,
     ) -> Result<Option<Duration>, DetailedError> {
         match &p.const_timeout {
             Some(Ok(decided)) => Ok(*decided),
-            _ => self.bound_timeout(p, values),
+            _ => Self::bound_timeout(p, values),
         }
     }
 
     /// [`Engine::timeout`] of a statement whose timeout is not decided by its text alone.
-    fn bound_timeout(
-        &self,
+    fn bound_timeout<V: BoundValues + ?Sized>(
         p: &Prepared,
-        values: &[sluice_protocol::Value],
+        values: &V,
     ) -> Result<Option<Duration>, DetailedError> {
         if let Some(decided) = &p.const_timeout {
             return decided.clone();
         }
         match p.plan.timeout() {
+            // A marker is decoded where it lies; null and unset mean no timeout.
+            Some(analyze::Val::Bind(i)) => match values.value(*i) {
+                Some(ValueRef::Set(bytes)) => exec::decode_timeout(bytes).map(Some),
+                _ => Ok(None),
+            },
             // A duration marker never involves "now".
-            Some(v) => exec::timeout_of(&exec::Binder::new(values, 0), v),
+            Some(v) => {
+                values.with_decoded(|values| exec::timeout_of(&exec::Binder::new(values, 0), v))
+            }
             None => Ok(None),
         }
     }
@@ -1073,10 +1079,10 @@ impl Engine {
     /// [`Engine::route`] for a caller that already has the statement's [`Engine::timeout`]
     /// (the server decides the deadline before routing), so it is not bound twice.
     #[inline]
-    pub fn route_with_timeout(
+    pub fn route_with_timeout<V: BoundValues + ?Sized>(
         &self,
         p: &Prepared,
-        values: &[sluice_protocol::Value],
+        values: &V,
         timeout: Option<Duration>,
     ) -> Route {
         let (table, where_) = match &p.plan {
@@ -1104,7 +1110,7 @@ impl Engine {
                 }
             }
         }
-        Self::route_bound(p, values, route, table, where_)
+        values.with_decoded(|values| Self::route_bound(p, values, route, table, where_))
     }
 
     /// [`Engine::route_with_timeout`] of any other statement: its partition key bound with

@@ -18,7 +18,7 @@ use crate::analyze::{Plan, WritePlan};
 use crate::catalog::{RateLimits, TableDef};
 use crate::{exec, Engine, OpKind, Prepared};
 use sluice_cql::ast::OptionValue;
-use sluice_protocol::{BatchQuery, BatchRequest, DbError, DetailedError, Value};
+use sluice_protocol::{BatchQuery, BatchRequest, BoundValues, DbError, DetailedError, Value};
 use sluice_storage::TableId;
 
 /// The option's name in `WITH`.
@@ -202,7 +202,16 @@ impl Engine {
     /// Every distinct (table, partition) a bound statement accounts against a limit: the
     /// partitions of an `IN` read, of a multi-partition write, or of a text batch. Empty for
     /// range scans, system tables, DDL and tables without a limit for the operation.
-    pub fn limited_partitions(&self, p: &Prepared, values: &[Value]) -> Vec<LimitedPartition> {
+    pub fn limited_partitions<V: BoundValues + ?Sized>(
+        &self,
+        p: &Prepared,
+        values: &V,
+    ) -> Vec<LimitedPartition> {
+        values.with_decoded(|values| Self::limited_partitions_of(p, values))
+    }
+
+    /// [`Engine::limited_partitions`] over decoded values.
+    fn limited_partitions_of(p: &Prepared, values: &[Value]) -> Vec<LimitedPartition> {
         let values = exec::canonical_positional(p, values);
         let b = exec::Binder::new(&values, crate::now_micros());
         let mut out = Vec::new();
@@ -251,6 +260,9 @@ mod tests {
     use sluice_protocol::{BatchEntry, Consistency, QueryParameters, ResultMessage};
     use sluice_storage::{Durability, Storage, StorageConfig};
     use std::sync::Arc;
+
+    /// A statement without bound values.
+    const NO_VALUES: &[Value] = &[];
 
     fn map(pairs: &[(&str, OptionValue)]) -> OptionValue {
         OptionValue::Map(
@@ -401,13 +413,13 @@ mod tests {
         let route = e.route(&p, &[int(1)]).unwrap();
         assert_eq!(route.token, Some(token_of(1)));
         assert_eq!(route.rate_limits.unwrap().for_kind(route.kind), Some(3));
-        assert_eq!(e.limited_partitions(&p, &[int(1)]).len(), 1);
+        assert_eq!(e.limited_partitions(&p, &[int(1)][..]).len(), 1);
 
         // IN read: each partition on its own token, duplicates once.
         let p = e
             .prepare(None, "SELECT * FROM ks.t WHERE pk IN (1, 2, 3, 2)")
             .unwrap();
-        let parts = e.limited_partitions(&p, &[]);
+        let parts = e.limited_partitions(&p, NO_VALUES);
         let mut want = vec![token_of(1), token_of(2), token_of(3)];
         want.sort_unstable();
         assert_eq!(tokens(&parts), want);
@@ -415,18 +427,18 @@ mod tests {
 
         // Range scan and system table: nothing counted.
         let p = e.prepare(None, "SELECT * FROM ks.t").unwrap();
-        assert!(e.limited_partitions(&p, &[]).is_empty());
+        assert!(e.limited_partitions(&p, NO_VALUES).is_empty());
         let p = e
             .prepare(None, "SELECT * FROM system.local WHERE key = 'local'")
             .unwrap();
-        assert!(e.limited_partitions(&p, &[]).is_empty());
+        assert!(e.limited_partitions(&p, NO_VALUES).is_empty());
 
         // Text batch: every distinct partition on a limited table; the unlimited table not.
         let p = e
             .prepare(None, "BEGIN BATCH INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 1); INSERT INTO ks.t (pk, ck, v) VALUES (1, 2, 1); INSERT INTO ks.t (pk, ck, v) VALUES (9, 1, 1); INSERT INTO ks.u (pk, v) VALUES (4, 4); APPLY BATCH")
             .unwrap();
         assert!(p.is_text_batch());
-        let parts = e.limited_partitions(&p, &[]);
+        let parts = e.limited_partitions(&p, NO_VALUES);
         let mut want = vec![token_of(1), token_of(9)];
         want.sort_unstable();
         assert_eq!(tokens(&parts), want);
@@ -482,7 +494,7 @@ mod tests {
             .unwrap();
         let route = e.route(&p, &[]).unwrap();
         assert_eq!(route.rate_limits.unwrap().for_kind(OpKind::Write), None);
-        assert!(e.limited_partitions(&p, &[]).is_empty());
+        assert!(e.limited_partitions(&p, NO_VALUES).is_empty());
         run(
             &e,
             "ALTER TABLE ks.t WITH per_partition_rate_limit = {'max_reads_per_second': -1}",

@@ -1063,6 +1063,133 @@ async fn restart_keeps_schema_and_data() {
     assert_eq!(r[0][1], None);
 }
 
+/// The value of a `duration` of `nanos` nanoseconds.
+fn duration_nanos(nanos: i64) -> Value {
+    let mut d = Vec::new();
+    sluice_types::value::encode_duration(
+        sluice_types::datetime::Duration {
+            months: 0,
+            days: 0,
+            nanos,
+        },
+        &mut d,
+    );
+    Value::Set(Bytes::from(d))
+}
+
+#[tokio::test]
+async fn an_execute_head_routes_and_times_out_as_its_decoded_values() {
+    use sluice_protocol::{ExecuteHead, FrameHeader, Opcode};
+    let mut h = H::new();
+    h.setup_kv().await;
+    h.ok("CREATE TABLE ks.c (a int, b text, c int, v int, PRIMARY KEY ((a, b), c))")
+        .await;
+    h.ok("CREATE TABLE ks.s (k frozen<set<int>> PRIMARY KEY, v int)")
+        .await;
+    h.ok("CREATE TABLE ks.l (k int PRIMARY KEY, v int) WITH per_partition_rate_limit = {'max_writes_per_second': 3}")
+        .await;
+    // A set serialized out of order with a duplicate: routing must see it canonical.
+    let mut set = Vec::new();
+    for v in [3i32, -1, 3] {
+        set.extend_from_slice(&4i32.to_be_bytes());
+        set.extend_from_slice(&v.to_be_bytes());
+    }
+    let mut set_value = 3i32.to_be_bytes().to_vec();
+    set_value.extend_from_slice(&set[..]);
+    let cases: Vec<(&str, Vec<Value>)> = vec![
+        (
+            "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?) USING TIMEOUT ?",
+            vec![int(7), int(1), text("x"), duration_nanos(1)],
+        ),
+        (
+            "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?) USING TIMEOUT ?",
+            vec![int(7), int(1), Value::Null, Value::Null],
+        ),
+        (
+            "INSERT INTO ks.t (pk, ck, v) VALUES (?, ?, ?) USING TIMEOUT ?",
+            vec![int(7), int(1), Value::Unset, Value::Unset],
+        ),
+        (
+            "SELECT * FROM ks.t WHERE pk = ? USING TIMEOUT ?",
+            vec![int(9), Value::Set(Bytes::from_static(b"\xff"))],
+        ),
+        (
+            "SELECT * FROM ks.c WHERE a = ? AND b = ? AND c = ?",
+            vec![int(1), text("two"), int(3)],
+        ),
+        (
+            "SELECT * FROM ks.t WHERE pk IN (?, ?)",
+            vec![int(4), int(4)],
+        ),
+        ("SELECT * FROM ks.t WHERE pk = ?", vec![Value::Null]),
+        (
+            "INSERT INTO ks.s (k, v) VALUES (?, ?)",
+            vec![Value::Set(Bytes::from(set_value)), int(1)],
+        ),
+        (
+            "UPDATE ks.l SET v = ? WHERE k IN (?, ?)",
+            vec![int(1), int(5), int(6)],
+        ),
+        ("UPDATE ks.l SET v = ? WHERE k = ?", vec![int(1), int(5)]),
+    ];
+    for (text, values) in cases {
+        let p = h.engine.prepare(None, text).unwrap();
+        let request = sluice_protocol::Request::Execute {
+            id: Bytes::copy_from_slice(&p.id),
+            params: QueryParameters {
+                values: values.clone(),
+                ..QueryParameters::default()
+            },
+        };
+        let mut body = bytes::BytesMut::new();
+        request.encode_body(&mut body);
+        let body = body.freeze();
+        let header = FrameHeader {
+            version: 4,
+            flags: 0,
+            stream: 0,
+            opcode: Opcode::Execute,
+            length: body.len() as u32,
+        };
+        let mut head = ExecuteHead::new(&body);
+        assert_eq!(head.read(&header).unwrap(), &p.id[..], "{text}");
+        assert!(head.complete(), "{text}");
+        let decoded = &values[..];
+        let timeout = h.engine.timeout(&p, decoded);
+        assert_eq!(h.engine.timeout(&p, &head), timeout, "{text}");
+        let timeout = timeout.ok().flatten();
+        assert_eq!(
+            h.engine.route_with_timeout(&p, &head, timeout),
+            h.engine.route_with_timeout(&p, decoded, timeout),
+            "{text}"
+        );
+        assert_eq!(
+            h.engine.limited_partitions(&p, &head),
+            h.engine.limited_partitions(&p, decoded),
+            "{text}"
+        );
+    }
+    // The cases above reach each path: a bound timeout, the fallback binder, and limits.
+    let p = h
+        .engine
+        .prepare(None, "UPDATE ks.l SET v = ? WHERE k IN (?, ?)")
+        .unwrap();
+    assert_eq!(
+        h.engine
+            .limited_partitions(&p, &[int(1), int(5), int(6)][..])
+            .len(),
+        2
+    );
+    let p = h
+        .engine
+        .prepare(None, "SELECT * FROM ks.t WHERE pk = ? USING TIMEOUT ?")
+        .unwrap();
+    assert_eq!(
+        h.engine.timeout(&p, &[int(1), duration_nanos(5)][..]),
+        Ok(Some(Duration::from_nanos(5)))
+    );
+}
+
 #[tokio::test]
 async fn use_keyspace_route_and_invalidation() {
     let mut h = H::new();

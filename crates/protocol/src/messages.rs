@@ -71,6 +71,62 @@ pub enum Value {
     Unset,
 }
 
+impl Value {
+    /// This value, borrowed.
+    #[inline]
+    pub fn borrowed(&self) -> ValueRef<'_> {
+        match self {
+            Value::Set(b) => ValueRef::Set(b),
+            Value::Null => ValueRef::Null,
+            Value::Unset => ValueRef::Unset,
+        }
+    }
+}
+
+/// One bound value borrowed from where it lies: a request body, or a decoded [`Value`].
+/// `Copy`, with nothing to drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueRef<'a> {
+    /// Bytes of the serialized value.
+    Set(&'a [u8]),
+    /// `null` (length -1).
+    Null,
+    /// `unset` (length -2, v4+).
+    Unset,
+}
+
+/// Positional bound values, decoded ([`Value`]s) or read in place from a request body
+/// ([`crate::ExecuteHead`]): what the deadline and routing read before a statement is
+/// decoded in full, so that a request turned away there copies no value.
+pub trait BoundValues {
+    /// How many values there are.
+    fn count(&self) -> usize;
+
+    /// The value at `index`, borrowed; None past the end.
+    fn value(&self, index: usize) -> Option<ValueRef<'_>>;
+
+    /// Runs `f` over the same values as decoded [`Value`]s (slices of the request body: their
+    /// bytes are not copied), for the uncommon statements whose binding needs them.
+    fn with_decoded<R>(&self, f: impl FnOnce(&[Value]) -> R) -> R;
+}
+
+impl BoundValues for [Value] {
+    #[inline]
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    #[inline]
+    fn value(&self, index: usize) -> Option<ValueRef<'_>> {
+        self.get(index).map(Value::borrowed)
+    }
+
+    #[inline]
+    fn with_decoded<R>(&self, f: impl FnOnce(&[Value]) -> R) -> R {
+        f(self)
+    }
+}
+
 /// The parameters shared by QUERY and EXECUTE (`<query_parameters>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueryParameters {

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use crate::compression::Compression;
 use crate::frame::{Frame, FrameHeader, Opcode, FLAG_CUSTOM_PAYLOAD};
 use crate::messages::{
-    BatchEntry, BatchQuery, BatchRequest, EventType, QueryParameters, Request, Value,
+    BatchEntry, BatchQuery, BatchRequest, BoundValues, EventType, QueryParameters, Request, Value,
+    ValueRef,
 };
 use crate::wire::{DecodeError, Reader};
 
@@ -207,29 +208,31 @@ fn read_execute_id<'b>(
 /// How many leading positional values [`ExecuteHead::read`] reads.
 pub const VALUE_PREFIX: usize = 8;
 
-/// The leading positional values of an EXECUTE body, read without allocating (values are
-/// slices of the body), and its statement id ([`ExecuteHead::read`]): enough to find the
-/// statement, its deadline and its partition (for the rate limiter) before the full decode,
-/// so that a request turned away there is never decoded further.
+/// The leading positional values of an EXECUTE body, borrowed from the body where they lie
+/// (no allocation, no reference count), and its statement id ([`ExecuteHead::read`]): enough
+/// to find the statement, its deadline and its partition (for the rate limiter) before the
+/// full decode, so that a request turned away there is never decoded further.
 #[derive(Debug, Clone)]
-pub struct ExecuteHead {
-    /// Inline and initialised only as far as read: no allocation, nothing to drop beyond.
-    values: arrayvec::ArrayVec<Value, VALUE_PREFIX>,
+pub struct ExecuteHead<'b> {
+    /// The body the values are read from.
+    body: &'b Bytes,
+    /// Inline and initialised only as far as read; `Copy` values, so nothing to drop.
+    values: arrayvec::ArrayVec<ValueRef<'b>, VALUE_PREFIX>,
     complete: bool,
 }
 
-impl Default for ExecuteHead {
-    fn default() -> Self {
+impl<'b> ExecuteHead<'b> {
+    /// A head of `body`, not read yet (no values, not complete).
+    pub fn new(body: &'b Bytes) -> ExecuteHead<'b> {
         ExecuteHead {
+            body,
             values: arrayvec::ArrayVec::new(),
             complete: false,
         }
     }
-}
 
-impl ExecuteHead {
     /// The leading positional values read (all of them when [`Self::complete`]).
-    pub fn values(&self) -> &[Value] {
+    pub fn values(&self) -> &[ValueRef<'b>] {
         &self.values
     }
 
@@ -239,22 +242,18 @@ impl ExecuteHead {
         self.complete
     }
 
-    /// Reads an EXECUTE body's id and up to [`VALUE_PREFIX`] positional values into `self`
-    /// (filled in place: the head is a few hundred bytes, not worth moving), and returns the
-    /// prepared statement id, borrowed from `body` (looking it up needs no copy). `body` must
-    /// be decompressed. Never panics on malformed input; the full decode reports the precise
+    /// Reads the body's id and up to [`VALUE_PREFIX`] positional values into `self` (filled
+    /// in place: the head is a few hundred bytes, not worth moving), and returns the prepared
+    /// statement id, borrowed from the body (looking it up needs no copy). The body must be
+    /// decompressed. Never panics on malformed input; the full decode reports the precise
     /// error.
-    pub fn read<'b>(
-        &mut self,
-        header: &FrameHeader,
-        body: &'b Bytes,
-    ) -> Result<&'b [u8], DecodeError> {
+    pub fn read(&mut self, header: &FrameHeader) -> Result<&'b [u8], DecodeError> {
         self.values.clear();
         self.complete = false;
         if header.opcode != Opcode::Execute {
             return Err(DecodeError("not an EXECUTE"));
         }
-        let mut r = Reader::new(body);
+        let mut r = Reader::new(self.body);
         if header.flags & FLAG_CUSTOM_PAYLOAD != 0 {
             r.skip_bytes_map()?;
         }
@@ -266,11 +265,38 @@ impl ExecuteHead {
         } else if flags & QUERY_FLAG_NAMES == 0 {
             let n = r.read_count(MIN_VALUE_LEN)?;
             for _ in 0..n.min(VALUE_PREFIX) {
-                self.values.push(r.read_value()?);
+                self.values.push(r.read_value_borrowed()?);
             }
             self.complete = n <= VALUE_PREFIX;
         }
         Ok(id)
+    }
+}
+
+impl BoundValues for ExecuteHead<'_> {
+    #[inline]
+    fn count(&self) -> usize {
+        self.values.len()
+    }
+
+    #[inline]
+    fn value(&self, index: usize) -> Option<ValueRef<'_>> {
+        self.values.get(index).copied()
+    }
+
+    /// The values as slices of the body, on the stack: the same reference counts the
+    /// full decode takes, paid only by statements that need decoded values to route.
+    fn with_decoded<R>(&self, f: impl FnOnce(&[Value]) -> R) -> R {
+        let decoded: arrayvec::ArrayVec<Value, VALUE_PREFIX> = self
+            .values
+            .iter()
+            .map(|v| match v {
+                ValueRef::Set(bytes) => Value::Set(self.body.slice_ref(bytes)),
+                ValueRef::Null => Value::Null,
+                ValueRef::Unset => Value::Unset,
+            })
+            .collect();
+        f(&decoded)
     }
 }
 
@@ -458,7 +484,12 @@ mod tests {
                     if flags & QUERY_FLAG_NAMES != 0 {
                         put_string(&mut b, "x");
                     }
-                    put_bytes(&mut b, Some(&[i as u8]));
+                    match i % 4 {
+                        // Null and unset between set values: each kind is read in place.
+                        2 => put_bytes(&mut b, None),
+                        3 => put_int(&mut b, -2),
+                        _ => put_bytes(&mut b, Some(&[i as u8])),
+                    }
                 }
             }
             b.freeze()
@@ -472,30 +503,43 @@ mod tests {
         ] {
             let body = body_with(n, flags);
             let h = hdr(Opcode::Execute, 0, body.len());
-            let mut head = ExecuteHead::default();
-            head.read(&h, &body).unwrap();
+            let mut head = ExecuteHead::new(&body);
+            head.read(&h).unwrap();
             assert_eq!(
-                (head.complete(), head.values().len()),
-                (complete, len),
+                (head.complete(), head.values().len(), head.count()),
+                (complete, len, len),
                 "{n} {flags}"
             );
             let Ok(Request::Execute { params, .. }) = decode_request(&h, body.clone()) else {
                 panic!("full decode")
             };
-            assert_eq!(head.values(), &params.values[..len]);
+            let full: Vec<ValueRef<'_>> = params.values.iter().map(Value::borrowed).collect();
+            assert_eq!(head.values(), &full[..len]);
+            for i in 0..len + 1 {
+                assert_eq!(head.value(i), params.values[..len].value(i), "{n} {i}");
+            }
+            // Decoded from the head: the full decode's values, still slices of the body.
+            head.with_decoded(|decoded| {
+                assert_eq!(decoded, &params.values[..len]);
+                for v in decoded {
+                    if let Value::Set(b) = v {
+                        let within = body.as_ptr_range();
+                        assert!(within.contains(&b.as_ptr()), "a slice of the body");
+                    }
+                }
+            });
             // Truncated anywhere: an error (or, for named values, which it does not read, an
             // incomplete head), never a panic and never a complete head.
             for cut in 0..body.len() {
                 let short = body.slice(..cut);
-                let read = head.read(&h, &short);
+                let mut head = ExecuteHead::new(&short);
+                let read = head.read(&h);
                 assert!(read.is_err() || !head.complete(), "cut {cut}");
             }
         }
         let body = body_with(1, QUERY_FLAG_VALUES);
-        let mut head = ExecuteHead::default();
-        assert!(head
-            .read(&hdr(Opcode::Query, 0, body.len()), &body)
-            .is_err());
+        let mut head = ExecuteHead::new(&body);
+        assert!(head.read(&hdr(Opcode::Query, 0, body.len())).is_err());
         assert!(!head.complete());
     }
 
@@ -510,10 +554,14 @@ mod tests {
         let body = b.freeze();
         let h = hdr(Opcode::Execute, 0, body.len());
         assert_eq!(&peek_execute_id(&h, &body).unwrap()[..], &[0xAB; 16]);
-        let mut head = ExecuteHead::default();
-        assert_eq!(head.read(&h, &body).unwrap(), &[0xAB; 16]);
+        let mut head = ExecuteHead::new(&body);
+        assert_eq!(head.read(&h).unwrap(), &[0xAB; 16]);
         assert!(head.complete());
-        assert_eq!(head.values(), &[Value::Set(Bytes::from_static(b"v"))]);
+        assert_eq!(head.values(), &[ValueRef::Set(b"v")]);
+        // Borrowed where it lies, not copied.
+        if let [ValueRef::Set(v)] = head.values() {
+            assert_eq!(v.as_ptr(), body[body.len() - 1..].as_ptr());
+        }
         assert_eq!(peek_consistency(&h, &body), Some(Consistency::Quorum));
         let req = decode_request(&h, body.clone()).unwrap();
         let Request::Execute { id, params } = req else {

@@ -148,6 +148,17 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// [`Self::read_value`], borrowed from the body (no reference count taken).
+    pub fn read_value_borrowed(&mut self) -> Result<crate::messages::ValueRef<'a>, DecodeError> {
+        use crate::messages::ValueRef;
+        match self.read_int()? {
+            -1 => Ok(ValueRef::Null),
+            -2 => Ok(ValueRef::Unset),
+            len if len < 0 => Err(DecodeError("invalid [value] length")),
+            len => self.take(len as usize).map(ValueRef::Set),
+        }
+    }
+
     /// `[consistency]`, rejecting unknown codes.
     pub fn read_consistency(&mut self) -> Result<Consistency, DecodeError> {
         Consistency::from_code(self.read_short()?).ok_or(DecodeError("unknown consistency level"))

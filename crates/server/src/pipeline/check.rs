@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use sluice_engine::{LimitedPartition, OpKind, Prepared};
 use sluice_overload::RequestKind;
-use sluice_protocol::{BatchRequest, Value};
+use sluice_protocol::{BatchRequest, BoundValues, Value};
 
 use super::classify::UnknownId;
 use super::reply::Rejection;
@@ -21,15 +21,15 @@ use crate::shard::ShardCtx;
 /// the instant arithmetic cannot overflow.
 const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// What [`check`] looks at.
-#[derive(Clone, Copy)]
-pub enum Subject<'a> {
+/// What [`check`] looks at. `V` holds a single statement's values: decoded, or read in
+/// place by the reader from an EXECUTE's head.
+pub enum Subject<'a, V: BoundValues + ?Sized = [Value]> {
     /// One statement and its positional values.
     Single {
         /// The statement.
         prepared: &'a Prepared,
         /// Its positional values (all of them).
-        values: &'a [Value],
+        values: &'a V,
         /// Its bound `USING TIMEOUT`.
         using_timeout: Option<Duration>,
     },
@@ -43,6 +43,14 @@ pub enum Subject<'a> {
         using_timeout: Option<Duration>,
     },
 }
+
+impl<V: BoundValues + ?Sized> Clone for Subject<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V: BoundValues + ?Sized> Copy for Subject<'_, V> {}
 
 /// What the rate limiter still has to do for a checked statement.
 pub enum LimitPlan {
@@ -89,7 +97,10 @@ pub fn deadline(
 /// Decides whether `request` may run, cheapest reason first. A single partition owned by
 /// this shard is rate-limited here; anything the limiters of other shards decide is left in
 /// [`Checked::limit`].
-pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejection> {
+pub fn check<V: BoundValues + ?Sized>(
+    request: &Request,
+    subject: Subject<'_, V>,
+) -> Result<Checked, Rejection> {
     debug_assert!(
         !request.answered,
         "a request is checked before it is answered"
@@ -143,7 +154,10 @@ pub fn check(request: &Request, subject: Subject<'_>) -> Result<Checked, Rejecti
 
 /// The logged-in role's permissions, from the connection's cache of decisions: with the
 /// allow-all authorizer a flag test; with grants, a generation compare and a short scan.
-fn check_permissions(request: &Request, subject: &Subject<'_>) -> Result<(), Rejection> {
+fn check_permissions<V: BoundValues + ?Sized>(
+    request: &Request,
+    subject: &Subject<'_, V>,
+) -> Result<(), Rejection> {
     let engine = &request.shard.engine;
     if !engine.auth().checks_permissions() {
         return Ok(());
@@ -211,10 +225,10 @@ fn check_group_commit(
 }
 
 /// Routing, the group fsync's wait of a write, and the rate limiter of one statement.
-fn check_single(
+fn check_single<V: BoundValues + ?Sized>(
     request: &Request,
     prepared: &Prepared,
-    values: &[Value],
+    values: &V,
     using_timeout: Option<Duration>,
     now: Instant,
     deadline: Instant,

@@ -9,8 +9,8 @@ use sluice_engine::Prepared;
 use sluice_overload::RequestKind;
 use sluice_protocol::frame::{Frame, Opcode};
 use sluice_protocol::{
-    BatchQuery, BatchRequest, DbError, DetailedError, ErrorResponse, EventType, QueryParameters,
-    Value,
+    BatchQuery, BatchRequest, BoundValues, DbError, DetailedError, ErrorResponse, EventType,
+    QueryParameters,
 };
 
 use super::check::Subject;
@@ -107,7 +107,7 @@ impl Statement {
                 using_timeout,
             } => Subject::Single {
                 prepared,
-                values: &params.values,
+                values: &params.values[..],
                 using_timeout: *using_timeout,
             },
             Statement::Unknown(id) => Subject::Unknown(*id),
@@ -134,10 +134,10 @@ pub fn kind_of_opcode(opcode: Opcode) -> RequestKind {
 }
 
 /// A statement's `USING TIMEOUT`, bound from its positional `values`.
-pub fn using_timeout(
+pub fn using_timeout<V: BoundValues + ?Sized>(
     shard: &ShardCtx,
     prepared: &Prepared,
-    values: &[Value],
+    values: &V,
 ) -> Result<Option<Duration>, DetailedError> {
     shard.engine.timeout(prepared, values)
 }
@@ -218,7 +218,7 @@ fn single(
     prepared: Arc<Prepared>,
     params: QueryParameters,
 ) -> Result<Statement, DetailedError> {
-    let using_timeout = using_timeout(shard, &prepared, &params.values)?;
+    let using_timeout = using_timeout(shard, &prepared, &params.values[..])?;
     Ok(Statement::Single {
         prepared,
         params,
@@ -245,7 +245,7 @@ fn batch_timeout(
         if entry.values.len() != prepared.bind_specs.len() {
             continue;
         }
-        if let Some(t) = engine.timeout(&prepared, &entry.values)? {
+        if let Some(t) = engine.timeout(&prepared, &entry.values[..])? {
             smallest = Some(smallest.map_or(t, |s| s.min(t)));
         }
     }

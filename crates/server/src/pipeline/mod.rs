@@ -177,19 +177,21 @@ pub fn start(request: Request, frame: Frame) -> Option<Pending> {
         });
     }
     // The head is read once, here; the full decode happens only if the request goes on.
-    let mut head = ExecuteHead::default();
-    let known = match head.read(&frame.header, &frame.body) {
+    let mut head = ExecuteHead::new(&frame.body);
+    let known = match head.read(&frame.header) {
         Ok(id) if head.complete() => request.shard.prepared(id),
         _ => None,
     };
     let Some(prepared) = known else {
+        // The head borrows the body: gone before the frame moves on.
+        drop(head);
         return Some(Pending {
             request,
             frame,
             early: None,
         });
     };
-    let using_timeout = match classify::using_timeout(&request.shard, &prepared, head.values()) {
+    let using_timeout = match classify::using_timeout(&request.shard, &prepared, &head) {
         Ok(t) => t,
         Err(e) => {
             reply::refuse(request, &e);
@@ -198,10 +200,12 @@ pub fn start(request: Request, frame: Frame) -> Option<Pending> {
     };
     let subject = check::Subject::Single {
         prepared: &prepared,
-        values: head.values(),
+        values: &head,
         using_timeout,
     };
-    match check::check(&request, subject) {
+    let checked = check::check(&request, subject);
+    drop(head);
+    match checked {
         Ok(checked) => Some(Pending {
             request,
             frame,
