@@ -534,10 +534,13 @@ impl Writer {
     }
 
     fn run(mut self) {
+        let interval = self.shared.config.flush_interval;
+        // Batches start on a fixed cadence, so that the time a batch takes to write and sync
+        // does not stretch the interval a kill can lose.
+        let mut until = Instant::now() + interval;
         loop {
             let (queued, commands, doomed, flush_to, stopping) = {
                 let mut s = self.shared.lock();
-                let until = Instant::now() + self.shared.config.flush_interval;
                 while s.queued_bytes < FLUSH_EARLY_BYTES
                     && s.commands.is_empty()
                     && s.doomed.is_empty()
@@ -554,6 +557,10 @@ impl Writer {
                         .wait_timeout(s, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
+                }
+                let now = Instant::now();
+                if now >= until {
+                    until = (until + interval).max(now);
                 }
                 (
                     std::mem::take(&mut s.queued),
