@@ -488,8 +488,9 @@ pub async fn follow_liveness(
 }
 
 /// Replays the engine's hints, one at a time on the Bulk class (whose byte rate the messenger
-/// budgets), to each replica the engine believes up; what cannot be delivered waits for the
-/// next round. Runs until aborted; call it on the messenger's runtime.
+/// budgets), to each replica the engine believes up, a host's oldest file first; what cannot
+/// be delivered waits on disk for the next round. Runs until aborted; call it on the
+/// messenger's runtime.
 pub async fn replay_hints(
     messenger: Arc<Messenger>,
     engine: Arc<Engine>,
@@ -498,7 +499,10 @@ pub async fn replay_hints(
     let mut tick = tokio::time::interval(HINT_REPLAY_INTERVAL);
     loop {
         tick.tick().await;
-        for host in engine.hinted_hosts() {
+        let Some(store) = engine.hints() else {
+            continue;
+        };
+        for host in store.hosts() {
             if !engine.is_node_up(host) {
                 continue;
             }
@@ -510,33 +514,36 @@ pub async fn replay_hints(
             let Some(address) = address else {
                 continue;
             };
-            let mut hints = engine.take_hints(host);
-            let mut delivered = 0;
-            for (_, body) in &hints {
-                let deadline = Instant::now() + HINT_REPLAY_TIMEOUT;
-                match messenger
-                    .call(
-                        address,
-                        ConnectionClass::Bulk,
-                        VERB_MUTATION,
-                        body.clone(),
-                        deadline,
-                    )
-                    .await
-                {
-                    Ok(_) => delivered += 1,
-                    Err(e) => {
-                        tracing::debug!(error = %e, %host, "hint replay stopped");
-                        break;
+            let mut replayed = 0;
+            while let Some(batch) = store.next_batch(host).await {
+                let mut delivered = 0;
+                for body in batch.bodies() {
+                    let deadline = Instant::now() + HINT_REPLAY_TIMEOUT;
+                    match messenger
+                        .call(
+                            address,
+                            ConnectionClass::Bulk,
+                            VERB_MUTATION,
+                            body.clone(),
+                            deadline,
+                        )
+                        .await
+                    {
+                        Ok(_) => delivered += 1,
+                        Err(e) => {
+                            tracing::debug!(error = %e, %host, "hint replay stopped");
+                            break;
+                        }
                     }
                 }
+                store.delivered(&batch, delivered);
+                replayed += delivered;
+                if delivered < batch.len() {
+                    break;
+                }
             }
-            let rest = hints.split_off(delivered);
-            if !rest.is_empty() {
-                engine.return_hints(host, rest);
-            }
-            if delivered > 0 {
-                tracing::info!(%host, delivered, "hints replayed");
+            if replayed > 0 {
+                tracing::info!(%host, delivered = replayed, "hints replayed");
             }
         }
     }

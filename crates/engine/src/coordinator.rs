@@ -490,7 +490,7 @@ pub(crate) fn plan_write(
         };
         let mut liveness: Vec<(u16, bool)> = replicas.iter().map(|&r| up_of(r)).collect();
         let mut targets = Vec::with_capacity(replicas.len() + pending.len());
-        let hinting = engine.hinted_handoff();
+        let hinting = engine.hinted_handoff() && engine.hints().is_some();
         let nobody_alive = liveness.iter().all(|&(_, up)| !up);
         let acked_by_hint =
             consistency == Consistency::Any && hinting && nobody_alive && !replicas.is_empty();
@@ -648,13 +648,14 @@ pub(crate) async fn run_write_fan_out(
         let replica = *replica;
         replies.spawn(async move { (replica, call.await) });
     }
-    let now = Instant::now();
     let mut all_hinted = true;
     for (replica, ms) in &fan.down {
         let mine: Vec<&Mutation> = ms.iter().map(|&m| &muts[m]).collect();
         // A hint replayed more than a window later is not counted (the replica's clamp).
         let body = replica_msg::encode_mutations(&mine, rate_window);
-        all_hinted &= engine.hints().store(ring.node(*replica).host_id, body, now);
+        all_hinted &= engine
+            .hints()
+            .is_some_and(|h| h.store(ring.node(*replica).host_id, body));
     }
     let hint_state = if all_hinted {
         TargetState::Acked
@@ -986,128 +987,8 @@ pub(crate) async fn repair_partition(
     Ok(())
 }
 
-/// Most bytes of hints a node holds for all its peers together; past it new hints are dropped
-/// (counted), never the foreground write.
-pub const MAX_HINT_BYTES: usize = 64 << 20;
-/// How long a hint is kept: a replica down for longer is left to read repair (Cassandra's
-/// `max_hint_window`).
-pub const HINT_WINDOW: Duration = Duration::from_secs(3 * 3600);
-
-/// What the hint store holds and has dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct HintStats {
-    /// Hints held.
-    pub held: usize,
-    /// Their bytes.
-    pub bytes: usize,
-    /// Hints stored since start.
-    pub stored: u64,
-    /// Hints dropped (over the byte bound, or older than the window).
-    pub dropped: u64,
-}
-
-/// Mutations for replicas that were down when they were written (MUTATION bodies), in
-/// memory, bounded in bytes and age, until the replica is back.
-pub(crate) struct HintStore {
-    max_bytes: usize,
-    window: Duration,
-    inner: std::sync::Mutex<HintQueues>,
-}
-
-#[derive(Default)]
-struct HintQueues {
-    by_host: std::collections::HashMap<Uuid, std::collections::VecDeque<(Instant, Bytes)>>,
-    stats: HintStats,
-}
-
-impl HintQueues {
-    fn expire(&mut self, now: Instant, window: Duration) {
-        let stats = &mut self.stats;
-        for queue in self.by_host.values_mut() {
-            while queue
-                .front()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
-            {
-                if let Some((_, body)) = queue.pop_front() {
-                    stats.held -= 1;
-                    stats.bytes -= body.len();
-                    stats.dropped += 1;
-                }
-            }
-        }
-        self.by_host.retain(|_, q| !q.is_empty());
-    }
-}
-
-impl HintStore {
-    pub(crate) fn new(max_bytes: usize, window: Duration) -> HintStore {
-        HintStore {
-            max_bytes,
-            window,
-            inner: std::sync::Mutex::new(HintQueues::default()),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HintQueues> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Keeps `body` for `host`; false (and counted as dropped) when the bytes bound is reached.
-    pub(crate) fn store(&self, host: Uuid, body: Bytes, now: Instant) -> bool {
-        let mut q = self.lock();
-        q.expire(now, self.window);
-        if q.stats.bytes + body.len() > self.max_bytes {
-            q.stats.dropped += 1;
-            return false;
-        }
-        q.stats.held += 1;
-        q.stats.bytes += body.len();
-        q.stats.stored += 1;
-        q.by_host.entry(host).or_default().push_back((now, body));
-        debug_assert!(q.stats.bytes <= self.max_bytes);
-        true
-    }
-
-    /// Takes every hint for `host` still within the window, oldest first.
-    pub(crate) fn take(&self, host: Uuid, now: Instant) -> Vec<(Instant, Bytes)> {
-        let mut q = self.lock();
-        q.expire(now, self.window);
-        let Some(queue) = q.by_host.remove(&host) else {
-            return Vec::new();
-        };
-        q.stats.held -= queue.len();
-        q.stats.bytes -= queue.iter().map(|(_, b)| b.len()).sum::<usize>();
-        queue.into()
-    }
-
-    /// Puts back hints a replay could not deliver, ahead of newer ones, within the bounds.
-    pub(crate) fn put_back(&self, host: Uuid, hints: Vec<(Instant, Bytes)>) {
-        let mut q = self.lock();
-        let mut kept = std::collections::VecDeque::with_capacity(hints.len());
-        for (at, body) in hints {
-            if q.stats.bytes + body.len() > self.max_bytes {
-                q.stats.dropped += 1;
-                continue;
-            }
-            q.stats.held += 1;
-            q.stats.bytes += body.len();
-            kept.push_back((at, body));
-        }
-        let queue = q.by_host.entry(host).or_default();
-        while let Some(h) = kept.pop_back() {
-            queue.push_front(h);
-        }
-    }
-
-    /// Hosts with hints waiting.
-    pub(crate) fn hosts(&self) -> Vec<Uuid> {
-        self.lock().by_host.keys().copied().collect()
-    }
-
-    pub(crate) fn stats(&self) -> HintStats {
-        self.lock().stats
-    }
-}
+/// What the hint store holds and has done.
+pub use crate::hints::HintStats;
 
 /// Adds `spare` to a read's targets and sends it the digest request `send` makes.
 fn ask_spare(

@@ -34,6 +34,7 @@ pub mod coordinator;
 mod ddl;
 mod describe;
 mod exec;
+pub mod hints;
 mod json;
 mod logged_batch;
 mod paging;
@@ -362,7 +363,8 @@ pub struct Engine {
     read_repairs: AtomicU64,
     /// Whether writes leave hints for replicas that are down.
     hinted_handoff: std::sync::atomic::AtomicBool,
-    hints: coordinator::HintStore,
+    /// Set once the node's hint directory is open; without it no hints are kept.
+    hints: std::sync::OnceLock<hints::HintStore>,
     speculation: coordinator::Speculation,
     /// Admitted writes of rate-limited replicated tables, counted by every replica.
     replicated_writes: sluice_overload::ReplicatedWriteCounts,
@@ -488,10 +490,7 @@ impl Engine {
             txn_apply_seq: AtomicU64::new(0),
             read_repairs: AtomicU64::new(0),
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
-            hints: coordinator::HintStore::new(
-                coordinator::MAX_HINT_BYTES,
-                coordinator::HINT_WINDOW,
-            ),
+            hints: std::sync::OnceLock::new(),
             speculation: coordinator::Speculation::default(),
             replicated_writes: sluice_overload::ReplicatedWriteCounts::new(),
         }))
@@ -533,28 +532,35 @@ impl Engine {
         self.hinted_handoff.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn hints(&self) -> &coordinator::HintStore {
-        &self.hints
+    /// Keeps hints on disk as `config` says (files a previous run left are replayed too).
+    /// Set once; a second call is an error.
+    pub fn open_hints(&self, config: hints::HintConfig) -> std::io::Result<()> {
+        let store = hints::HintStore::open(config)?;
+        self.hints
+            .set(store)
+            .map_err(|_| std::io::Error::other("the hint store is already open"))
     }
 
-    /// Takes the hints held for `host` (MUTATION bodies, oldest first) to replay them.
-    pub fn take_hints(&self, host: Uuid) -> Vec<(Instant, Bytes)> {
-        self.hints.take(host, Instant::now())
+    /// The hint store, once opened.
+    pub fn hints(&self) -> Option<&hints::HintStore> {
+        self.hints.get()
     }
 
-    /// Gives back hints a replay could not deliver.
-    pub fn return_hints(&self, host: Uuid, hints: Vec<(Instant, Bytes)>) {
-        self.hints.put_back(host, hints);
-    }
-
-    /// Hosts with hints waiting.
+    /// Hosts with hints waiting on disk.
     pub fn hinted_hosts(&self) -> Vec<Uuid> {
-        self.hints.hosts()
+        self.hints().map(|h| h.hosts()).unwrap_or_default()
     }
 
-    /// What the hint store holds and has dropped.
-    pub fn hint_stats(&self) -> coordinator::HintStats {
-        self.hints.stats()
+    /// What the hint store holds and has done (all zero when none is open).
+    pub fn hint_stats(&self) -> hints::HintStats {
+        self.hints().map(|h| h.stats()).unwrap_or_default()
+    }
+
+    /// Writes the queued hints and stops the hint writer (at shutdown).
+    pub fn close_hints(&self) {
+        if let Some(h) = self.hints() {
+            h.close();
+        }
     }
 
     /// Whether the ring has nodes besides this one (a cheap read for every request).

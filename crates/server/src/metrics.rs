@@ -481,14 +481,26 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
         (
             "sluice_hints_held",
             "gauge",
-            "Hints held in memory for replicas that are down.",
+            "Hints held (queued or on disk) for replicas that are down.",
             c.hints.held as u64,
         ),
         (
             "sluice_hint_bytes",
             "gauge",
-            "Bytes of the hints held.",
+            "Bytes of the hints held: queued records and hint files.",
             c.hints.bytes as u64,
+        ),
+        (
+            "sluice_hint_disk_bytes",
+            "gauge",
+            "Bytes of the hint files on disk.",
+            c.hints.disk_bytes as u64,
+        ),
+        (
+            "sluice_hints_replayed_total",
+            "counter",
+            "Hints delivered to their replica since start.",
+            c.hints.replayed,
         ),
         (
             "sluice_hints_stored_total",
@@ -499,7 +511,7 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
         (
             "sluice_hints_dropped_total",
             "counter",
-            "Hints dropped: over the byte bound, or older than the hint window.",
+            "Hints dropped: over the byte bound, older than the hint window, unreadable or not written.",
             c.hints.dropped,
         ),
     ];
@@ -790,8 +802,10 @@ mod tests {
             hints: sluice_engine::coordinator::HintStats {
                 held: 2,
                 bytes: 300,
+                disk_bytes: 256,
                 stored: 5,
                 dropped: 1,
+                replayed: 9,
             },
             replica_served: [4, 0, 0, 0, 7, 2, 3],
             replica_refused: {
@@ -810,6 +824,8 @@ mod tests {
         assert!(text.contains("sluice_speculative_reads_total 1"));
         assert!(text.contains("sluice_hints_held 2"));
         assert!(text.contains("sluice_hint_bytes 300"));
+        assert!(text.contains("sluice_hint_disk_bytes 256"));
+        assert!(text.contains("sluice_hints_replayed_total 9"));
         assert!(text.contains("sluice_hints_stored_total 5"));
         assert!(text.contains("sluice_hints_dropped_total 1"));
         assert!(text.contains("# TYPE sluice_replica_requests_total counter"));

@@ -212,6 +212,18 @@ fn serve(args: ServeArgs) -> Result<()> {
         let _runtime = cluster_runtime.enter();
         // Transactions and LWT of replicated tables go through the cluster's transaction log.
         txn_link::connect(&engine, &cluster, cluster_runtime.handle());
+        // Hints a previous run left are replayed once their replicas are up (even with hinted
+        // handoff now off, which only stops new ones).
+        engine
+            .open_hints(sluice_engine::hints::HintConfig::new(
+                cfg.data_dir.join("hints"),
+            ))
+            .with_context(|| {
+                format!(
+                    "cannot open the hint directory in {}",
+                    cfg.data_dir.display()
+                )
+            })?;
         Some(
             sluice_cluster::replica::Coordination::start(&cluster, engine.clone())
                 .context("cannot start the coordinator")?,
@@ -258,6 +270,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(coordination) = coordination {
         coordination.join();
     }
+    // The hints queued since the last batch are written before the process ends.
+    engine.close_hints();
     drop(engine);
     match storage.close() {
         Ok(()) => info!("storage flushed and closed"),

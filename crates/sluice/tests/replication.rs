@@ -337,6 +337,62 @@ async fn hints_replay_what_a_killed_replica_missed() {
     assert!(log.contains("hints replayed"), "{log}");
 }
 
+/// Hints on disk: node 3 down, QUORUM writes through node 1, node 1 restarted (a clean stop,
+/// or kill -9 once its hint batch had time to be written), node 3 started: node 3 alone has
+/// every row at ONE, with no read above ONE anywhere (no read repair).
+async fn hints_survive_a_coordinator_restart(kill_coordinator: bool) {
+    const ROWS: std::ops::Range<i32> = 100..150;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut nodes, mut sessions) = three_nodes(dir.path(), &[]).await;
+    // Node 1 sees node 3 down before the writes, so that it keeps hints for it.
+    kill_node_3(&mut nodes, &mut sessions, 1).await;
+    for pk in ROWS {
+        write(
+            &sessions[0],
+            Consistency::Quorum,
+            &format!("INSERT INTO rep.t (pk, ck, v) VALUES ({pk}, 1, 'hint{pk}')"),
+        )
+        .await
+        .unwrap();
+    }
+    drop(sessions);
+    if kill_coordinator {
+        // Ten times the hint batch interval: the batch is written; nothing else flushes it.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        nodes[0].kill9();
+    } else {
+        nodes[0].shutdown();
+    }
+    let before_restart = nodes[0].output().len();
+    nodes[0].restart();
+    nodes[2].restart();
+    let node3 = session_without_retries(nodes[2].cql()).await;
+    eventually("node 3 holds every row from the replayed hints", || async {
+        let mut held = 0;
+        for pk in ROWS {
+            let v = value(&node3, Consistency::One, pk).await.ok().flatten();
+            if v.as_deref() == Some(format!("hint{pk}").as_str()) {
+                held += 1;
+            }
+        }
+        held == ROWS.len()
+    })
+    .await;
+    let log = nodes[0].output()[before_restart..].to_owned();
+    assert!(log.contains("hints found on disk"), "{log}");
+    assert!(log.contains("hints replayed"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hints_survive_a_clean_restart_of_the_coordinator() {
+    hints_survive_a_coordinator_restart(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hints_survive_a_kill_of_the_coordinator_after_their_batch() {
+    hints_survive_a_coordinator_restart(true).await;
+}
+
 /// How many of rows (pk, 1) for `pks` the node behind `session` holds, each read at ONE (on
 /// a replica, a local read).
 async fn held_at_one(session: &Session, pks: std::ops::Range<i32>) -> usize {

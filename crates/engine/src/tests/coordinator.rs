@@ -623,6 +623,11 @@ async fn a_read_target_that_fails_fast_is_replaced_by_a_spare() {
 #[tokio::test]
 async fn a_replica_that_is_down_gets_a_hint_that_replays_its_writes() {
     let mut trio = Trio::new().await;
+    let hint_dir = tempfile::tempdir().unwrap();
+    trio.nodes[0]
+        .engine
+        .open_hints(crate::hints::HintConfig::new(hint_dir.path().to_path_buf()))
+        .unwrap();
     trio.nodes[0].engine.set_node_up(host(3), false);
     trio.run(
         0,
@@ -634,19 +639,28 @@ async fn a_replica_that_is_down_gets_a_hint_that_replays_its_writes() {
     assert_eq!(trio.transport.sent_to(host(3)), 0);
     let stats = trio.nodes[0].engine.hint_stats();
     assert_eq!((stats.held, stats.stored), (1, 1));
+    // Queued until the writer's batch; then on disk.
+    trio.nodes[0].engine.hints().unwrap().flush();
     assert_eq!(trio.nodes[0].engine.hinted_hosts(), vec![host(3)]);
     assert!(trio.local_rows(2).await.is_empty());
     // The hint is the MUTATION node 3 would have got: replayed, node 3 has the row.
-    let hints = trio.nodes[0].engine.take_hints(host(3));
-    assert_eq!(hints.len(), 1);
+    let store = trio.nodes[0].engine.hints().unwrap();
+    store.flush();
+    let batch = store.next_batch(host(3)).await.unwrap();
+    assert_eq!(batch.len(), 1);
     let later = Instant::now() + Duration::from_secs(5);
-    trio.nodes[2]
-        .engine
-        .apply_replica_mutations(&hints[0].1, later)
-        .await
-        .unwrap();
+    for body in batch.bodies() {
+        trio.nodes[2]
+            .engine
+            .apply_replica_mutations(body, later)
+            .await
+            .unwrap();
+    }
+    store.delivered(&batch, 1);
+    store.flush();
     assert_eq!(trio.local_rows(2).await.len(), 1);
-    assert_eq!(trio.nodes[0].engine.hint_stats().held, 0);
+    let stats = trio.nodes[0].engine.hint_stats();
+    assert_eq!((stats.held, stats.replayed, stats.disk_bytes), (0, 1, 0));
     // Hints off: nothing is kept.
     trio.nodes[0].engine.set_hinted_handoff(false);
     trio.run(
@@ -657,31 +671,6 @@ async fn a_replica_that_is_down_gets_a_hint_that_replays_its_writes() {
     .await
     .unwrap();
     assert_eq!(trio.nodes[0].engine.hint_stats().held, 0);
-}
-
-#[test]
-fn hints_are_bounded_in_bytes_and_age() {
-    let store = crate::coordinator::HintStore::new(10, Duration::from_secs(60));
-    let t0 = Instant::now();
-    let body = |n: usize| Bytes::from(vec![0u8; n]);
-    assert!(store.store(host(2), body(6), t0));
-    assert!(!store.store(host(2), body(6), t0), "over the byte bound");
-    assert!(store.store(host(3), body(4), t0));
-    let s = store.stats();
-    assert_eq!((s.held, s.bytes, s.stored, s.dropped), (2, 10, 2, 1));
-    // Past the window, hints are dropped, not replayed.
-    let late = t0 + Duration::from_secs(61);
-    assert!(store.take(host(2), late).is_empty());
-    let s = store.stats();
-    assert_eq!((s.held, s.bytes, s.dropped), (0, 0, 3));
-    // A failed replay puts its hints back ahead of newer ones.
-    assert!(store.store(host(2), body(2), late));
-    store.put_back(host(2), vec![(t0 + Duration::from_secs(30), body(1))]);
-    let back = store.take(host(2), late);
-    assert_eq!(
-        back.iter().map(|(_, b)| b.len()).collect::<Vec<_>>(),
-        vec![1, 2]
-    );
 }
 
 #[tokio::test]
@@ -808,6 +797,11 @@ fn ring_with_node_3_joining() -> Arc<TokenMetadata> {
 #[tokio::test]
 async fn a_joining_node_gets_every_write_and_raises_block_for_by_one() {
     let mut trio = Trio::new().await;
+    let hint_dir = tempfile::tempdir().unwrap();
+    trio.nodes[0]
+        .engine
+        .open_hints(crate::hints::HintConfig::new(hint_dir.path().to_path_buf()))
+        .unwrap();
     trio.nodes[0].engine.set_ring(ring_with_node_3_joining());
     let insert = "INSERT INTO ks.t (pk, ck, v) VALUES (1, 1, 'a')";
     trio.run(0, insert, Consistency::Quorum).await.unwrap();
@@ -856,6 +850,7 @@ async fn a_joining_node_gets_every_write_and_raises_block_for_by_one() {
     let sent = trio.transport.sent_to(host(3));
     trio.run(0, insert, Consistency::One).await.unwrap();
     assert_eq!(trio.transport.sent_to(host(3)), sent);
+    trio.nodes[0].engine.hints().unwrap().flush();
     assert_eq!(trio.nodes[0].engine.hinted_hosts(), vec![host(3)]);
     // QUORUM needs 3 of the live natural and pending replicas, and only 2 are: Cassandra's
     // Unavailable with the raised counts.

@@ -167,6 +167,14 @@ impl ServeNode {
         assert!(status.success(), "node {}: {status}", self.index);
     }
 
+    /// SIGTERM, then waits for a clean exit; the node can be started again
+    /// ([`ServeNode::restart`]).
+    pub fn shutdown(&mut self) {
+        let mut child = self.child.take().expect("the node runs");
+        let status = terminate(&mut child, &format!("node {}", self.index));
+        assert!(status.success(), "node {}: {status}", self.index);
+    }
+
     /// Waits for the process to exit by itself (after a decommission, say) and returns its
     /// status; panics if it runs on past `within`.
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
