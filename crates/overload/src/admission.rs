@@ -379,9 +379,9 @@ pub struct AdmissionConfig {
     /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
     pub reject_over_cap: bool,
     /// Serve the bounded backlog of a connection that slows down when held back, and turn
-    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (false:
-    /// an open-loop client whose backlog fills its socket buffer before the growth shows is
-    /// held back as a window would be, and its requests wait in the client).
+    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (true;
+    /// the server's reader reads a held-back connection ahead into its own bounded buffer,
+    /// so that the growth shows even behind a small socket buffer).
     pub pace_windows: bool,
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one
@@ -407,7 +407,8 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024] and at least 500 us of dispatches,
     /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait (or
-    /// five dispatches) and rejection over the in-flight caps while overloaded; no write
+    /// five dispatches) and rejection over the in-flight caps while overloaded, for a
+    /// connection that keeps pushing (one that slows down when held back is paced); no write
     /// turned away for its group fsync.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
@@ -419,7 +420,7 @@ impl Default for AdmissionConfig {
             shed_at_enqueue: true,
             overloaded_wait: Duration::from_micros(750),
             reject_over_cap: true,
-            pace_windows: false,
+            pace_windows: true,
             concurrency_floor_window: Duration::from_micros(500),
             group_commit_wait: Duration::ZERO,
         }

@@ -1,9 +1,8 @@
 """Bulk loads that Apache Cassandra absorbs: a client's window of requests in flight is a
 bounded backlog, served (held back by backpressure), never answered `Overloaded`.
 
-Both tests start their own 2-shard node with `--admission-pace-windows on` (off by default
-until an open-loop client that fills its socket buffer can be told from a window), and with
-the newest `sluice` binary built (release if it is newer than debug): a debug build runs a
+Both tests start their own 2-shard node with the server's defaults (pacing windows on), and
+with the newest `sluice` binary built (release if it is newer than debug): a debug build runs a
 200-row batch about ten times slower, and the point here is admission, not the build.
 """
 
@@ -38,7 +37,7 @@ def bulk_node():
     before = os.environ.get("SLUICE_BIN")
     os.environ["SLUICE_BIN"] = newest_binary()
     try:
-        n = Node(shards=2, extra=["--admission-pace-windows", "on"])
+        n = Node(shards=2)
     finally:
         if before is None:
             del os.environ["SLUICE_BIN"]
