@@ -379,9 +379,11 @@ pub struct AdmissionConfig {
     /// does not age unseen in the kernel (true). Not overloaded, the cap pauses the socket.
     pub reject_over_cap: bool,
     /// Serve the bounded backlog of a connection that slows down when held back, and turn
-    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (true;
-    /// the server's reader reads a held-back connection ahead into its own bounded buffer,
-    /// so that the growth shows even behind a small socket buffer).
+    /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (false:
+    /// several open-loop connections that each grow slowly are held back, and served in
+    /// order, for about half a second before they are seen pushing; the server's reader
+    /// reads a held-back connection ahead into its own bounded buffer, so that a small
+    /// socket buffer no longer hides the growth).
     pub pace_windows: bool,
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one
@@ -407,8 +409,7 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     /// CoDel 5 ms / 100 ms, limit from 4 in [4, 1024] and at least 500 us of dispatches,
     /// queue 4096, FIFO, lag probe every 1 ms, shedding at enqueue past a 750 us wait (or
-    /// five dispatches) and rejection over the in-flight caps while overloaded, for a
-    /// connection that keeps pushing (one that slows down when held back is paced); no write
+    /// five dispatches) and rejection over the in-flight caps while overloaded; no write
     /// turned away for its group fsync.
     fn default() -> AdmissionConfig {
         AdmissionConfig {
@@ -420,7 +421,7 @@ impl Default for AdmissionConfig {
             shed_at_enqueue: true,
             overloaded_wait: Duration::from_micros(750),
             reject_over_cap: true,
-            pace_windows: true,
+            pace_windows: false,
             concurrency_floor_window: Duration::from_micros(500),
             group_commit_wait: Duration::ZERO,
         }

@@ -262,8 +262,9 @@ pub struct ServeArgs {
 
     /// Serve the bounded backlog of a connection that slows down when held back (a driver's
     /// window, a bulk loader) without `Overloaded`; only the excess of a connection whose
-    /// backlog keeps growing (seen through the reader's bounded read-ahead) is turned away
-    /// [default: on].
+    /// backlog keeps growing (seen through the reader's bounded read-ahead) is turned away.
+    /// Off by default: several open-loop connections that each grow slowly are held back,
+    /// not shed, until they are seen pushing [default: off].
     #[arg(long, env = "SLUICE_ADMISSION_PACE_WINDOWS", value_name = "on|off")]
     pub admission_pace_windows: Option<String>,
 
@@ -1444,7 +1445,7 @@ mod tests {
         assert!(c.txn_adaptive_limit);
         assert!(!c.txn_prepare_under_lock);
         assert_eq!(a.lag_probe, Some(Duration::from_millis(1)));
-        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && a.pace_windows);
+        assert!(a.shed_at_enqueue && a.reject_over_cap && !a.lifo && !a.pace_windows);
         let cfg = a.to_config();
         assert_eq!(cfg.lag_probe_interval, Duration::from_millis(1));
         assert!(cfg.shed_at_enqueue && cfg.reject_over_cap && !cfg.adaptive_lifo);

@@ -1,8 +1,10 @@
 """Bulk loads that Apache Cassandra absorbs: a client's window of requests in flight is a
 bounded backlog, served (held back by backpressure), never answered `Overloaded`.
 
-Both tests start their own 2-shard node with the server's defaults (pacing windows on), and
-with the newest `sluice` binary built (release if it is newer than debug): a debug build runs a
+Both tests start their own 2-shard node with `--admission-pace-windows on` (off by default
+until several open-loop connections that each grow slowly are seen pushing at once: see
+docs/decisions/2026-11-27-read-ahead-shows-a-client-that-pushes.md), and with the newest
+`sluice` binary built (release if it is newer than debug): a debug build runs a
 200-row batch about ten times slower, and the point here is admission, not the build.
 """
 
@@ -37,7 +39,7 @@ def bulk_node():
     before = os.environ.get("SLUICE_BIN")
     os.environ["SLUICE_BIN"] = newest_binary()
     try:
-        n = Node(shards=2)
+        n = Node(shards=2, extra=["--admission-pace-windows", "on"])
     finally:
         if before is None:
             del os.environ["SLUICE_BIN"]
