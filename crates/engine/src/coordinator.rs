@@ -40,6 +40,17 @@ pub struct Replica {
     pub internode: SocketAddr,
 }
 
+impl Replica {
+    /// The ring's node `r` as a message target.
+    pub(crate) fn at(ring: &TokenMetadata, r: NodeIndex) -> Replica {
+        let node = ring.node(r);
+        Replica {
+            host_id: node.host_id,
+            internode: node.internode_address,
+        }
+    }
+}
+
 /// What a replica is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplicaVerb {
@@ -637,11 +648,7 @@ pub(crate) async fn run_write_fan_out(
         if Some(*replica) == fan.me {
             continue;
         }
-        let node = ring.node(*replica);
-        let to = Replica {
-            host_id: node.host_id,
-            internode: node.internode_address,
-        };
+        let to = Replica::at(&ring, *replica);
         let mine: Vec<&Mutation> = slots.iter().map(|&(m, _)| &muts[m]).collect();
         let body = replica_msg::encode_mutations(&mine, rate_window);
         let call = transport.send(to, ReplicaVerb::Mutation, body, deadline);
@@ -768,13 +775,6 @@ pub(crate) async fn reconcile_partition(
         .read_raw_partition(*t.id.as_bytes(), token, partition_key)
         .map_err(read_storage_error)?;
     let local_digest = replica_msg::digest(&local);
-    let to_replica = |r: NodeIndex| {
-        let node = ring.node(r);
-        Replica {
-            host_id: node.host_id,
-            internode: node.internode_address,
-        }
-    };
     let request = ReadRequest {
         kind: ReadKind::Digest,
         table: *t.id.as_bytes(),
@@ -784,7 +784,12 @@ pub(crate) async fn reconcile_partition(
     let body = replica_msg::encode_read(&request);
     let mut replies = JoinSet::new();
     for (slot, &(r, _)) in chosen.iter().enumerate().skip(1) {
-        let call = transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline);
+        let call = transport.send(
+            Replica::at(&ring, r),
+            ReplicaVerb::Read,
+            body.clone(),
+            deadline,
+        );
         replies.spawn(async move { (slot, call.await) });
     }
     // Live replicas not asked: one replaces a target that fails fast (a peer that died
@@ -818,7 +823,12 @@ pub(crate) async fn reconcile_partition(
                 if engine.may_speculate() {
                     let spare = spares.remove(0);
                     ask_spare(spare, &mut chosen, &mut tally, &mut replies, |r| {
-                        transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline)
+                        transport.send(
+                            Replica::at(&ring, r),
+                            ReplicaVerb::Read,
+                            body.clone(),
+                            deadline,
+                        )
                     });
                 }
                 continue;
@@ -840,7 +850,12 @@ pub(crate) async fn reconcile_partition(
                 if let Some(i) = spares.iter().position(|&(_, dc)| same_dc(dc)) {
                     let spare = spares.remove(i);
                     ask_spare(spare, &mut chosen, &mut tally, &mut replies, |r| {
-                        transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline)
+                        transport.send(
+                            Replica::at(&ring, r),
+                            ReplicaVerb::Read,
+                            body.clone(),
+                            deadline,
+                        )
                     });
                 }
                 TargetState::Failed
@@ -922,13 +937,6 @@ pub(crate) async fn repair_partition(
     deadline: Instant,
     ack_barrier: Option<sluice_storage::AckBarrierHeld>,
 ) -> Result<(), DetailedError> {
-    let to_replica = |r: NodeIndex| {
-        let node = ring.node(r);
-        Replica {
-            host_id: node.host_id,
-            internode: node.internode_address,
-        }
-    };
     let request = ReadRequest {
         kind: ReadKind::Data,
         table: *t.id.as_bytes(),
@@ -938,7 +946,12 @@ pub(crate) async fn repair_partition(
     let body = replica_msg::encode_read(&request);
     let mut datas = JoinSet::new();
     for &r in stale {
-        let call = transport.send(to_replica(r), ReplicaVerb::Read, body.clone(), deadline);
+        let call = transport.send(
+            Replica::at(ring, r),
+            ReplicaVerb::Read,
+            body.clone(),
+            deadline,
+        );
         datas.spawn(call);
     }
     let layout = &t.layout;
@@ -970,7 +983,12 @@ pub(crate) async fn repair_partition(
     });
     let mut repairs = JoinSet::new();
     for &r in stale {
-        let call = transport.send(to_replica(r), ReplicaVerb::Repair, body.clone(), deadline);
+        let call = transport.send(
+            Replica::at(ring, r),
+            ReplicaVerb::Repair,
+            body.clone(),
+            deadline,
+        );
         repairs.spawn(call);
     }
     while let Some(joined) = tokio::time::timeout_at(deadline.into(), repairs.join_next())

@@ -91,14 +91,6 @@ fn pick_live(
         .copied()
 }
 
-fn replica_at(ring: &TokenMetadata, r: NodeIndex) -> Replica {
-    let node = ring.node(r);
-    Replica {
-        host_id: node.host_id,
-        internode: node.internode_address,
-    }
-}
-
 /// Unavailable when fewer of `replicas` are alive than `consistency` needs.
 fn check_available(
     engine: &Engine,
@@ -305,7 +297,7 @@ async fn forward_to(
     while let Some(target) = pick_live(engine, ring, replicas, &tried) {
         tried.push(target);
         let call = transport.send(
-            replica_at(ring, target),
+            Replica::at(ring, target),
             ReplicaVerb::Select,
             body.clone(),
             deadline,
@@ -550,7 +542,7 @@ async fn scan_page_from(
                     now_secs,
                     consistency,
                 });
-                let call = transport.send(replica_at(&ring, r), ReplicaVerb::Scan, body, deadline);
+                let call = transport.send(Replica::at(&ring, r), ReplicaVerb::Scan, body, deadline);
                 match call.await {
                     Ok(reply) => replica_msg::decode_scan_page(&reply)
                         .map_err(|_| remote_failure(consistency, block_for, 1)),
@@ -629,7 +621,7 @@ async fn reconciled_page(
     let mut replies = JoinSet::new();
     for (slot, &(r, _)) in targets.peers.iter().enumerate() {
         let call = transport.send(
-            replica_at(ring, r),
+            Replica::at(ring, r),
             ReplicaVerb::Scan,
             body.clone(),
             deadline,
@@ -872,7 +864,7 @@ pub(crate) async fn read_partition_slice(
     while let Some(target) = pick_live(engine, &ring, &replicas, &tried) {
         tried.push(target);
         let call = transport.send(
-            replica_at(&ring, target),
+            Replica::at(&ring, target),
             ReplicaVerb::Slice,
             body.clone(),
             deadline,

@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{create_simple_keyspace, session_without_retries, Ports, ServeNode};
+use common::cluster::{create_simple_keyspace, page_of, session_without_retries, Ports, ServeNode};
 
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -28,41 +28,6 @@ use scylla::statement::Consistency;
 const PARTITIONS: i32 = 40;
 const ROWS_PER_PARTITION: i32 = 3;
 const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
-/// How many times in a row a request may be shed by admission before the test fails.
-const SHED_RETRIES: usize = 20;
-
-/// Whether `e` is the admission's load shedding (not a refusal of the read itself).
-fn shed(e: &scylla::errors::ExecutionError) -> bool {
-    e.to_string().contains("Server is overloaded")
-}
-
-/// One page of `prepared`, asked again while admission sheds it.
-async fn page_of(
-    session: &Session,
-    prepared: &PreparedStatement,
-    values: impl scylla::serialize::row::SerializeRow + Clone,
-    state: &PagingState,
-) -> Result<
-    (
-        scylla::response::query_result::QueryResult,
-        scylla::response::PagingStateResponse,
-    ),
-    scylla::errors::ExecutionError,
-> {
-    let mut tries = 0;
-    loop {
-        match session
-            .execute_single_page(prepared, values.clone(), state.clone())
-            .await
-        {
-            Err(e) if shed(&e) && tries < SHED_RETRIES => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other,
-        }
-    }
-}
 
 /// A session that sends each request to the next node in turn, whatever its token, and never
 /// retries, so that every node's own answer is seen.

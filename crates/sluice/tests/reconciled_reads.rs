@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    create_simple_keyspace, session_without_retries, token_replicas, Ports, ServeNode,
+    create_simple_keyspace, page_of, session_without_retries, token_replicas, Ports, ServeNode,
 };
 
 use scylla::client::execution_profile::ExecutionProfile;
@@ -33,41 +33,6 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 
 const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
-/// How many times in a row a request may be shed by admission before the test fails.
-const SHED_RETRIES: usize = 20;
-
-/// Whether `e` is the admission's load shedding (not a refusal of the read itself).
-fn shed(e: &scylla::errors::ExecutionError) -> bool {
-    e.to_string().contains("Server is overloaded")
-}
-
-/// One page of `prepared`, asked again while admission sheds it.
-async fn page_of(
-    session: &Session,
-    prepared: &PreparedStatement,
-    values: impl scylla::serialize::row::SerializeRow + Clone,
-    state: &PagingState,
-) -> Result<
-    (
-        scylla::response::query_result::QueryResult,
-        scylla::response::PagingStateResponse,
-    ),
-    scylla::errors::ExecutionError,
-> {
-    let mut tries = 0;
-    loop {
-        match session
-            .execute_single_page(prepared, values.clone(), state.clone())
-            .await
-        {
-            Err(e) if shed(&e) && tries < SHED_RETRIES => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => return other,
-        }
-    }
-}
 
 async fn prepare(session: &Session, q: &str, cl: Consistency, page: i32) -> PreparedStatement {
     let mut p = session.prepare(q).await.unwrap();

@@ -428,3 +428,39 @@ pub async fn token_replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAd
     let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
     replicas
 }
+
+/// How many times in a row a request may be shed by admission before the test fails.
+pub const SHED_RETRIES: usize = 20;
+
+/// Whether `e` is the admission's load shedding (not a refusal of the read itself).
+pub fn shed(e: &scylla::errors::ExecutionError) -> bool {
+    e.to_string().contains("Server is overloaded")
+}
+
+/// One page of `prepared`, asked again while admission sheds it.
+pub async fn page_of(
+    session: &Session,
+    prepared: &scylla::statement::prepared::PreparedStatement,
+    values: impl scylla::serialize::row::SerializeRow + Clone,
+    state: &scylla::response::PagingState,
+) -> Result<
+    (
+        scylla::response::query_result::QueryResult,
+        scylla::response::PagingStateResponse,
+    ),
+    scylla::errors::ExecutionError,
+> {
+    let mut tries = 0;
+    loop {
+        match session
+            .execute_single_page(prepared, values.clone(), state.clone())
+            .await
+        {
+            Err(e) if shed(&e) && tries < SHED_RETRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
