@@ -12,7 +12,6 @@ use sluice_bench::raw::RawTarget;
 use sluice_bench::runner::{run_step, RunConfig, StreamSpec};
 use sluice_bench::schedule::Arrival;
 use sluice_bench::target::{populate, KeyDist, Op, OpKind, Reply, Target};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,29 +23,11 @@ const PER_SHARD: usize = 2;
 const PARTITIONS: i64 = 1000;
 const ROWS: i32 = 3;
 
-/// The `sluice` executable under test.
-fn sluice_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SLUICE_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/raw_client-<hash> -> target/<profile>/sluice
-    let exe = std::env::current_exe().expect("test executable");
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("sluice"))
-        .expect("target directory");
-    assert!(
-        p.exists(),
-        "no sluice binary at {}: run `cargo build -p sluice` first or set SLUICE_BIN",
-        p.display()
-    );
-    p
-}
-
 #[path = "../../sluice/tests/common/ports.rs"]
 mod ports;
+mod support;
 use ports::free_port;
+use support::sluice_bin;
 
 /// A running node, killed when dropped.
 struct Node {
@@ -142,11 +123,7 @@ impl Node {
 
     /// Per shard, the sum of `name`'s samples carrying `label` (all samples if empty).
     fn per_shard(&self, name: &str, label: &str) -> Vec<u64> {
-        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
+        let text = support::metrics_text(self.metrics);
         (0..SHARDS)
             .map(|shard| {
                 let tag = format!("shard=\"{shard}\"");

@@ -9,7 +9,6 @@
 use sluice_bench::driver::{Connection, ConsistencyLevel, DriverOptions, KEYSPACE};
 use sluice_bench::raw::{NodeChoice, RawOptions, RawTarget, ReplicaRing};
 use sluice_bench::target::{populate, Op, OpKind, Reply, Target};
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,27 +20,9 @@ const PARTITIONS: i64 = 300;
 
 #[path = "../../sluice/tests/common/ports.rs"]
 mod ports;
+mod support;
 use ports::free_port;
-
-/// The `sluice` executable under test.
-fn sluice_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SLUICE_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/raw_client_cluster-<hash> -> target/<profile>/sluice
-    let exe = std::env::current_exe().expect("test executable");
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("sluice"))
-        .expect("target directory");
-    assert!(
-        p.exists(),
-        "no sluice binary at {}: run `cargo build -p sluice` first or set SLUICE_BIN",
-        p.display()
-    );
-    p
-}
+use support::sluice_bin;
 
 /// A running node, killed when dropped.
 struct Node {
@@ -116,11 +97,7 @@ impl Node {
 
     /// The sum of `name`'s samples carrying `label`.
     fn metric(&self, name: &str, label: &str) -> u64 {
-        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
+        let text = support::metrics_text(self.metrics);
         text.lines()
             .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
