@@ -8,8 +8,9 @@
 //! its answer said (Write_failure or Write_timeout with write type BATCH).
 
 mod common;
+use common::cluster::eventually;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{create_simple_keyspace, session_without_retries, token_replicas};
 use common::cluster::{Ports, ServeNode};
@@ -17,9 +18,6 @@ use common::cluster::{Ports, ServeNode};
 use scylla::client::session::Session;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
 use scylla::statement::{Consistency, Statement};
-
-/// Bound on the failure detector noticing a kill, and on a restarted node catching up.
-const LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn at(cl: Consistency, q: &str) -> Statement {
     let mut s = Statement::new(q);
@@ -62,22 +60,6 @@ fn batch(pks: &[i32], ck: i32, v: &str) -> String {
     }
     q.push_str("APPLY BATCH");
     q
-}
-
-/// Polls `check` every 200 ms until it holds or `LIVENESS_TIMEOUT` passes.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + LIVENESS_TIMEOUT;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {LIVENESS_TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

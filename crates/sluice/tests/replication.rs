@@ -5,6 +5,7 @@
 //! QUORUM read through it has repaired its copy.
 
 mod common;
+use common::cluster::{eventually, LIVENESS_TIMEOUT};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,8 +16,6 @@ use scylla::client::session::Session;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use scylla::statement::{Consistency, Statement};
 
-/// Bound on the failure detector noticing a kill or a restart.
-const LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
 const TABLE_ID: &str = "0b6f3b1e-4c1a-4f7e-9d55-26c0a1d2e3f4";
 
 fn at(cl: Consistency, q: &str) -> Statement {
@@ -65,22 +64,6 @@ async fn create_schema(session: &Session) {
         ),
     ] {
         session.query_unpaged(q, &[]).await.unwrap();
-    }
-}
-
-/// Polls `check` every 200 ms until it holds or `LIVENESS_TIMEOUT` passes.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + LIVENESS_TIMEOUT;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {LIVENESS_TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

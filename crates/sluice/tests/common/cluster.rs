@@ -464,3 +464,22 @@ pub async fn page_of(
         }
     }
 }
+
+/// How long [`eventually`] waits for a cluster to see a change (a peer up or down, a replay).
+pub const LIVENESS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Polls `check` every 200 ms until it holds, failing the test after [`LIVENESS_TIMEOUT`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + LIVENESS_TIMEOUT;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {LIVENESS_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
