@@ -12,15 +12,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{create_simple_keyspace, page_of, session_without_retries, Ports, ServeNode};
+use common::cluster::{
+    create_simple_keyspace, page_of, round_robin_session, session_without_retries, Ports, ServeNode,
+};
 
-use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
-use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::response::PagingState;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
@@ -28,26 +26,6 @@ use scylla::statement::Consistency;
 const PARTITIONS: i32 = 40;
 const ROWS_PER_PARTITION: i32 = 3;
 const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A session that sends each request to the next node in turn, whatever its token, and never
-/// retries, so that every node's own answer is seen.
-async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
-    let policy = DefaultPolicy::builder().token_aware(false).build();
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .retry_policy(Arc::new(
-            scylla::policies::retry::FallthroughRetryPolicy::new(),
-        ))
-        .request_timeout(Some(Duration::from_secs(10)))
-        .build();
-    SessionBuilder::new()
-        .known_nodes(addrs.iter().map(ToString::to_string))
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
-}
 
 fn expected_rows() -> BTreeSet<(i32, i32, String)> {
     (0..PARTITIONS)

@@ -17,17 +17,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    create_simple_keyspace, page_of, session_without_retries, token_replicas, Ports, ServeNode,
+    create_simple_keyspace, page_of, round_robin_session, session_without_retries, token_replicas,
+    Ports, ServeNode,
 };
 
-use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
-use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::response::PagingState;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
@@ -186,26 +183,6 @@ async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
     assert_eq!(unique, want);
     let rows = all_rows(&node1, scan, Consistency::All, 50).await.unwrap();
     assert_eq!(rows.into_iter().collect::<BTreeSet<_>>(), want);
-}
-
-/// A session that sends each request to the next node in turn, whatever its token, and never
-/// retries.
-async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
-    let policy = DefaultPolicy::builder().token_aware(false).build();
-    let profile = ExecutionProfile::builder()
-        .load_balancing_policy(policy)
-        .retry_policy(Arc::new(
-            scylla::policies::retry::FallthroughRetryPolicy::new(),
-        ))
-        .request_timeout(Some(Duration::from_secs(10)))
-        .build();
-    SessionBuilder::new()
-        .known_nodes(addrs.iter().map(ToString::to_string))
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

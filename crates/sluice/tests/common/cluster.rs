@@ -483,3 +483,25 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A session that sends each request to the next node in turn, whatever its token, and never
+/// retries, so that every node's own answer is seen.
+pub async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
+    let policy = scylla::policies::load_balancing::DefaultPolicy::builder()
+        .token_aware(false)
+        .build();
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .retry_policy(std::sync::Arc::new(
+            scylla::policies::retry::FallthroughRetryPolicy::new(),
+        ))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .build();
+    SessionBuilder::new()
+        .known_nodes(addrs.iter().map(ToString::to_string))
+        .default_execution_profile_handle(profile.into_handle())
+        .connection_timeout(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect")
+}
