@@ -746,21 +746,31 @@ impl Engine {
         }
         let t = self.table_by_id(table)?;
         let replication = coordinator::replication_of(self, &t);
-        if total_factor(&replication) <= 1 {
+        let factor = total_factor(&replication);
+        if factor <= 1 {
             return None;
         }
-        let Some(window) =
-            self.replicated_reads
-                .decide(rate_table_key(table), token, limit, now_millis)
-        else {
+        // Between two exchanges a node spends at most its share of the limit on a key, so
+        // that coordinators starting together on a cold key admit about the limit in all.
+        let share = (limit / factor).max(1);
+        // The other coordinators may each admit one more before this one hears of it: keep
+        // half of that (in thousandths of a read) below the limit, at most a share.
+        let margin_milli = ((factor - 1) * 500).min(limit / factor * 1000);
+        let mut pending = self.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+        let (now_window, _) = sluice_overload::window_of(now_millis);
+        if pending.waiting(table, token, now_window) >= share {
+            return Some(false);
+        }
+        let Some(window) = self.replicated_reads.decide_shared(
+            rate_table_key(table),
+            token,
+            limit,
+            margin_milli,
+            now_millis,
+        ) else {
             return Some(false);
         };
-        let kept = self
-            .pending_reads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .add(*table, token, window);
-        if !kept {
+        if !pending.add(*table, token, window) {
             self.read_count_stats.dropped();
         }
         Some(true)

@@ -127,6 +127,14 @@ impl PendingReads {
         true
     }
 
+    /// The reads of a key admitted in `window` that wait for the next exchange.
+    pub(crate) fn waiting(&self, table: &[u8; 16], token: i64, window: u32) -> u32 {
+        self.counts
+            .get(&(*table, token, window))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Everything that waits, leaving nothing.
     pub(crate) fn take(&mut self) -> Vec<ReadCount> {
         let out = self

@@ -41,6 +41,8 @@ struct Slot {
     window: u32,
     current: u32,
     previous: u32,
+    /// The window in which another node's counts last arrived through [`ReplicatedCounts::count_many`].
+    shared: u32,
 }
 
 impl Slot {
@@ -125,7 +127,7 @@ pub fn clamp_window(theirs: u32, ours: u32) -> Option<u32> {
 }
 
 impl ReplicatedCounts {
-    /// An empty table of `STRIPES × STRIPE_SLOTS` (16,384) keys, 512 KiB.
+    /// An empty table of `STRIPES × STRIPE_SLOTS` (16,384) keys, 640 KiB.
     pub fn new() -> ReplicatedCounts {
         let stripes = (0..STRIPES)
             .map(|_| Mutex::new(Box::new([Slot::default(); STRIPE_SLOTS])))
@@ -207,7 +209,10 @@ impl ReplicatedCounts {
         if n == 0 {
             return true;
         }
-        self.with_slot(table, token, ours, |s| s.add(w, n));
+        self.with_slot(table, token, ours, |s| {
+            s.add(w, n);
+            s.shared = ours;
+        });
         true
     }
 
@@ -215,9 +220,31 @@ impl ReplicatedCounts {
     /// counted at once (in the window returned), so that this node's own admissions in
     /// flight are seen by its next decision. `None`: rejected, nothing counted.
     pub fn decide(&self, table: u32, token: i64, limit: u32, now_millis: u64) -> Option<u32> {
+        self.decide_shared(table, token, limit, 0, now_millis)
+    }
+
+    /// [`Self::decide`] for a key whose counts other nodes also send (reads): while their
+    /// counts arrived in this window or the last, the estimate must stay `margin_milli`
+    /// thousandths of an operation below the limit. Every coordinator crosses below the limit at about the same moment and admits
+    /// before hearing of the others' admissions, so without the margin each window ends about
+    /// (coordinators − 1) over the limit.
+    pub fn decide_shared(
+        &self,
+        table: u32,
+        token: i64,
+        limit: u32,
+        margin_milli: u32,
+        now_millis: u64,
+    ) -> Option<u32> {
         let (window, elapsed) = window_of(now_millis);
         self.with_slot(table, token, window, |s| {
-            if s.estimate_milli(window, elapsed) < u64::from(limit) * 1000 {
+            let shared_lately = s.shared == window || s.shared.wrapping_add(1) == window;
+            let threshold = if shared_lately {
+                (u64::from(limit) * 1000).saturating_sub(u64::from(margin_milli))
+            } else {
+                u64::from(limit) * 1000
+            };
+            if s.estimate_milli(window, elapsed) < threshold {
                 s.add(window, 1);
                 Some(window)
             } else {
@@ -346,6 +373,29 @@ mod tests {
         assert_eq!(c.estimate(2, 5, T0), 30.0);
         assert!(c.decide(2, 5, 31, T0).is_some());
         assert!(c.decide(2, 5, 31, T0).is_none());
+    }
+
+    #[test]
+    fn the_margin_holds_only_while_other_nodes_send_counts() {
+        let c = ReplicatedCounts::new();
+        let (w, _) = window_of(T0);
+        // Alone: the whole limit of 10, margin or not.
+        for _ in 0..10 {
+            assert!(c.decide_shared(4, 1, 10, 1500, T0).is_some());
+        }
+        assert!(c.decide_shared(4, 1, 10, 1500, T0).is_none());
+        // Another node's counts arrived: 1.5 below the limit now (5, 6, 7 and 8 pass).
+        assert!(c.count_many(4, 2, w, 5, T0));
+        for _ in 0..4 {
+            assert!(c.decide_shared(4, 2, 10, 1500, T0).is_some());
+        }
+        assert!(c.decide_shared(4, 2, 10, 1500, T0).is_none());
+        assert!(c.decide_shared(4, 2, 10, 0, T0).is_some());
+        // Two windows later the margin is gone with the counts.
+        let later = T0 + 2000;
+        for _ in 0..10 {
+            assert!(c.decide_shared(4, 2, 10, 1500, later).is_some());
+        }
     }
 
     #[test]

@@ -1772,9 +1772,9 @@ async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives
 #[path = "logged_batch.rs"]
 mod logged_batch;
 
-/// Three engines that each coordinate reads of a table limited to 50 reads per second per
-/// partition, replicated `rf` times; each knows the others through the ring.
-async fn reading_trio(rf: u32) -> Vec<H> {
+/// Three engines that each coordinate reads of a table limited to `limit` reads per second
+/// per partition, replicated `rf` times; each knows the others through the ring.
+async fn reading_trio(rf: u32, limit: u32) -> Vec<H> {
     let transport = Arc::new(FakeTransport::default());
     let ring = Arc::new(TokenMetadata::new((1..=3).map(ring_node).collect()).unwrap());
     let mut nodes = Vec::new();
@@ -1795,7 +1795,7 @@ async fn reading_trio(rf: u32) -> Vec<H> {
         .await;
         h.ok(&format!(
             "CREATE TABLE ks.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {TABLE_ID} \
-             AND per_partition_rate_limit = {{'max_reads_per_second': 50}}"
+             AND per_partition_rate_limit = {{'max_reads_per_second': {limit}}}"
         ))
         .await;
         h.engine.set_ring(Arc::clone(&ring));
@@ -1805,10 +1805,10 @@ async fn reading_trio(rf: u32) -> Vec<H> {
     nodes
 }
 
-/// Offers 1,000 reads a second of one partition for `seconds`, round-robin over the three
-/// coordinators; with `exchange`, every 25 ms each node's read count messages are delivered
-/// to the peers they are addressed to. Returns the reads accepted in each second.
-fn offer_reads(nodes: &[H], seconds: usize, exchange: bool) -> Vec<u32> {
+/// Offers 1,000 reads a second of one partition limited to `limit` for `seconds`, round-robin
+/// over the three coordinators; with `exchange`, every 25 ms each node's read count messages
+/// are delivered to the peers they are addressed to. Returns the reads accepted in each second.
+fn offer_reads(nodes: &[H], limit: u32, seconds: usize, exchange: bool) -> Vec<u32> {
     const T0: u64 = 1_800_000_000_000;
     let table = *Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
     let token = 42;
@@ -1833,7 +1833,7 @@ fn offer_reads(nodes: &[H], seconds: usize, exchange: bool) -> Vec<u32> {
             }
         }
         let coordinator = &nodes[(ms % 3) as usize].engine;
-        match coordinator.decide_replicated_read_at(&table, token, 50, now) {
+        match coordinator.decide_replicated_read_at(&table, token, limit, now) {
             Some(true) => accepted[(ms / 1000) as usize] += 1,
             Some(false) => {}
             None => panic!("an RF 3 table's reads are decided across replicas"),
@@ -1844,13 +1844,23 @@ fn offer_reads(nodes: &[H], seconds: usize, exchange: bool) -> Vec<u32> {
 
 #[tokio::test]
 async fn reads_spread_over_three_coordinators_share_the_limit_through_the_exchange() {
-    let nodes = reading_trio(3).await;
-    let with = offer_reads(&nodes, 6, true);
-    // The first second starts empty; after it, the limit of 50 ±10%.
-    for (s, n) in with.iter().enumerate().skip(1) {
+    let nodes = reading_trio(3, 50).await;
+    let with = offer_reads(&nodes, 50, 6, true);
+    // The limit of 50 ±10% in every second, the first included.
+    for (s, n) in with.iter().enumerate() {
         assert!(
             (45..=55).contains(n),
             "second {s} with the exchange: {n} ({with:?})"
+        );
+    }
+    // A small limit too: each coordinator's share and margin keep the first second and the
+    // ends of windows from going over.
+    let nodes = reading_trio(3, 10).await;
+    let ten = offer_reads(&nodes, 10, 6, true);
+    for (s, n) in ten.iter().enumerate() {
+        assert!(
+            (9..=11).contains(n),
+            "second {s} at a limit of 10: {n} ({ten:?})"
         );
     }
     let sent = nodes[0].engine.read_count_stats();
@@ -1858,8 +1868,8 @@ async fn reads_spread_over_three_coordinators_share_the_limit_through_the_exchan
     assert_eq!(sent.dropped, 0);
 
     // Without it, each coordinator admits the limit on its own: about RF × the limit.
-    let nodes = reading_trio(3).await;
-    let without = offer_reads(&nodes, 6, false);
+    let nodes = reading_trio(3, 50).await;
+    let without = offer_reads(&nodes, 50, 6, false);
     for (s, n) in without.iter().enumerate().skip(1) {
         assert!(
             (135..=165).contains(n),
@@ -1870,7 +1880,7 @@ async fn reads_spread_over_three_coordinators_share_the_limit_through_the_exchan
 
 #[tokio::test]
 async fn reads_of_a_table_with_one_replica_stay_with_the_shard_limiter() {
-    let nodes = reading_trio(1).await;
+    let nodes = reading_trio(1, 50).await;
     let table = *Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
     for n in &nodes {
         assert_eq!(n.engine.decide_replicated_read(&table, 42, 50), None);
