@@ -753,9 +753,9 @@ impl Engine {
         // Between two exchanges a node spends at most its share of the limit on a key, so
         // that coordinators starting together on a cold key admit about the limit in all.
         let share = (limit / factor).max(1);
-        // The other coordinators may each admit one more before this one hears of it: keep
-        // half of that (in thousandths of a read) below the limit, at most a share.
-        let margin_milli = ((factor - 1) * 500).min(limit / factor * 1000);
+        // Each other coordinator may admit one more before this one hears of it: keep that
+        // far below the limit (in thousandths of a read), at most a share.
+        let margin_milli = ((factor - 1) * 1000).min(limit / factor * 1000);
         let mut pending = self.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
         let (now_window, _) = sluice_overload::window_of(now_millis);
         if pending.waiting(table, token, now_window) >= share {
