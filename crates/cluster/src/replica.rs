@@ -25,7 +25,8 @@ use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use crate::verbs::{
-    VERB_MUTATION, VERB_READ, VERB_REPAIR, VERB_SCAN, VERB_SELECT, VERB_SLICE, VERB_TRUNCATE,
+    VERB_MUTATION, VERB_READ, VERB_READ_COUNTS, VERB_REPAIR, VERB_SCAN, VERB_SELECT, VERB_SLICE,
+    VERB_TRUNCATE,
 };
 
 /// Replica requests this node runs at once; more are refused at arrival.
@@ -300,6 +301,16 @@ async fn serve(mut requests: impl ReplicaRequests, engine: Arc<Engine>, cap: usi
     let admission = std::rc::Rc::new(std::cell::RefCell::new(ReplicaAdmission::new(cap)));
     while let Some(message) = requests.next().await {
         let verb = message.verb;
+        if verb == VERB_READ_COUNTS {
+            // A bounded message of counts only: counted here, before any storage work.
+            if let Err(refusal) = engine.count_peer_reads(&message.body) {
+                tracing::debug!(?refusal, from = %message.from, "read counts refused");
+                message.reply_status(Status::Failed);
+            } else {
+                message.reply(Bytes::new());
+            }
+            continue;
+        }
         let Some(served) = served_verb(verb) else {
             message.reply_status(Status::UnknownVerb);
             continue;
@@ -549,12 +560,40 @@ pub async fn replay_hints(
     }
 }
 
+/// Sends the other replicas of each key the reads this node admitted since the last round,
+/// every `read_counts::EXCHANGE_INTERVAL`, one-way on the Requests class (a message that
+/// cannot be queued is dropped: the next round carries newer counts). Runs until aborted;
+/// call it on the messenger's runtime.
+pub async fn exchange_read_counts(messenger: Arc<Messenger>, engine: Arc<Engine>) {
+    let mut tick = tokio::time::interval(sluice_engine::read_counts::EXCHANGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let deadline = Instant::now() + READ_COUNTS_TIMEOUT;
+        for (peer, body) in engine.take_read_counts() {
+            if let Err(e) = messenger.send_oneway(
+                peer,
+                ConnectionClass::Requests,
+                VERB_READ_COUNTS,
+                body,
+                deadline,
+            ) {
+                tracing::debug!(error = %e, %peer, "read counts not sent");
+            }
+        }
+    }
+}
+
+/// How long a read count message may travel: counts older than a window are not counted.
+const READ_COUNTS_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// The coordinator wired into a node: the engine sends through the messenger, this node
 /// serves other coordinators' requests, and liveness follows the failure detector.
 pub struct Coordination {
     service: ReplicaService,
     liveness: tokio::task::JoinHandle<()>,
     hints: tokio::task::JoinHandle<()>,
+    read_counts: tokio::task::JoinHandle<()>,
 }
 
 impl Coordination {
@@ -578,6 +617,10 @@ impl Coordination {
             Arc::clone(&messenger),
             Arc::clone(&engine),
             node.ring(),
+        ));
+        let read_counts = tokio::spawn(exchange_read_counts(
+            Arc::clone(&messenger),
+            Arc::clone(&engine),
         ));
         let versions = SchemaVersions {
             mine: {
@@ -604,6 +647,7 @@ impl Coordination {
             service,
             liveness,
             hints,
+            read_counts,
         })
     }
 
@@ -617,6 +661,7 @@ impl Coordination {
     pub fn join(self) {
         self.liveness.abort();
         self.hints.abort();
+        self.read_counts.abort();
         self.service.join();
     }
 }

@@ -62,8 +62,13 @@ pub const VERB_NODE_LOAD: u16 = FIRST_APPLICATION_VERB + 22;
 /// decommission, removenode), on `ConnectionClass::Control`.
 pub const VERB_ADMIN: u16 = FIRST_APPLICATION_VERB + 23;
 
+/// The reads a node admitted of keys this node is also a replica of, for the per-partition
+/// read limit, one-way on `ConnectionClass::Requests`
+/// (`sluice_engine::read_counts::encode_read_counts`).
+pub const VERB_READ_COUNTS: u16 = FIRST_APPLICATION_VERB + 17;
+
 /// Every verb of this crate, to check that they are distinct and not reserved.
-pub const ALL: [u16; 13] = [
+pub const ALL: [u16; 14] = [
     VERB_RAFT,
     VERB_JOIN,
     VERB_MUTATION,
@@ -73,6 +78,7 @@ pub const ALL: [u16; 13] = [
     VERB_SELECT,
     VERB_SCAN,
     VERB_SLICE,
+    VERB_READ_COUNTS,
     VERB_STREAM_FETCH,
     VERB_STREAM_GAINS,
     VERB_NODE_LOAD,

@@ -40,6 +40,7 @@ mod logged_batch;
 mod paging;
 pub mod rate_limit_option;
 mod read;
+pub mod read_counts;
 mod remote_read;
 pub mod replica_msg;
 pub mod replica_stats;
@@ -367,7 +368,12 @@ pub struct Engine {
     hints: std::sync::OnceLock<hints::HintStore>,
     speculation: coordinator::Speculation,
     /// Admitted writes of rate-limited replicated tables, counted by every replica.
-    replicated_writes: sluice_overload::ReplicatedWriteCounts,
+    replicated_writes: sluice_overload::ReplicatedCounts,
+    /// Admitted reads of rate-limited replicated tables: this node's and its peers'.
+    replicated_reads: sluice_overload::ReplicatedCounts,
+    /// Reads this node admitted that its peers have not been told of yet.
+    pending_reads: Mutex<read_counts::PendingReads>,
+    read_count_stats: read_counts::ReadCountStats,
 }
 
 impl std::fmt::Debug for Engine {
@@ -394,6 +400,17 @@ pub(crate) fn rate_window_now() -> u32 {
 fn rate_table_key(id: &[u8; 16]) -> u32 {
     id.chunks_exact(4)
         .fold(0, |k, c| k ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// The number of replicas a keyspace's replication asks for, over every data center.
+fn total_factor(replication: &sluice_ring::Replication) -> u32 {
+    match replication {
+        sluice_ring::Replication::Local => 1,
+        sluice_ring::Replication::Simple { factor } => *factor,
+        sluice_ring::Replication::NetworkTopology { factors } => {
+            factors.iter().map(|(_, rf)| *rf).sum()
+        }
+    }
 }
 
 /// A storage failure's static message, for a replica's refusal.
@@ -492,7 +509,10 @@ impl Engine {
             hinted_handoff: std::sync::atomic::AtomicBool::new(true),
             hints: std::sync::OnceLock::new(),
             speculation: coordinator::Speculation::default(),
-            replicated_writes: sluice_overload::ReplicatedWriteCounts::new(),
+            replicated_writes: sluice_overload::ReplicatedCounts::new(),
+            replicated_reads: sluice_overload::ReplicatedCounts::new(),
+            pending_reads: Mutex::new(read_counts::PendingReads::default()),
+            read_count_stats: read_counts::ReadCountStats::default(),
         }))
     }
 
@@ -709,6 +729,172 @@ impl Engine {
                 .decide(rate_table_key(table), token, limit, unix_millis())
                 .is_some(),
         )
+    }
+
+    /// The per-partition read limit of a table replicated to more than one node, decided
+    /// once on this coordinator from the reads it and the other replicas admitted (their
+    /// counts arrive through the read count exchange): `None` on one node or for a table
+    /// with one replica, where the shard's own limiter decides. An accepted read is counted
+    /// here at once and waits for the next exchange.
+    pub fn decide_replicated_read(&self, table: &[u8; 16], token: i64, limit: u32) -> Option<bool> {
+        self.decide_replicated_read_at(table, token, limit, unix_millis())
+    }
+
+    pub(crate) fn decide_replicated_read_at(
+        &self,
+        table: &[u8; 16],
+        token: i64,
+        limit: u32,
+        now_millis: u64,
+    ) -> Option<bool> {
+        if !self.is_multi_node() || self.replica_transport().is_none() {
+            return None;
+        }
+        let t = self.table_by_id(table)?;
+        let replication = coordinator::replication_of(self, &t);
+        let factor = total_factor(&replication);
+        if factor <= 1 {
+            return None;
+        }
+        // Between two exchanges a node spends at most its share of the limit on a key, so
+        // that coordinators starting together on a cold key admit about the limit in all.
+        let share = (limit / factor).max(1);
+        // Each other coordinator may admit one more before this one hears of it: keep that
+        // far below the limit (in thousandths of a read), at most a share.
+        let margin_milli = ((factor - 1) * 1000).min(limit / factor * 1000);
+        let mut pending = self.pending_reads.lock().unwrap_or_else(|p| p.into_inner());
+        let (now_window, _) = sluice_overload::window_of(now_millis);
+        if pending.waiting(table, token, now_window) >= share {
+            return Some(false);
+        }
+        let Some(window) = self.replicated_reads.decide_shared(
+            rate_table_key(table),
+            token,
+            limit,
+            margin_milli,
+            now_millis,
+        ) else {
+            return Some(false);
+        };
+        if !pending.add(*table, token, window) {
+            self.read_count_stats.dropped();
+        }
+        Some(true)
+    }
+
+    /// The read count exchange's messages now: for each peer, the reads this node admitted
+    /// since the last call of the keys it is a replica of (at most
+    /// [`read_counts::MAX_KEYS_PER_MESSAGE`] keys per message). Peers believed down get
+    /// nothing; counts more than one window old are dropped, as a receiver would.
+    pub fn take_read_counts(&self) -> Vec<(std::net::SocketAddr, Bytes)> {
+        self.take_read_counts_at(unix_millis())
+    }
+
+    pub(crate) fn take_read_counts_at(
+        &self,
+        now_millis: u64,
+    ) -> Vec<(std::net::SocketAddr, Bytes)> {
+        let counts = self
+            .pending_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if counts.is_empty() {
+            return Vec::new();
+        }
+        let (ours, _) = sluice_overload::window_of(now_millis);
+        let rings = self.rings();
+        let ring = &rings.current;
+        let me = ring.index_of(self.node().host_id);
+        let mut replication_by_table: Vec<([u8; 16], Option<sluice_ring::Replication>)> =
+            Vec::new();
+        let mut by_peer: Vec<(std::net::SocketAddr, Vec<read_counts::ReadCount>)> = Vec::new();
+        let mut replicas = Vec::new();
+        for c in counts {
+            if sluice_overload::clamp_window(c.window, ours).is_none() {
+                continue;
+            }
+            let replication = match replication_by_table.iter().find(|(id, _)| *id == c.table) {
+                Some((_, r)) => r.clone(),
+                None => {
+                    let r = self
+                        .table_by_id(&c.table)
+                        .map(|t| coordinator::replication_of(self, &t));
+                    replication_by_table.push((c.table, r.clone()));
+                    r
+                }
+            };
+            let Some(replication) = replication else {
+                continue;
+            };
+            replicas.clear();
+            sluice_ring::natural_replicas(
+                ring,
+                &replication,
+                sluice_ring::Token(c.token),
+                &mut replicas,
+            );
+            for &r in &replicas {
+                let node = ring.node(r);
+                if Some(r) == me || !self.is_node_up(node.host_id) {
+                    continue;
+                }
+                match by_peer
+                    .iter_mut()
+                    .find(|(a, _)| *a == node.internode_address)
+                {
+                    Some((_, v)) => v.push(c),
+                    None => by_peer.push((node.internode_address, vec![c])),
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut keys = 0;
+        for (peer, counts) in by_peer {
+            keys += counts.len();
+            for chunk in counts.chunks(read_counts::MAX_KEYS_PER_MESSAGE) {
+                out.push((peer, read_counts::encode_read_counts(chunk)));
+            }
+        }
+        self.read_count_stats.sent(out.len(), keys);
+        out
+    }
+
+    /// Counts a peer's read count message as admitted reads in its windows (each clamped to
+    /// this node's window ±1); a malformed message is refused whole, nothing counted.
+    /// Returns how many keys were counted.
+    pub fn count_peer_reads(&self, body: &[u8]) -> Result<usize, coordinator::ReplicaRefusal> {
+        self.count_peer_reads_at(body, unix_millis())
+    }
+
+    pub(crate) fn count_peer_reads_at(
+        &self,
+        body: &[u8],
+        now_millis: u64,
+    ) -> Result<usize, coordinator::ReplicaRefusal> {
+        let counts = read_counts::decode_read_counts(body).map_err(|e| {
+            self.read_count_stats.malformed();
+            coordinator::ReplicaRefusal::Malformed(e.0)
+        })?;
+        let mut counted = 0;
+        for c in counts {
+            if self.replicated_reads.count_many(
+                rate_table_key(&c.table),
+                c.token,
+                c.window,
+                c.count,
+                now_millis,
+            ) {
+                counted += 1;
+            }
+        }
+        self.read_count_stats.received(counted);
+        Ok(counted)
+    }
+
+    /// What the read count exchange sent, received and dropped.
+    pub fn read_count_stats(&self) -> read_counts::ReadCountSnapshot {
+        self.read_count_stats.snapshot()
     }
 
     /// Replica side of a READ: the digest or the raw entries of one partition.

@@ -58,7 +58,7 @@ pub use rate_limit::{
     Acceptance, ColdStart, Decision, LimitKey, LimiterStats, OpType, RateLimiter,
     RateLimiterConfig, TableLimitSnapshot, TableLimitStats,
 };
-pub use replicated_rate::{clamp_window, window_of, ReplicatedWriteCounts};
+pub use replicated_rate::{clamp_window, window_of, ReplicatedCounts};
 pub use txn_limit::{
     TxnAdmit, TxnLimitConfig, TxnLimitStats, TxnLimiter, TxnReject, TxnWaitTicket,
 };

@@ -1,6 +1,6 @@
-//! The per-partition write limit of a replicated table, decided once per write.
+//! The per-partition limits of a replicated table, decided once per operation.
 //!
-//! Every replica of a partition receives every admitted write, whoever coordinated it. So a
+//! One counter type serves writes and reads. Writes: every replica of a partition receives every admitted write, whoever coordinated it. So a
 //! node counts the admitted writes it applies per (table, token) in one-second wall-clock
 //! windows, and a coordinator that is a replica decides from that count, which already holds
 //! the other coordinators' admitted writes. Replicas only count; they never reject on rate.
@@ -12,6 +12,11 @@
 //! limit, a key then gets the limit per second, spread evenly over the window. Counting only
 //! admitted writes (not attempts, as [`crate::rate_limit`] does) is what lets counts from
 //! several coordinators add up: a rejected attempt is never replicated.
+//!
+//! Reads reach only some replicas, so each node sends the other replicas of a key the reads
+//! it admitted (an exchange every few tens of milliseconds, `sluice_engine`'s
+//! `read_counts`), and the receiver counts them with [`ReplicatedCounts::count_many`] in the
+//! sender's window: the estimate is then this node's admissions plus its peers'.
 //!
 //! The table is fixed-size (two candidate slots per key, striped locks held for a few
 //! instructions); when both candidates hold other live keys the smaller is evicted and its
@@ -36,6 +41,8 @@ struct Slot {
     window: u32,
     current: u32,
     previous: u32,
+    /// The window in which another node's counts last arrived through [`ReplicatedCounts::count_many`].
+    shared: u32,
 }
 
 impl Slot {
@@ -69,13 +76,14 @@ impl Slot {
         self.window = window;
     }
 
-    /// Adds one admitted write counted in `window` (ignored when more than one window stale).
-    fn add(&mut self, window: u32) {
+    /// Adds `n` admitted operations counted in `window` (ignored when more than one window
+    /// stale).
+    fn add(&mut self, window: u32, n: u32) {
         self.roll(window);
         if window == self.window {
-            self.current = self.current.saturating_add(1);
+            self.current = self.current.saturating_add(n);
         } else if window.wrapping_add(1) == self.window {
-            self.previous = self.previous.saturating_add(1);
+            self.previous = self.previous.saturating_add(n);
         }
     }
 
@@ -84,20 +92,20 @@ impl Slot {
     }
 }
 
-/// Counts of admitted writes per (table, token), in wall-clock one-second windows.
-pub struct ReplicatedWriteCounts {
+/// Counts of admitted operations (writes, or reads) per (table, token), in wall-clock
+/// one-second windows.
+pub struct ReplicatedCounts {
     stripes: Box<[Mutex<Box<[Slot; STRIPE_SLOTS]>>]>,
     seed: (u64, u64),
 }
 
-impl std::fmt::Debug for ReplicatedWriteCounts {
+impl std::fmt::Debug for ReplicatedCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicatedWriteCounts")
-            .finish_non_exhaustive()
+        f.debug_struct("ReplicatedCounts").finish_non_exhaustive()
     }
 }
 
-impl Default for ReplicatedWriteCounts {
+impl Default for ReplicatedCounts {
     fn default() -> Self {
         Self::new()
     }
@@ -118,9 +126,9 @@ pub fn clamp_window(theirs: u32, ours: u32) -> Option<u32> {
     (-1..=1).contains(&d).then_some(theirs)
 }
 
-impl ReplicatedWriteCounts {
-    /// An empty table of `STRIPES × STRIPE_SLOTS` (16,384) keys, 512 KiB.
-    pub fn new() -> ReplicatedWriteCounts {
+impl ReplicatedCounts {
+    /// An empty table of `STRIPES × STRIPE_SLOTS` (16,384) keys, 640 KiB.
+    pub fn new() -> ReplicatedCounts {
         let stripes = (0..STRIPES)
             .map(|_| Mutex::new(Box::new([Slot::default(); STRIPE_SLOTS])))
             .collect();
@@ -129,7 +137,7 @@ impl ReplicatedWriteCounts {
         h.write_u8(1);
         let a = h.finish();
         h.write_u8(2);
-        ReplicatedWriteCounts {
+        ReplicatedCounts {
             stripes,
             seed: (a, h.finish() | 1),
         }
@@ -188,11 +196,23 @@ impl ReplicatedWriteCounts {
     /// Counts one admitted write that a coordinator counted in its window `theirs`; `now` is
     /// this node's wall clock in milliseconds. Returns whether it was counted.
     pub fn count(&self, table: u32, token: i64, theirs: u32, now_millis: u64) -> bool {
+        self.count_many(table, token, theirs, 1, now_millis)
+    }
+
+    /// Counts `n` operations another node admitted in its window `theirs` (a peer's read
+    /// counts); the same window rule as [`Self::count`]. Returns whether they were counted.
+    pub fn count_many(&self, table: u32, token: i64, theirs: u32, n: u32, now_millis: u64) -> bool {
         let (ours, _) = window_of(now_millis);
         let Some(w) = clamp_window(theirs, ours) else {
             return false;
         };
-        self.with_slot(table, token, ours, |s| s.add(w));
+        if n == 0 {
+            return true;
+        }
+        self.with_slot(table, token, ours, |s| {
+            s.add(w, n);
+            s.shared = ours;
+        });
         true
     }
 
@@ -200,10 +220,32 @@ impl ReplicatedWriteCounts {
     /// counted at once (in the window returned), so that this node's own admissions in
     /// flight are seen by its next decision. `None`: rejected, nothing counted.
     pub fn decide(&self, table: u32, token: i64, limit: u32, now_millis: u64) -> Option<u32> {
+        self.decide_shared(table, token, limit, 0, now_millis)
+    }
+
+    /// [`Self::decide`] for a key whose counts other nodes also send (reads): while their
+    /// counts arrived in this window or the last, the estimate must stay `margin_milli`
+    /// thousandths of an operation below the limit. Every coordinator crosses below the limit at about the same moment and admits
+    /// before hearing of the others' admissions, so without the margin each window ends about
+    /// (coordinators − 1) over the limit.
+    pub fn decide_shared(
+        &self,
+        table: u32,
+        token: i64,
+        limit: u32,
+        margin_milli: u32,
+        now_millis: u64,
+    ) -> Option<u32> {
         let (window, elapsed) = window_of(now_millis);
         self.with_slot(table, token, window, |s| {
-            if s.estimate_milli(window, elapsed) < u64::from(limit) * 1000 {
-                s.add(window);
+            let shared_lately = s.shared == window || s.shared.wrapping_add(1) == window;
+            let threshold = if shared_lately {
+                (u64::from(limit) * 1000).saturating_sub(u64::from(margin_milli))
+            } else {
+                u64::from(limit) * 1000
+            };
+            if s.estimate_milli(window, elapsed) < threshold {
+                s.add(window, 1);
                 Some(window)
             } else {
                 None
@@ -226,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_lone_coordinator_accepts_the_limit_per_second() {
-        let c = ReplicatedWriteCounts::new();
+        let c = ReplicatedCounts::new();
         // 1000 attempts per second for 10 s against a limit of 50.
         let mut per_second = [0u32; 10];
         for ms in 0..10_000u64 {
@@ -245,9 +287,9 @@ mod tests {
         // Three replicas; each coordinates a third of the attempts, decides from its own
         // table, and its admitted writes reach the other two (counted in its window).
         let nodes = [
-            ReplicatedWriteCounts::new(),
-            ReplicatedWriteCounts::new(),
-            ReplicatedWriteCounts::new(),
+            ReplicatedCounts::new(),
+            ReplicatedCounts::new(),
+            ReplicatedCounts::new(),
         ];
         let mut accepted = [0u32; 10];
         for ms in 0..10_000u64 {
@@ -272,6 +314,90 @@ mod tests {
         assert!(e.iter().all(|x| (x - e[0]).abs() < 1e-9), "{e:?}");
     }
 
+    /// Reads spread evenly over three coordinators for 10 s at 1,000 a second against a
+    /// limit of 50; with `exchange`, every 25 ms each node's admissions since the last round
+    /// are counted by the two others in its window. Returns the reads accepted per second.
+    fn three_coordinators_reading(exchange: bool) -> [u32; 10] {
+        let nodes = [
+            ReplicatedCounts::new(),
+            ReplicatedCounts::new(),
+            ReplicatedCounts::new(),
+        ];
+        let mut pending: [Vec<u32>; 3] = Default::default();
+        let mut accepted = [0u32; 10];
+        for ms in 0..10_000u64 {
+            if exchange && ms % 25 == 0 {
+                for (from, waiting) in pending.iter_mut().enumerate() {
+                    for w in std::mem::take(waiting) {
+                        for (to, n) in nodes.iter().enumerate() {
+                            if to != from {
+                                n.count_many(1, 9, w, 1, T0 + ms);
+                            }
+                        }
+                    }
+                }
+            }
+            let coord = (ms % 3) as usize;
+            if let Some(w) = nodes[coord].decide(1, 9, 50, T0 + ms) {
+                accepted[(ms / 1000) as usize] += 1;
+                pending[coord].push(w);
+            }
+        }
+        accepted
+    }
+
+    #[test]
+    fn exchanged_read_counts_share_one_limit_across_coordinators() {
+        let with = three_coordinators_reading(true);
+        for (s, n) in with.iter().enumerate().skip(1) {
+            assert!((45..=55).contains(n), "second {s} with the exchange: {n}");
+        }
+        // Each coordinator alone admits the limit: three times it in all.
+        let without = three_coordinators_reading(false);
+        for (s, n) in without.iter().enumerate().skip(1) {
+            assert!(
+                (140..=160).contains(n),
+                "second {s} without the exchange: {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn count_many_adds_in_the_senders_window_and_ignores_stale_ones() {
+        let c = ReplicatedCounts::new();
+        let (w, _) = window_of(T0);
+        assert!(c.count_many(2, 5, w, 30, T0));
+        assert!(c.count_many(2, 5, w, 0, T0));
+        assert_eq!(c.estimate(2, 5, T0), 30.0);
+        assert!(!c.count_many(2, 5, w - 2, 30, T0));
+        assert_eq!(c.estimate(2, 5, T0), 30.0);
+        assert!(c.decide(2, 5, 31, T0).is_some());
+        assert!(c.decide(2, 5, 31, T0).is_none());
+    }
+
+    #[test]
+    fn the_margin_holds_only_while_other_nodes_send_counts() {
+        let c = ReplicatedCounts::new();
+        let (w, _) = window_of(T0);
+        // Alone: the whole limit of 10, margin or not.
+        for _ in 0..10 {
+            assert!(c.decide_shared(4, 1, 10, 1500, T0).is_some());
+        }
+        assert!(c.decide_shared(4, 1, 10, 1500, T0).is_none());
+        // Another node's counts arrived: 1.5 below the limit now (5, 6, 7 and 8 pass).
+        assert!(c.count_many(4, 2, w, 5, T0));
+        for _ in 0..4 {
+            assert!(c.decide_shared(4, 2, 10, 1500, T0).is_some());
+        }
+        assert!(c.decide_shared(4, 2, 10, 1500, T0).is_none());
+        assert!(c.decide_shared(4, 2, 10, 0, T0).is_some());
+        // Two windows later the margin is gone with the counts.
+        let later = T0 + 2000;
+        for _ in 0..10 {
+            assert!(c.decide_shared(4, 2, 10, 1500, later).is_some());
+        }
+    }
+
     #[test]
     fn windows_are_the_coordinators_within_one_of_ours() {
         assert_eq!(clamp_window(100, 100), Some(100));
@@ -279,7 +405,7 @@ mod tests {
         assert_eq!(clamp_window(101, 100), Some(101));
         assert_eq!(clamp_window(98, 100), None);
         assert_eq!(clamp_window(0, 100), None);
-        let c = ReplicatedWriteCounts::new();
+        let c = ReplicatedCounts::new();
         // A replayed hint from long ago is not counted.
         assert!(!c.count(1, 1, 5, T0));
         assert_eq!(c.estimate(1, 1, T0), 0.0);
@@ -293,7 +419,7 @@ mod tests {
 
     #[test]
     fn counts_fade_after_two_windows_and_keys_stay_apart() {
-        let c = ReplicatedWriteCounts::new();
+        let c = ReplicatedCounts::new();
         for ms in 0..100 {
             assert!(c.decide(1, 1, 1000, T0 + ms).is_some());
         }
@@ -306,7 +432,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_cold_keys_does_not_hide_a_hot_one() {
-        let c = ReplicatedWriteCounts::new();
+        let c = ReplicatedCounts::new();
         for ms in 0..200 {
             c.decide(3, 77, 100, T0 + ms);
         }

@@ -14,7 +14,9 @@
 //!
 //! A write to a replicated table in a cluster is decided instead by
 //! `Engine::decide_replicated_write` (one decision on the coordinator, from the admitted writes
-//! every replica counts), so that several coordinators share one limit.
+//! every replica counts), and a read by `Engine::decide_replicated_read` (from the reads this
+//! node admitted plus those the other replicas report through the read count exchange), so
+//! that several coordinators share one limit.
 //!
 //! Tables without `per_partition_rate_limit` (or without a limit for the operation) never
 //! reach the table. The random number is drawn once per operation on the receiving shard
@@ -184,21 +186,24 @@ impl ShardLimiter {
                 &mut last.insert((c.table, stats)).1
             }
         };
-        // A replicated table's writes are decided once, on the coordinator, from the admitted
-        // writes every replica counts (so several coordinators share one limit).
-        if c.op == OpType::Write {
-            if let Some(accept) = engine.decide_replicated_write(&c.table, c.token, c.limit) {
-                let decision = if accept {
-                    Decision::Accept
-                } else {
-                    Decision::Reject
-                };
-                stats.record(c.op, decision);
-                return match decision {
-                    Decision::Accept => LimitDecision::Accept,
-                    Decision::Reject => LimitDecision::Reject(c.op),
-                };
-            }
+        // A replicated table's operations are decided once, on the coordinator, from the
+        // admitted writes every replica counts, or the admitted reads the replicas exchange
+        // (so several coordinators share one limit).
+        let replicated = match c.op {
+            OpType::Write => engine.decide_replicated_write(&c.table, c.token, c.limit),
+            OpType::Read => engine.decide_replicated_read(&c.table, c.token, c.limit),
+        };
+        if let Some(accept) = replicated {
+            let decision = if accept {
+                Decision::Accept
+            } else {
+                Decision::Reject
+            };
+            stats.record(c.op, decision);
+            return match decision {
+                Decision::Accept => LimitDecision::Accept,
+                Decision::Reject => LimitDecision::Reject(c.op),
+            };
         }
         match self
             .limiter

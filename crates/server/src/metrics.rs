@@ -447,6 +447,8 @@ pub struct CoordinatorCounts {
     pub replica_served: [u64; ReplicaVerb::ALL.len()],
     /// Replica requests refused or failed here, per verb and reason (`RefusalReason` order).
     pub replica_refused: [[u64; RefusalReason::ALL.len()]; ReplicaVerb::ALL.len()],
+    /// The read count exchange of the per-partition read limit.
+    pub read_counts: sluice_engine::read_counts::ReadCountSnapshot,
 }
 
 impl CoordinatorCounts {
@@ -459,6 +461,7 @@ impl CoordinatorCounts {
             replica_served: ReplicaVerb::ALL.map(|v| engine.replica_stats().served(v)),
             replica_refused: ReplicaVerb::ALL
                 .map(|v| RefusalReason::ALL.map(|r| engine.replica_stats().refused(v, r))),
+            read_counts: engine.read_count_stats(),
         }
     }
 }
@@ -513,6 +516,36 @@ pub fn render_coordinator(out: &mut String, c: &CoordinatorCounts) {
             "counter",
             "Hints dropped: over the byte bound, older than the hint window, unreadable or not written.",
             c.hints.dropped,
+        ),
+        (
+            "sluice_read_count_messages_sent_total",
+            "counter",
+            "Read count messages sent to other replicas for the per-partition read limit.",
+            c.read_counts.messages_sent,
+        ),
+        (
+            "sluice_read_count_keys_sent_total",
+            "counter",
+            "Keys whose admitted reads were sent to other replicas.",
+            c.read_counts.keys_sent,
+        ),
+        (
+            "sluice_read_count_keys_received_total",
+            "counter",
+            "Keys whose admitted reads other replicas reported and this node counted.",
+            c.read_counts.keys_received,
+        ),
+        (
+            "sluice_read_count_malformed_total",
+            "counter",
+            "Read count messages refused as malformed.",
+            c.read_counts.malformed,
+        ),
+        (
+            "sluice_read_count_dropped_total",
+            "counter",
+            "Admitted reads not reported to other replicas: too many keys waited.",
+            c.read_counts.dropped,
         ),
     ];
     for (name, kind, help, v) in rows {
@@ -813,6 +846,13 @@ mod tests {
                 r[ReplicaVerb::Scan as usize][RefusalReason::Budget as usize] = 6;
                 r
             },
+            read_counts: sluice_engine::read_counts::ReadCountSnapshot {
+                messages_sent: 8,
+                keys_sent: 9,
+                keys_received: 10,
+                malformed: 11,
+                dropped: 12,
+            },
         };
         let mut text = String::new();
         render_coordinator(&mut text, &counts);
@@ -828,6 +868,11 @@ mod tests {
         assert!(text.contains("sluice_hints_replayed_total 9"));
         assert!(text.contains("sluice_hints_stored_total 5"));
         assert!(text.contains("sluice_hints_dropped_total 1"));
+        assert!(text.contains("sluice_read_count_messages_sent_total 8"));
+        assert!(text.contains("sluice_read_count_keys_sent_total 9"));
+        assert!(text.contains("sluice_read_count_keys_received_total 10"));
+        assert!(text.contains("sluice_read_count_malformed_total 11"));
+        assert!(text.contains("sluice_read_count_dropped_total 12"));
         assert!(text.contains("# TYPE sluice_replica_requests_total counter"));
         assert!(text.contains("sluice_replica_requests_total{verb=\"mutation\"} 4"));
         assert!(text.contains("sluice_replica_requests_total{verb=\"select\"} 7"));

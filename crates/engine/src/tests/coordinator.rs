@@ -1766,3 +1766,137 @@ async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives
 
 #[path = "logged_batch.rs"]
 mod logged_batch;
+
+/// Three engines that each coordinate reads of a table limited to `limit` reads per second
+/// per partition, replicated `rf` times; each knows the others through the ring.
+async fn reading_trio(rf: u32, limit: u32) -> Vec<H> {
+    let transport = Arc::new(FakeTransport::default());
+    let ring = Arc::new(TokenMetadata::new((1..=3).map(ring_node).collect()).unwrap());
+    let mut nodes = Vec::new();
+    for i in 1..=3u8 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut info = NodeInfo::single(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 9042, host(i));
+        info.tokens = ring_node(i).tokens.iter().map(|t| t.0).collect();
+        let engine = Engine::open(open_storage(dir.path()), info).unwrap();
+        let mut h = H {
+            engine,
+            session: Session::default(),
+            dir,
+            now: None,
+        };
+        h.ok(&format!(
+            "CREATE KEYSPACE ks WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
+        ))
+        .await;
+        h.ok(&format!(
+            "CREATE TABLE ks.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {TABLE_ID} \
+             AND per_partition_rate_limit = {{'max_reads_per_second': {limit}}}"
+        ))
+        .await;
+        h.engine.set_ring(Arc::clone(&ring));
+        assert!(h.engine.set_replica_transport(transport.clone()));
+        nodes.push(h);
+    }
+    nodes
+}
+
+/// Offers 1,000 reads a second of one partition limited to `limit` for `seconds`, round-robin
+/// over the three coordinators; with `exchange`, every 25 ms each node's read count messages
+/// are delivered to the peers they are addressed to. Returns the reads accepted in each second.
+fn offer_reads(nodes: &[H], limit: u32, seconds: usize, exchange: bool) -> Vec<u32> {
+    const T0: u64 = 1_800_000_000_000;
+    let table = *Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
+    let token = 42;
+    let mut accepted = vec![0u32; seconds];
+    for ms in 0..(seconds as u64 * 1000) {
+        let now = T0 + ms;
+        if ms % 25 == 0 {
+            for n in nodes {
+                for (peer, body) in n.engine.take_read_counts_at(now) {
+                    let to = nodes
+                        .iter()
+                        .find(|m| {
+                            let i = (m.engine.node().host_id.as_u128() - host(0).as_u128()) as u8;
+                            ring_node(i).internode_address == peer
+                        })
+                        .expect("a message goes to a node of the ring");
+                    assert_ne!(to.engine.node().host_id, n.engine.node().host_id);
+                    if exchange {
+                        assert_eq!(to.engine.count_peer_reads_at(&body, now), Ok(1));
+                    }
+                }
+            }
+        }
+        let coordinator = &nodes[(ms % 3) as usize].engine;
+        match coordinator.decide_replicated_read_at(&table, token, limit, now) {
+            Some(true) => accepted[(ms / 1000) as usize] += 1,
+            Some(false) => {}
+            None => panic!("an RF 3 table's reads are decided across replicas"),
+        }
+    }
+    accepted
+}
+
+#[tokio::test]
+async fn reads_spread_over_three_coordinators_share_the_limit_through_the_exchange() {
+    let nodes = reading_trio(3, 50).await;
+    let with = offer_reads(&nodes, 50, 6, true);
+    // The limit of 50 ±10% in every second, the first included.
+    for (s, n) in with.iter().enumerate() {
+        assert!(
+            (45..=55).contains(n),
+            "second {s} with the exchange: {n} ({with:?})"
+        );
+    }
+    // A small limit too: each coordinator's share and margin keep the first second and the
+    // ends of windows from going over.
+    let nodes = reading_trio(3, 10).await;
+    let ten = offer_reads(&nodes, 10, 6, true);
+    for (s, n) in ten.iter().enumerate() {
+        assert!(
+            (9..=11).contains(n),
+            "second {s} at a limit of 10: {n} ({ten:?})"
+        );
+    }
+    let sent = nodes[0].engine.read_count_stats();
+    assert!(sent.messages_sent > 0 && sent.keys_received > 0, "{sent:?}");
+    assert_eq!(sent.dropped, 0);
+
+    // Without it, each coordinator admits the limit on its own: about RF × the limit.
+    let nodes = reading_trio(3, 50).await;
+    let without = offer_reads(&nodes, 50, 6, false);
+    for (s, n) in without.iter().enumerate().skip(1) {
+        assert!(
+            (135..=165).contains(n),
+            "second {s} without the exchange: {n} ({without:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn reads_of_a_table_with_one_replica_stay_with_the_shard_limiter() {
+    let nodes = reading_trio(1, 50).await;
+    let table = *Uuid::parse_str(TABLE_ID).unwrap().as_bytes();
+    for n in &nodes {
+        assert_eq!(n.engine.decide_replicated_read(&table, 42, 50), None);
+        assert!(n.engine.take_read_counts().is_empty());
+    }
+    // A message from a peer is still counted; a malformed one is refused whole.
+    let body = crate::read_counts::encode_read_counts(&[crate::read_counts::ReadCount {
+        table,
+        token: 42,
+        window: sluice_overload::window_of(1_800_000_000_000).0,
+        count: 3,
+    }]);
+    assert_eq!(
+        nodes[0]
+            .engine
+            .count_peer_reads_at(&body, 1_800_000_000_000),
+        Ok(1)
+    );
+    assert!(matches!(
+        nodes[0].engine.count_peer_reads(&body[..body.len() - 1]),
+        Err(crate::coordinator::ReplicaRefusal::Malformed(_))
+    ));
+    assert_eq!(nodes[0].engine.read_count_stats().malformed, 1);
+}
