@@ -162,7 +162,12 @@ impl ReplicatedCounts {
         let stripe = &self.stripes[(h as usize >> 1) % STRIPES];
         let mut slots = stripe.lock().unwrap_or_else(|p| p.into_inner());
         let a = ((h >> 16) as usize) % STRIPE_SLOTS;
-        let b = ((h >> 40) as usize) % STRIPE_SLOTS;
+        // Two distinct candidates: a key whose two were the same slot would evict whatever
+        // holds it, a hot key included, however small its own count.
+        let b = match ((h >> 40) as usize) % STRIPE_SLOTS {
+            b if b == a => (a + 1) % STRIPE_SLOTS,
+            b => b,
+        };
         let found = [a, b]
             .into_iter()
             .find(|&i| slots[i].key == h && slots[i].token == token && slots[i].table == table);
