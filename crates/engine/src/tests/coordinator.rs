@@ -238,15 +238,20 @@ async fn refusals_fail_fast_and_silence_times_out_with_the_counts() {
     trio.transport.set(host(3), Behaviour::Refuse);
     let started = Instant::now();
     let e = error_of(trio.run(0, insert, Consistency::Quorum).await);
-    assert_eq!(
-        e,
-        DbError::ReplicaWriteFailure {
-            consistency: Consistency::Quorum,
-            received: 1,
-            block_for: 2,
-            failures: 2,
-            write_type: sluice_protocol::WriteType::Simple,
-        }
+    // `received` is what had acknowledged when the second refusal came: the local write's
+    // acknowledgement (it waits for storage) may come after both refusals, as in Cassandra.
+    assert!(
+        matches!(
+            e,
+            DbError::ReplicaWriteFailure {
+                consistency: Consistency::Quorum,
+                received: 0 | 1,
+                block_for: 2,
+                failures: 2,
+                write_type: sluice_protocol::WriteType::Simple,
+            }
+        ),
+        "{e:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(1));
     // A replica that never answers: Write_timeout at the deadline with what was received.
