@@ -161,15 +161,7 @@ impl Wire {
                 panic!("bad frame");
             };
             let arrival = Arrival::Read(Instant::now());
-            handle_frame(
-                &self.shard,
-                &self.conn,
-                &mut self.input,
-                header,
-                arrival,
-                |_| 0,
-            )
-            .await;
+            handle_frame(&self.shard, &self.conn, &mut self.input, header, arrival).await;
         }
     }
 
@@ -215,15 +207,7 @@ impl Wire {
                 .unwrap_or(arrival);
         }
         let (shard, conn) = (&self.shard, &self.conn);
-        handle_frame(
-            shard,
-            conn,
-            &mut self.input,
-            header,
-            Arrival::Read(arrival),
-            |_| 0,
-        )
-        .await;
+        handle_frame(shard, conn, &mut self.input, header, Arrival::Read(arrival)).await;
         // A request that had to wait is finished by its task.
         while conn.outbox.pending() == 0 {
             tokio::task::yield_now().await;
