@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,6 +174,31 @@ func (n *clusterNode) leadsSince() (bool, string) {
 		return true, ""
 	}
 	return true, prefix[0]
+}
+
+var (
+	// ansiEscape matches the colour codes of the server's log lines.
+	ansiEscape = regexp.MustCompile("\x1b\\[[0-9;]*m")
+	// digits are left out when warnings are counted, so that request ids and terms add up.
+	digits = regexp.MustCompile("[0-9]+")
+)
+
+// warnings counts the node's log lines at WARN or ERROR by their text after the timestamp,
+// with numbers left out, across all its processes.
+func (n *clusterNode) warnings() map[string]int {
+	b, _ := os.ReadFile(n.logPath)
+	counts := map[string]int{}
+	for _, line := range strings.Split(ansiEscape.ReplaceAllString(string(b), ""), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) >= 3 && (fields[1] == "WARN" || fields[1] == "ERROR") {
+			text := digits.ReplaceAllString(strings.Join(fields[1:], " "), "N")
+			if len(text) > 160 {
+				text = text[:160]
+			}
+			counts[text]++
+		}
+	}
+	return counts
 }
 
 func (n *clusterNode) dial(deadline time.Time) (*gocql.Session, error) {
@@ -470,6 +497,19 @@ func TestLWTOnThreeNodesIsLinearizableAcrossKill9(t *testing.T) {
 			}
 		}
 		t.Logf("operations completed after the last restart through nodes 1, 2, 3: %v", completedAfter[1:])
+	}
+	for _, n := range c.nodes {
+		counts := n.warnings()
+		var texts []string
+		for text := range counts {
+			texts = append(texts, text)
+		}
+		sort.Slice(texts, func(i, j int) bool { return counts[texts[i]] > counts[texts[j]] })
+		var lines []string
+		for _, text := range texts[:min(len(texts), 6)] {
+			lines = append(lines, fmt.Sprintf("%dx %s", counts[text], text))
+		}
+		t.Logf("node %d: %d kinds of warnings/errors logged, the most frequent:\n  %s", n.index, len(texts), strings.Join(lines, "\n  "))
 	}
 	result, path, info := check(t, res.history)
 	if result != porcupine.Ok {
