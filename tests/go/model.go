@@ -111,6 +111,7 @@ func describeOperation(input, output interface{}) string {
 	return describeOnNode(in, output.(Output))
 }
 
+// describeOnNode describes an operation without the node that served it.
 func describeOnNode(in Input, out Output) string {
 	result := func() string {
 		switch {
