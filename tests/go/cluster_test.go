@@ -481,11 +481,19 @@ func TestLWTOnThreeNodesIsLinearizableAcrossKill9(t *testing.T) {
 	if len(res.history) < 100 {
 		t.Fatalf("only %d operations recorded: the run checked too little", len(res.history))
 	}
+	leaderKills := 0
 	for _, ev := range res.kills {
 		if ev.leaderWanted && !ev.leaderKnown {
 			t.Logf("no node said it led the group at %v: a random node was killed instead",
 				time.Duration(ev.killedAt).Round(time.Millisecond))
 		}
+		if ev.wasLeader {
+			leaderKills++
+		}
+	}
+	if len(res.kills) > 0 && leaderKills == 0 {
+		// The leader is read from openraft's "become leader" lines (leaderLogFilter).
+		t.Errorf("no kill found the group's leader in the nodes' logs: the leader kill did not happen")
 	}
 	// The clients' operations completed after the last restart, by the node that served them.
 	var completedAfter [clusterNodes + 1]int
