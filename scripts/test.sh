@@ -55,8 +55,9 @@ step "pytest: cqlsh + cassandra-driver"
 step "pytest: scylla-driver"
 .venv/scylla/bin/python -m pytest -q tests/python/scylla
 
-# LWT histories recorded against the binary (with a kill -9 and restart) and checked with the
-# porcupine linearizability checker; `go test` fetches the pinned modules (tests/go/go.sum).
+# LWT histories recorded against the binary (one node with a kill -9 and restart; three nodes
+# with a kill -9 of the leader and of a follower) and checked with the porcupine
+# linearizability checker; `go test` fetches the pinned modules (tests/go/go.sum).
 # -count=1: the binary under test is outside Go's test cache key.
 step "go test: LWT linearizability (tests/go)"
 GO=$(command -v go || echo /usr/local/go/bin/go)

@@ -31,6 +31,7 @@ type Input struct {
 	Key   int
 	Value int // written by OpInsert, OpWrite and OpCAS (its new value)
 	From  int // expected by OpCAS
+	Node  int // the cluster node that served it (0 on one node); the model ignores it
 }
 
 // Output is what the client saw. Unknown marks an operation whose outcome the client does not
@@ -104,7 +105,14 @@ func describeSeen(exists bool, value int) string {
 
 func describeOperation(input, output interface{}) string {
 	in := input.(Input)
-	out := output.(Output)
+	if in.Node > 0 {
+		return fmt.Sprintf("%s (node %d)", describeOnNode(in, output.(Output)), in.Node)
+	}
+	return describeOnNode(in, output.(Output))
+}
+
+// describeOnNode describes an operation without the node that served it.
+func describeOnNode(in Input, out Output) string {
 	result := func() string {
 		switch {
 		case out.Unknown:

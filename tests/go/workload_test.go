@@ -40,6 +40,7 @@ type recorder struct {
 	unknown      []int // indices of operations whose outcome is unknown
 	nextClientID atomic.Int64
 	errs         map[string]int
+	notSent      atomic.Int64 // operations the driver never sent (no connection to the node)
 }
 
 // pendingReturn marks an unknown outcome until the history is complete; see history.
@@ -95,6 +96,7 @@ type runResult struct {
 	history     []porcupine.Operation
 	unknown     int
 	plainWrites int64
+	notSent     int64 // operations left out because the driver never sent them
 	errs        map[string]int
 	killedAt    int64 // when the server was killed, on the history's clock; 0 if it was not
 }
@@ -119,6 +121,9 @@ func withoutObservationsBeforeKill(res runResult) ([]porcupine.Operation, int) {
 	return kept, dropped
 }
 
+// dialer opens a session to one node, retrying until a deadline (the node may be down).
+type dialer func(deadline time.Time) (*gocql.Session, error)
+
 func connect(addr string, port int, keyspace string) (*gocql.Session, error) {
 	c := gocql.NewCluster(addr)
 	c.Port = port
@@ -126,7 +131,9 @@ func connect(addr string, port int, keyspace string) (*gocql.Session, error) {
 	c.ProtoVersion = 4
 	c.Consistency = gocql.One
 	c.SerialConsistency = gocql.Serial
+	// Every request goes to this node: no peers from system.peers or from topology events.
 	c.DisableInitialHostLookup = true
+	c.HostFilter = gocql.WhiteListHostFilter(addr)
 	c.NumConns = 1
 	c.Timeout = 3 * time.Second
 	c.ConnectTimeout = 2 * time.Second
@@ -136,15 +143,26 @@ func connect(addr string, port int, keyspace string) (*gocql.Session, error) {
 	return c.CreateSession()
 }
 
-// connectUntil retries until a session opens or the deadline passes (the server may be down).
-func connectUntil(s *server, deadline time.Time) (*gocql.Session, error) {
+// connectUntil retries until a session to addr:port opens or the deadline passes.
+func connectUntil(addr string, port int, deadline time.Time) (*gocql.Session, error) {
 	for {
-		sess, err := connect("127.0.0.1", s.ports[0], "linz")
+		sess, err := connect(addr, port, "linz")
 		if err == nil || time.Now().After(deadline) {
 			return sess, err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// dial opens sessions to the one-node server.
+func (s *server) dial(deadline time.Time) (*gocql.Session, error) {
+	return connectUntil("127.0.0.1", s.ports[0], deadline)
+}
+
+// neverSent says whether the driver failed before sending the request: with no retry policy
+// it answers ErrNoConnections only when it found no connection to try.
+func neverSent(err error) bool {
+	return errors.Is(err, gocql.ErrNoConnections)
 }
 
 // isServerAnswer says whether err is an error frame from the server (the connection is fine).
@@ -214,14 +232,15 @@ func createTable(t *testing.T, s *server, options string) {
 	}
 }
 
-// runClient issues random operations on the checked keys until end. A compare-and-set expects
-// the value this client last saw for the key, so that many of them apply. After an unknown
-// outcome the client continues under a new id, as a process that crashed would.
-func runClient(s *server, w workload, rec *recorder, seed int64, values *atomic.Int64, end time.Time) {
+// runClient issues random operations on the checked keys through one node until end (node
+// names it in the history on a cluster). A compare-and-set expects the value this client last
+// saw for the key, so that many of them apply. After an unknown outcome the client continues
+// under a new id, as a process that crashed would.
+func runClient(dial dialer, node int, w workload, rec *recorder, seed int64, values *atomic.Int64, end time.Time) {
 	rng := rand.New(rand.NewSource(seed))
 	known := map[int]int{}
 	clientID := rec.newClientID()
-	sess, err := connectUntil(s, end)
+	sess, err := dial(end)
 	if err != nil {
 		rec.noteError(err)
 		return
@@ -229,7 +248,7 @@ func runClient(s *server, w workload, rec *recorder, seed int64, values *atomic.
 	defer func() { sess.Close() }()
 	for time.Now().Before(end) {
 		key := rng.Intn(w.keys)
-		in := Input{Key: key, Value: int(values.Add(1))}
+		in := Input{Key: key, Value: int(values.Add(1)), Node: node}
 		last, haveLast := known[key]
 		switch r := rng.Float64(); {
 		case r < 0.3 || (r >= 0.45 && !haveLast):
@@ -247,14 +266,17 @@ func runClient(s *server, w workload, rec *recorder, seed int64, values *atomic.
 		if err != nil {
 			rec.noteError(err)
 			delete(known, key)
-			// A failed read had no effect and is left out; a failed write may have applied.
-			if in.Kind != OpRead {
+			// A failed read had no effect and is left out; so is a request never sent. A
+			// failed write that was sent may have applied.
+			if neverSent(err) {
+				rec.notSent.Add(1)
+			} else if in.Kind != OpRead {
 				rec.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: Output{Unknown: true}})
 				clientID = rec.newClientID()
 			}
 			if !isServerAnswer(err) {
 				sess.Close()
-				if sess, err = connectUntil(s, end); err != nil {
+				if sess, err = dial(end); err != nil {
 					rec.noteError(err)
 					return
 				}
@@ -276,8 +298,8 @@ func runClient(s *server, w workload, rec *recorder, seed int64, values *atomic.
 }
 
 // runPlainWriter writes rows outside the checked keys until end, reconnecting after errors.
-func runPlainWriter(s *server, first int, count *atomic.Int64, end time.Time) {
-	sess, err := connectUntil(s, end)
+func runPlainWriter(dial dialer, first int, count *atomic.Int64, end time.Time) {
+	sess, err := dial(end)
 	if err != nil {
 		return
 	}
@@ -286,7 +308,7 @@ func runPlainWriter(s *server, first int, count *atomic.Int64, end time.Time) {
 		if err := sess.Query(writeCQL, first+i%1000, i).Exec(); err != nil {
 			if !isServerAnswer(err) {
 				sess.Close()
-				if sess, err = connectUntil(s, end); err != nil {
+				if sess, err = dial(end); err != nil {
 					return
 				}
 			}
@@ -306,10 +328,10 @@ func record(t *testing.T, w workload) runResult {
 	var values, plainWrites atomic.Int64
 	var wg sync.WaitGroup
 	for i := 0; i < w.clients; i++ {
-		wg.Go(func() { runClient(s, w, rec, int64(i)+time.Now().UnixNano(), &values, end) })
+		wg.Go(func() { runClient(s.dial, 0, w, rec, int64(i)+time.Now().UnixNano(), &values, end) })
 	}
 	for i := 0; i < w.plainWritersOtherKeys; i++ {
-		wg.Go(func() { runPlainWriter(s, 1000*(i+1), &plainWrites, end) })
+		wg.Go(func() { runPlainWriter(s.dial, 1000*(i+1), &plainWrites, end) })
 	}
 	var killedAt int64
 	if w.killAt > 0 {
@@ -325,7 +347,7 @@ func record(t *testing.T, w workload) runResult {
 	if !s.alive() {
 		t.Fatalf("sluice died during the run:\n%s", s.logTail())
 	}
-	sess, err := connectUntil(s, time.Now().Add(10*time.Second))
+	sess, err := s.dial(time.Now().Add(10 * time.Second))
 	if err != nil {
 		t.Fatalf("final connect: %v", err)
 	}
@@ -340,7 +362,7 @@ func record(t *testing.T, w workload) runResult {
 		}
 		rec.add(porcupine.Operation{ClientId: clientID, Input: in, Call: call, Output: out, Return: rec.now()})
 	}
-	res := runResult{history: rec.history(), unknown: len(rec.unknown), plainWrites: plainWrites.Load(), errs: rec.errs, killedAt: killedAt}
+	res := runResult{history: rec.history(), unknown: len(rec.unknown), plainWrites: plainWrites.Load(), notSent: rec.notSent.Load(), errs: rec.errs, killedAt: killedAt}
 	return res
 }
 
@@ -356,9 +378,9 @@ func summarize(t *testing.T, res runResult) {
 		}
 		counts[in.Kind] = c
 	}
-	t.Logf("history: %d operations (serial reads %d, inserts %d/%d applied, CAS %d/%d applied, plain writes %d), %d unknown outcomes, %d plain writes on other keys",
+	t.Logf("history: %d operations (serial reads %d, inserts %d/%d applied, CAS %d/%d applied, plain writes %d), %d unknown outcomes, %d not sent (no connection), %d plain writes on other keys",
 		len(res.history), counts[OpRead][1], counts[OpInsert][0], counts[OpInsert][1],
-		counts[OpCAS][0], counts[OpCAS][1], counts[OpWrite][1], res.unknown, res.plainWrites)
+		counts[OpCAS][0], counts[OpCAS][1], counts[OpWrite][1], res.unknown, res.notSent, res.plainWrites)
 	var errs []string
 	for msg, n := range res.errs {
 		errs = append(errs, fmt.Sprintf("%dx %q", n, msg))
