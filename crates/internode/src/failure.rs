@@ -4,6 +4,10 @@
 //! up from its first pong and down once no pong has arrived for `down_after`; subscribers get
 //! each change. Pings are answered by the peer's connection reader ahead of every handler
 //! queue, so a peer that is busy but alive stays up while a stopped or dead one goes down.
+//!
+//! Silence is counted only while this detector runs: a round that comes much later than its
+//! tick means this node was not running (descheduled by the OS, its runtime's threads busy),
+//! and the pongs of that time are still unread, so that pause is not held against the peers.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -185,10 +189,15 @@ impl Detector {
         }
     }
 
-    /// Marks down every up peer silent for longer than `down_after`.
-    fn check(&self, now: Instant) {
+    /// Marks down every up peer silent for longer than `down_after`, not counting `paused`, the
+    /// time just before `now` when this detector itself did not run.
+    fn check(&self, now: Instant, paused: Duration) {
         let mut peers = lock(&self.peers);
         for (&peer, state) in peers.iter_mut() {
+            if !paused.is_zero() {
+                state.last_pong = state.last_pong.map(|t| (t + paused).min(now));
+                state.watched_since = (state.watched_since + paused).min(now);
+            }
             let heard = state.last_pong.unwrap_or(state.watched_since);
             if state.liveness == Liveness::Up
                 && now.saturating_duration_since(heard) > self.config.down_after
@@ -209,6 +218,7 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
     let mut ticker = tokio::time::interval(detector.config.ping_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peers = Vec::new();
+    let mut last_round = Instant::now();
     loop {
         tokio::select! {
             biased;
@@ -218,7 +228,17 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
             _ = detector.wake.notified() => {}
         }
         let now = Instant::now();
-        detector.check(now);
+        let late = now
+            .saturating_duration_since(last_round)
+            .saturating_sub(detector.config.ping_interval);
+        last_round = now;
+        // A round more than a whole interval late: this node was paused, not its peers.
+        let paused = if late > detector.config.ping_interval {
+            late
+        } else {
+            Duration::ZERO
+        };
+        detector.check(now, paused);
         peers.clear();
         peers.extend(lock(&detector.peers).keys().copied());
         // Each ping runs on its own until its deadline, so a silent peer never delays the
@@ -233,5 +253,52 @@ async fn ping_loop(detector: Arc<Detector>, shared: Arc<Shared>, mut stop: watch
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detector_with(peer: SocketAddr, last_pong: Instant) -> Detector {
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let state = PeerState {
+            liveness: Liveness::Up,
+            last_pong: Some(last_pong),
+            last_rtt: None,
+            watched_since: last_pong,
+        };
+        Detector {
+            config: FailureDetectorConfig::default(),
+            peers: Mutex::new(HashMap::from([(peer, state)])),
+            events,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn liveness(detector: &Detector, peer: SocketAddr) -> Liveness {
+        lock(&detector.peers)[&peer].liveness
+    }
+
+    #[test]
+    fn a_pause_of_the_detector_is_not_counted_as_the_peers_silence() {
+        let peer: SocketAddr = "127.0.0.2:7000".parse().unwrap();
+        let pong = Instant::now();
+        let down_after = FailureDetectorConfig::default().down_after;
+        // 1.5 s since the last pong, 1.2 s of it with this detector stopped: 0.3 s of silence.
+        let detector = detector_with(peer, pong);
+        let now = pong + down_after + Duration::from_millis(500);
+        detector.check(now, Duration::from_millis(1200));
+        assert_eq!(liveness(&detector, peer), Liveness::Up);
+        // The same 1.5 s while the detector ran: down.
+        let detector = detector_with(peer, pong);
+        detector.check(now, Duration::ZERO);
+        assert_eq!(liveness(&detector, peer), Liveness::Down);
+        // A pause does not push the last pong into the future.
+        let detector = detector_with(peer, pong);
+        detector.check(pong + Duration::from_millis(100), Duration::from_secs(10));
+        assert!(
+            lock(&detector.peers)[&peer].last_pong.unwrap() <= pong + Duration::from_millis(100)
+        );
     }
 }

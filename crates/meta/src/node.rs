@@ -91,6 +91,41 @@ fn wait_error(error: WaitError) -> MetaError {
     }
 }
 
+/// Logs each time this node becomes the group's leader and each time it stops being it
+/// (openraft's own narration is filtered out by default), so that an operator or a test can
+/// tell which node leads; ends when Raft shuts down.
+async fn log_leadership(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, BasicNode>>,
+    me: u64,
+) {
+    let mut leading = false;
+    loop {
+        let (leads, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state == openraft::ServerState::Leader, m.current_term)
+        };
+        if leads != leading {
+            leading = leads;
+            if leads {
+                tracing::info!(
+                    node = me,
+                    term,
+                    "this node became the metadata group's leader"
+                );
+            } else {
+                tracing::info!(
+                    node = me,
+                    term,
+                    "this node stopped leading the metadata group"
+                );
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
     /// Opens the node's log in `config.dir`, restores its last snapshot into `app` and replays
     /// the committed log after it, then starts Raft. Returns once the replay is done.
@@ -156,6 +191,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             tracing::error!(%error, "cannot replay the metadata log");
             MetaError::Storage
         })?;
+        tokio::spawn(log_leadership(raft.metrics(), config.node_id));
         Ok(MetaNode {
             client: random_client_id(config.node_id),
             next_seq: AtomicU64::new(1),

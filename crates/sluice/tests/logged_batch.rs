@@ -5,15 +5,17 @@
 //! The rule tested: a logged batch is refused with nothing written when a replica is known to
 //! be down before it is logged (Unavailable), and once it is logged it is applied whole,
 //! late on a node that was down (which applies it when it catches up with the log), whatever
-//! its answer said (Write_failure or Write_timeout with write type BATCH).
+//! its answer said (Write_failure or Write_timeout with write type BATCH). The node killed is
+//! one that does not lead the metadata group, whose log carries the batches.
 
 mod common;
-use common::cluster::eventually;
 
 use std::time::Duration;
 
-use common::cluster::{create_simple_keyspace, session_without_retries, token_replicas};
-use common::cluster::{Ports, ServeNode};
+use common::cluster::{
+    create_simple_keyspace, eventually, query_unless_shed, session_without_retries, token_replicas,
+    wait_for_peers, Ports, ServeNode,
+};
 
 use scylla::client::session::Session;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
@@ -39,8 +41,7 @@ fn token_of(k: i32) -> i64 {
 /// `v` of row (pk, ck) of `lb.t` read at ONE through `session`.
 async fn value(session: &Session, pk: i32, ck: i32) -> Result<Option<String>, ExecutionError> {
     let q = format!("SELECT v FROM lb.t WHERE pk = {pk} AND ck = {ck}");
-    let rows = session
-        .query_unpaged(at(Consistency::One, &q), &[])
+    let rows = query_unless_shed(session, at(Consistency::One, &q), ())
         .await?
         .into_rows_result()
         .expect("rows");
@@ -48,6 +49,14 @@ async fn value(session: &Session, pk: i32, ck: i32) -> Result<Option<String>, Ex
         .maybe_first_row::<(Option<String>,)>()
         .expect("one text column")
         .and_then(|(v,)| v))
+}
+
+/// Whether `node`'s log last said that it became the metadata group's leader (rather than
+/// that it stopped leading it).
+fn leads_metadata_group(node: &ServeNode) -> bool {
+    let log = node.output();
+    log.rfind("became the metadata group's leader")
+        > log.rfind("stopped leading the metadata group")
 }
 
 /// A logged batch writing row (pk, ck) = `v` of each partition.
@@ -98,22 +107,17 @@ async fn a_logged_batch_is_applied_whole_or_refused_with_nothing_written() {
     eprintln!("partitions by node: {on:?}");
     // Every node knows the others before the first batch.
     for session in &sessions {
-        eventually("peers", || async {
-            session
-                .query_unpaged("SELECT peer FROM system.peers", &[])
-                .await
-                .ok()
-                .and_then(|r| r.into_rows_result().ok())
-                .is_some_and(|r| r.rows_num() == 2)
-        })
-        .await;
+        wait_for_peers(session, 2).await;
     }
 
     // All nodes up: through node 1, each partition lands on its own node.
-    sessions[0]
-        .query_unpaged(at(Consistency::One, &batch(&on, 1, "whole")), &[])
-        .await
-        .expect("a logged batch over three nodes");
+    query_unless_shed(
+        &sessions[0],
+        at(Consistency::One, &batch(&on, 1, "whole")),
+        (),
+    )
+    .await
+    .expect("a logged batch over three nodes");
     for (i, pk) in on.iter().enumerate() {
         assert_eq!(
             value(&sessions[i], *pk, 1).await.unwrap().as_deref(),
@@ -123,14 +127,38 @@ async fn a_logged_batch_is_applied_whole_or_refused_with_nothing_written() {
         );
     }
 
-    // Node 3 killed; the batch sent at once, before the failure detector can know.
-    nodes[2].kill9();
-    sessions.pop();
-    let early = sessions[0]
-        .query_unpaged(at(Consistency::One, &batch(&on, 2, "late")), &[])
-        .await;
+    // A node other than the coordinator that does not lead the metadata group is killed: the
+    // log keeps its leader, so the batch sent at once, before the failure detector can know,
+    // is logged and then misses the killed node's part.
+    let victim = || {
+        [2, 1]
+            .into_iter()
+            .find(|&i| !leads_metadata_group(&nodes[i]))
+    };
+    eventually(
+        "node 2 or node 3 does not lead the metadata group",
+        || async { victim().is_some() },
+    )
+    .await;
+    let victim = victim().expect("a node that does not lead");
+    let survivor = 3 - victim;
+    let leading: Vec<usize> = (0..3)
+        .filter(|&i| leads_metadata_group(&nodes[i]))
+        .map(|i| i + 1)
+        .collect();
+    eprintln!(
+        "killing node {}; by their logs, nodes {leading:?} lead the metadata group",
+        victim + 1
+    );
+    nodes[victim].kill9();
+    let early = query_unless_shed(
+        &sessions[0],
+        at(Consistency::One, &batch(&on, 2, "late")),
+        (),
+    )
+    .await;
     let logged = match &early {
-        Ok(_) => panic!("node 3's part cannot have been acknowledged"),
+        Ok(_) => panic!("node {}'s part cannot have been acknowledged", victim + 1),
         Err(e) => match db_error(e) {
             Some(DbError::WriteFailure { write_type, .. })
             | Some(DbError::WriteTimeout { write_type, .. })
@@ -139,16 +167,16 @@ async fn a_logged_batch_is_applied_whole_or_refused_with_nothing_written() {
                 true
             }
             Some(DbError::Unavailable { .. }) => false,
-            // BATCH_LOG would mean the log itself stalled (node 3 leading the group).
+            // BATCH_LOG would mean the log itself stalled, which losing a follower must not do.
             _ => panic!("unexpected answer: {e}"),
         },
     };
     eprintln!("the batch sent right after the kill: {early:?}");
 
     // Once node 1's detector knows: Unavailable, and nothing of the batch is written.
-    eventually("node 3 seen down by node 1", || async {
+    eventually("the killed node seen down by node 1", || async {
         matches!(
-            value(&sessions[0], on[2], 1)
+            value(&sessions[0], on[victim], 1)
                 .await
                 .as_ref()
                 .map_err(db_error),
@@ -156,10 +184,13 @@ async fn a_logged_batch_is_applied_whole_or_refused_with_nothing_written() {
         )
     })
     .await;
-    let refused = sessions[0]
-        .query_unpaged(at(Consistency::One, &batch(&on, 3, "never")), &[])
-        .await
-        .expect_err("a replica is down");
+    let refused = query_unless_shed(
+        &sessions[0],
+        at(Consistency::One, &batch(&on, 3, "never")),
+        (),
+    )
+    .await
+    .expect_err("a replica is down");
     assert!(
         matches!(
             db_error(&refused),
@@ -171,28 +202,28 @@ async fn a_logged_batch_is_applied_whole_or_refused_with_nothing_written() {
         ),
         "{refused}"
     );
-    for i in 0..2 {
+    for i in [0, survivor] {
         assert_eq!(value(&sessions[i], on[i], 3).await.unwrap(), None);
         let early_part = value(&sessions[i], on[i], 2).await.unwrap();
         assert_eq!(early_part.is_some(), logged, "node {} pk {}", i + 1, on[i]);
     }
 
-    // Node 3 back: it holds the logged batch's part (from the log, hints being off) and
-    // nothing of the refused one.
-    nodes[2].restart();
-    let third = session_without_retries(ports.cql_of(3)).await;
+    // The killed node back: it holds the logged batch's part (from the log, hints being off)
+    // and nothing of the refused one.
+    nodes[victim].restart();
+    let back = session_without_retries(ports.cql_of(victim as u8 + 1)).await;
     if logged {
-        eventually("node 3 applies the logged batch", || async {
-            value(&third, on[2], 2).await.ok().flatten().as_deref() == Some("late")
+        eventually("the restarted node applies the logged batch", || async {
+            value(&back, on[victim], 2).await.ok().flatten().as_deref() == Some("late")
         })
         .await;
     } else {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(value(&third, on[2], 2).await.unwrap(), None);
+        assert_eq!(value(&back, on[victim], 2).await.unwrap(), None);
     }
-    assert_eq!(value(&third, on[2], 3).await.unwrap(), None);
+    assert_eq!(value(&back, on[victim], 3).await.unwrap(), None);
     assert_eq!(
-        value(&third, on[2], 1).await.unwrap().as_deref(),
+        value(&back, on[victim], 1).await.unwrap().as_deref(),
         Some("whole")
     );
 }

@@ -15,7 +15,8 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    create_simple_keyspace, page_of, round_robin_session, session_without_retries, Ports, ServeNode,
+    create_simple_keyspace, page_of, round_robin_session, session_without_retries, wait_for_peers,
+    Ports, ServeNode, LIVENESS_TIMEOUT,
 };
 
 use scylla::client::session::Session;
@@ -25,7 +26,6 @@ use scylla::statement::Consistency;
 
 const PARTITIONS: i32 = 40;
 const ROWS_PER_PARTITION: i32 = 3;
-const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn expected_rows() -> BTreeSet<(i32, i32, String)> {
     (0..PARTITIONS)
@@ -153,20 +153,7 @@ async fn every_node_answers_every_read_at_rf1_and_rf2() {
     }
     // Every node sees the whole ring and is up for the others before reads go through it.
     for session in &pinned {
-        let deadline = Instant::now() + PEERS_TIMEOUT;
-        loop {
-            let peers = session
-                .query_unpaged("SELECT peer FROM system.peers", &[])
-                .await
-                .ok()
-                .and_then(|r| r.into_rows_result().ok())
-                .map_or(0, |r| r.rows_num());
-            if peers == 2 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "peers within {PEERS_TIMEOUT:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_for_peers(session, 2).await;
     }
     let rr = round_robin_session(&addrs).await;
     for (ks, cl) in [("r1", Consistency::One), ("r2", Consistency::Quorum)] {
@@ -241,7 +228,7 @@ async fn reads_through_any_node_go_around_a_dead_replica() {
         .await
         {
             assert!(
-                started.elapsed() < PEERS_TIMEOUT,
+                started.elapsed() < LIVENESS_TIMEOUT,
                 "({pk}, {ck}) at ALL: {e}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -254,7 +241,7 @@ async fn reads_through_any_node_go_around_a_dead_replica() {
     // Once both survivors' failure detectors have seen it go, every read through either of
     // them, forwarded or scanned, is answered by a live replica.
     let count = prepare(&pinned[0], "SELECT COUNT(*) FROM r2.t", Consistency::One, 5).await;
-    let deadline = Instant::now() + PEERS_TIMEOUT;
+    let deadline = Instant::now() + LIVENESS_TIMEOUT;
     for session in &alive {
         loop {
             let counted = page_of(session, &count, (), &PagingState::start())

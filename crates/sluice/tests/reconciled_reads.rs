@@ -21,15 +21,13 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     create_simple_keyspace, page_of, round_robin_session, session_without_retries, token_replicas,
-    Ports, ServeNode,
+    wait_for_peers, Ports, ServeNode, LIVENESS_TIMEOUT,
 };
 
 use scylla::client::session::Session;
 use scylla::response::PagingState;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
-
-const PEERS_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn prepare(session: &Session, q: &str, cl: Consistency, page: i32) -> PreparedStatement {
     let mut p = session.prepare(q).await.unwrap();
@@ -90,30 +88,12 @@ fn start_three(dir: &std::path::Path) -> (Ports, Vec<ServeNode>) {
     (ports, nodes)
 }
 
-/// Waits until `session`'s node lists both peers.
-async fn sees_two_peers(session: &Session) {
-    let deadline = Instant::now() + PEERS_TIMEOUT;
-    loop {
-        let peers = session
-            .query_unpaged("SELECT peer FROM system.peers", &[])
-            .await
-            .ok()
-            .and_then(|r| r.into_rows_result().ok())
-            .map_or(0, |r| r.rows_num());
-        if peers == 2 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "peers within {PEERS_TIMEOUT:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
     let dir = tempfile::tempdir().unwrap();
     let (ports, mut nodes) = start_three(dir.path());
     let node2 = session_without_retries(ports.cql_of(2)).await;
-    sees_two_peers(&node2).await;
+    wait_for_peers(&node2, 2).await;
     create_simple_keyspace(&node2, "r3", 3).await;
     node2
         .query_unpaged(
@@ -140,7 +120,7 @@ async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
             while let Err(e) =
                 page_of(&node2, &insert, (pk, ck, v.clone()), &PagingState::start()).await
             {
-                assert!(started.elapsed() < PEERS_TIMEOUT, "({pk}, {ck}): {e}");
+                assert!(started.elapsed() < LIVENESS_TIMEOUT, "({pk}, {ck}): {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             want.insert((pk, ck, v));
@@ -162,7 +142,7 @@ async fn quorum_scans_see_the_writes_a_restarted_replica_missed() {
         .is_empty());
     // QUORUM through node 1 (once it sees a peer up again): every row, each page
     // compared with another replica's.
-    let deadline = Instant::now() + PEERS_TIMEOUT;
+    let deadline = Instant::now() + LIVENESS_TIMEOUT;
     let counted = loop {
         match count(&node1, count_q, Consistency::Quorum).await {
             Ok(n) => break n,
@@ -193,7 +173,7 @@ async fn an_in_across_nodes_answers_every_row_in_its_order_through_any_node() {
     let mut pinned = Vec::new();
     for addr in &addrs {
         let session = session_without_retries(*addr).await;
-        sees_two_peers(&session).await;
+        wait_for_peers(&session, 2).await;
         pinned.push(session);
     }
     create_simple_keyspace(&pinned[0], "r1", 1).await;

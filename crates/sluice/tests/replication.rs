@@ -10,7 +10,7 @@ use common::cluster::{eventually, LIVENESS_TIMEOUT};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cluster::{session_without_retries, Ports, ServeNode};
+use common::cluster::{session_without_retries, wait_for_peers, Ports, ServeNode};
 
 use scylla::client::session::Session;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
@@ -118,15 +118,7 @@ async fn three_nodes(dir: &Path, extra: &'static [&'static str]) -> (Vec<ServeNo
         sessions.push(session);
     }
     for session in &sessions {
-        eventually("every node sees its two peers", || async {
-            session
-                .query_unpaged("SELECT peer FROM system.peers", &[])
-                .await
-                .ok()
-                .and_then(|r| r.into_rows_result().ok())
-                .is_some_and(|r| r.rows_num() == 2)
-        })
-        .await;
+        wait_for_peers(session, 2).await;
     }
     (nodes, sessions)
 }

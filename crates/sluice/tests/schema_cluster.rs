@@ -10,7 +10,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::cluster::{session_on, session_on_without_agreement_wait, Ports, ServeNode};
+use common::cluster::{
+    query_unless_shed, session_on, session_on_without_agreement_wait, Ports, ServeNode,
+};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use uuid::Uuid;
@@ -22,29 +24,29 @@ const AGREEMENT_BOUND: Duration = Duration::from_secs(1);
 const OTHER_TIMEOUT: &[&str] = &["--other-timeout", "3s"];
 
 async fn schema_version(session: &Session) -> Uuid {
-    let rows = session
-        .query_unpaged(
-            "SELECT schema_version FROM system.local WHERE key = 'local'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
+    let rows = query_unless_shed(
+        session,
+        "SELECT schema_version FROM system.local WHERE key = 'local'",
+        (),
+    )
+    .await
+    .unwrap()
+    .into_rows_result()
+    .unwrap();
     let (version,): (Uuid,) = rows.single_row().unwrap();
     version
 }
 
 async fn table_id(session: &Session, table: &str) -> Option<Uuid> {
-    let rows = session
-        .query_unpaged(
-            "SELECT id FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = ?",
-            (table,),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
+    let rows = query_unless_shed(
+        session,
+        "SELECT id FROM system_schema.tables WHERE keyspace_name = 'ks' AND table_name = ?",
+        (table,),
+    )
+    .await
+    .unwrap()
+    .into_rows_result()
+    .unwrap();
     rows.maybe_first_row::<(Uuid,)>().unwrap().map(|(id,)| id)
 }
 
@@ -293,24 +295,23 @@ async fn a_local_schema_becomes_the_groups_first() {
     let addr = ports.cql_of(1);
     let (node, _) = ServeNode::start(dir.path(), 1, ports, OTHER_TIMEOUT);
     let session = session_on(addr).await;
-    session
-        .query_unpaged(
-            "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
-            &[],
+    query_unless_shed(
+        &session,
+        "CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}",
+        (),
+    )
+    .await
+    .unwrap();
+    for table in ["a", "b"] {
+        query_unless_shed(
+            &session,
+            format!("CREATE TABLE ks.{table} (pk int PRIMARY KEY, v text)"),
+            (),
         )
         .await
         .unwrap();
-    for table in ["a", "b"] {
-        session
-            .query_unpaged(
-                format!("CREATE TABLE ks.{table} (pk int PRIMARY KEY, v text)"),
-                &[],
-            )
-            .await
-            .unwrap();
     }
-    session
-        .query_unpaged("INSERT INTO ks.a (pk, v) VALUES (1, 'kept')", &[])
+    query_unless_shed(&session, "INSERT INTO ks.a (pk, v) VALUES (1, 'kept')", ())
         .await
         .unwrap();
     let version = schema_version(&session).await;
@@ -328,8 +329,7 @@ async fn a_local_schema_becomes_the_groups_first() {
     let session = session_on(addr).await;
     assert_eq!(schema_version(&session).await, version);
     assert_eq!(table_id(&session, "a").await, id);
-    let rows = session
-        .query_unpaged("SELECT v FROM ks.a WHERE pk = 1", &[])
+    let rows = query_unless_shed(&session, "SELECT v FROM ks.a WHERE pk = 1", ())
         .await
         .unwrap()
         .into_rows_result()
@@ -337,7 +337,9 @@ async fn a_local_schema_becomes_the_groups_first() {
     let (v,): (String,) = rows.single_row().unwrap();
     assert_eq!(v, "kept");
     // DDL goes on through the new group, and survives another restart.
-    session.query_unpaged("DROP TABLE ks.b", &[]).await.unwrap();
+    query_unless_shed(&session, "DROP TABLE ks.b", ())
+        .await
+        .unwrap();
     drop(session);
     node.stop();
     let (node, _) = ServeNode::start(dir.path(), 1, ports, OTHER_TIMEOUT);

@@ -334,25 +334,55 @@ fn pinned_to(addr: SocketAddr) -> SessionBuilder {
         .connection_timeout(Duration::from_secs(20))
 }
 
+/// Builds the session and waits until it knows the cluster as the nodes describe it.
+///
+/// When the driver's first read of `system.local` and `system.peers` fails (a node's admission
+/// sheds it on a loaded machine), the Rust driver starts on placeholder metadata with made-up
+/// host ids and replaces it on its next attempt a second later. A DDL statement sent before
+/// that swap then waits for schema agreement with a coordinator whose host id no longer
+/// exists, and fails with `RequiredHostAbsent` after the whole agreement timeout.
+pub async fn build_with_metadata(builder: SessionBuilder) -> Session {
+    let session = builder.build().await.expect("connect");
+    let deadline = Instant::now() + LIVENESS_TIMEOUT;
+    loop {
+        let answered = session
+            .query_unpaged("SELECT host_id FROM system.local WHERE key = 'local'", &[])
+            .await
+            .ok()
+            .and_then(|r| r.into_rows_result().ok())
+            .and_then(|r| r.single_row::<(uuid::Uuid,)>().ok());
+        if let Some((host_id,)) = answered {
+            let state = session.get_cluster_state();
+            if state.get_nodes_info().iter().any(|n| n.host_id == host_id) {
+                return session;
+            }
+            eprintln!("the driver's metadata lacks host {host_id}: its first read failed");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the driver did not read the cluster's metadata within {LIVENESS_TIMEOUT:?}"
+        );
+        // A failed refresh (shed again) is retried on the next round.
+        let _ = session.refresh_metadata().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A session whose every statement goes to node `addr`, whatever hosts the driver discovers;
 /// the driver still waits for schema agreement over every node it discovered.
 pub async fn session_on(addr: SocketAddr) -> Session {
-    pinned_to(addr)
-        // Fail fast rather than wait the default 60 s if the versions never agree.
-        .schema_agreement_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .expect("connect")
+    build_with_metadata(
+        pinned_to(addr)
+            // Fail fast rather than wait the default 60 s if the versions never agree.
+            .schema_agreement_timeout(Duration::from_secs(10)),
+    )
+    .await
 }
 
 /// A session pinned to `addr` that does not wait for schema agreement (for when a node is
 /// down).
 pub async fn session_on_without_agreement_wait(addr: SocketAddr) -> Session {
-    pinned_to(addr)
-        .auto_await_schema_agreement(false)
-        .build()
-        .await
-        .expect("connect")
+    build_with_metadata(pinned_to(addr).auto_await_schema_agreement(false)).await
 }
 
 /// `CREATE KEYSPACE ks` with SimpleStrategy and `rf` replicas.
@@ -403,28 +433,28 @@ pub async fn session_without_retries(addr: SocketAddr) -> Session {
         ))
         .request_timeout(Some(Duration::from_secs(10)))
         .build();
-    SessionBuilder::new()
-        .known_node(addr.to_string())
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
+    build_with_metadata(
+        SessionBuilder::new()
+            .known_node(addr.to_string())
+            .default_execution_profile_handle(profile.into_handle())
+            .connection_timeout(Duration::from_secs(20)),
+    )
+    .await
 }
 
 /// The replicas `session`'s node places `token` of keyspace `ks` on
 /// (`system_views.token_replicas`).
 pub async fn token_replicas(session: &Session, ks: &str, token: i64) -> Vec<IpAddr> {
-    let rows = session
-        .query_unpaged(
-            "SELECT replicas FROM system_views.token_replicas \
-             WHERE keyspace_name = ? AND token_value = ?",
-            (ks, token),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
+    let rows = query_unless_shed(
+        session,
+        "SELECT replicas FROM system_views.token_replicas \
+         WHERE keyspace_name = ? AND token_value = ?",
+        (ks, token),
+    )
+    .await
+    .unwrap()
+    .into_rows_result()
+    .unwrap();
     let (replicas,): (Vec<IpAddr>,) = rows.single_row().unwrap();
     replicas
 }
@@ -435,6 +465,28 @@ pub const SHED_RETRIES: usize = 20;
 /// Whether `e` is the admission's load shedding (not a refusal of the read itself).
 pub fn shed(e: &scylla::errors::ExecutionError) -> bool {
     e.to_string().contains("Server is overloaded")
+}
+
+/// `session.query_unpaged(statement, values)`, asked again while admission sheds it (a shed
+/// request was not run, so asking again is safe).
+pub async fn query_unless_shed(
+    session: &Session,
+    statement: impl Into<scylla::statement::Statement> + Clone,
+    values: impl scylla::serialize::row::SerializeRow + Clone,
+) -> Result<scylla::response::query_result::QueryResult, scylla::errors::ExecutionError> {
+    let mut tries = 0;
+    loop {
+        match session
+            .query_unpaged(statement.clone(), values.clone())
+            .await
+        {
+            Err(e) if shed(&e) && tries < SHED_RETRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// One page of `prepared`, asked again while admission sheds it.
@@ -484,6 +536,20 @@ where
     }
 }
 
+/// Waits until `session`'s node lists `peers` other nodes in `system.peers` (a peer is listed
+/// once it owns tokens), failing the test after [`LIVENESS_TIMEOUT`].
+pub async fn wait_for_peers(session: &Session, peers: usize) {
+    eventually(&format!("the node sees its {peers} peers"), || async {
+        session
+            .query_unpaged("SELECT peer FROM system.peers", &[])
+            .await
+            .ok()
+            .and_then(|r| r.into_rows_result().ok())
+            .is_some_and(|r| r.rows_num() == peers)
+    })
+    .await;
+}
+
 /// A session that sends each request to the next node in turn, whatever its token, and never
 /// retries, so that every node's own answer is seen.
 pub async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
@@ -497,11 +563,11 @@ pub async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
         ))
         .request_timeout(Some(Duration::from_secs(10)))
         .build();
-    SessionBuilder::new()
-        .known_nodes(addrs.iter().map(ToString::to_string))
-        .default_execution_profile_handle(profile.into_handle())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
+    build_with_metadata(
+        SessionBuilder::new()
+            .known_nodes(addrs.iter().map(ToString::to_string))
+            .default_execution_profile_handle(profile.into_handle())
+            .connection_timeout(Duration::from_secs(20)),
+    )
+    .await
 }

@@ -225,12 +225,12 @@ impl Drop for Node {
 
 /// A driver session to `node`, with a generous connection timeout for slow CI machines.
 pub async fn connect(node: &Node) -> Session {
-    SessionBuilder::new()
-        .known_node(node.addr.to_string())
-        .connection_timeout(Duration::from_secs(20))
-        .build()
-        .await
-        .expect("connect")
+    cluster::build_with_metadata(
+        SessionBuilder::new()
+            .known_node(node.addr.to_string())
+            .connection_timeout(Duration::from_secs(20)),
+    )
+    .await
 }
 
 /// `CREATE KEYSPACE IF NOT EXISTS ks` with SimpleStrategy and one replica.
