@@ -84,6 +84,39 @@ fn check_message_bounds(config: &MetaConfig) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Logs every change of this node's role or of the leader it follows, with the term: the
+/// timestamps of a failover in each node's log.
+async fn log_leadership(
+    node: u64,
+    mut server: tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<u64, BasicNode>>,
+) {
+    let mut seen = None;
+    loop {
+        let now = {
+            let metrics = server.borrow_and_update();
+            (
+                metrics.state,
+                metrics.current_leader,
+                metrics.vote.leader_id().get_term(),
+            )
+        };
+        if seen != Some(now) {
+            let (state, leader, term) = now;
+            tracing::info!(
+                node,
+                ?state,
+                ?leader,
+                term,
+                "metadata group leadership changed"
+            );
+            seen = Some(now);
+        }
+        if server.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn wait_error(error: WaitError) -> MetaError {
     match error {
         WaitError::Timeout(..) => MetaError::Timeout,
@@ -156,6 +189,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             tracing::error!(%error, "cannot replay the metadata log");
             MetaError::Storage
         })?;
+        tokio::spawn(log_leadership(config.node_id, raft.server_metrics()));
         Ok(MetaNode {
             client: random_client_id(config.node_id),
             next_seq: AtomicU64::new(1),
@@ -388,7 +422,7 @@ impl<A: Apply, T: MetaTransport> MetaLog for MetaNode<A, T> {
     }
 
     fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
+        self.raft.server_metrics().borrow().current_leader
     }
 
     fn members(&self) -> Members {
