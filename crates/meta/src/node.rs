@@ -327,7 +327,20 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
                     // the next attempt asks whoever is leader by then.
                     let attempt = budget.min(self.config.rpc_timeout * 4);
                     let addr = self.addr_of(leader);
-                    forward(&*self.transport, leader, &addr, op.clone(), attempt).await
+                    let forwarded = forward(&*self.transport, leader, &addr, op.clone(), attempt);
+                    if retry == Retry::Idempotent {
+                        // A leader that died with the operation never answers; once this node
+                        // sees another leader (or an election), ask again there. The request id
+                        // makes the retry apply once if the first one ran after all.
+                        tokio::select! {
+                            result = forwarded => result,
+                            () = self.leader_replaced(leader) => {
+                                Err(LeaderError::NotLeader { leader: None })
+                            }
+                        }
+                    } else {
+                        forwarded.await
+                    }
                 }
             };
             match result {
@@ -348,6 +361,21 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
                     .min(deadline.saturating_duration_since(Instant::now())),
             )
             .await;
+        }
+    }
+
+    /// Returns once this node no longer takes `leader` for the leader: another node won an
+    /// election, or one is under way.
+    async fn leader_replaced(&self, leader: u64) {
+        let mut server = self.raft.server_metrics();
+        loop {
+            if server.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if server.changed().await.is_err() {
+                // Raft stopped: the forward ends by its own deadline.
+                std::future::pending::<()>().await;
+            }
         }
     }
 
