@@ -308,9 +308,13 @@ impl MetaConfig {
             node_id,
             addr: addr.to_owned(),
             dir: dir.into(),
+            // openraft 0.9 campaigns only after its leader lease (election_max) and its own
+            // timeout (election_min..election_max) pass without a word from the leader: 500-600
+            // ms here, five heartbeats or more, so a leader descheduled for a few hundred ms
+            // keeps its place while a dead one is replaced within a second.
             heartbeat: Duration::from_millis(100),
-            election_min: Duration::from_millis(500),
-            election_max: Duration::from_millis(1000),
+            election_min: Duration::from_millis(200),
+            election_max: Duration::from_millis(300),
             snapshot_every: 5_000,
             op_timeout: Duration::from_secs(10),
             rpc_timeout: Duration::from_millis(1_000),

@@ -84,45 +84,43 @@ fn check_message_bounds(config: &MetaConfig) -> Result<(), MetaError> {
     Ok(())
 }
 
+/// Logs every change of this node's role or of the leader it follows, with the term: the
+/// timestamps of a failover in each node's log.
+async fn log_leadership(
+    node: u64,
+    mut server: tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<u64, BasicNode>>,
+) {
+    let mut seen = None;
+    loop {
+        let now = {
+            let metrics = server.borrow_and_update();
+            (
+                metrics.state,
+                metrics.current_leader,
+                metrics.vote.leader_id().get_term(),
+            )
+        };
+        if seen != Some(now) {
+            let (state, leader, term) = now;
+            tracing::info!(
+                node,
+                ?state,
+                ?leader,
+                term,
+                "metadata group leadership changed"
+            );
+            seen = Some(now);
+        }
+        if server.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn wait_error(error: WaitError) -> MetaError {
     match error {
         WaitError::Timeout(..) => MetaError::Timeout,
         WaitError::ShuttingDown => MetaError::Stopped,
-    }
-}
-
-/// Logs each time this node becomes the group's leader and each time it stops being it
-/// (openraft's own narration is filtered out by default), so that an operator or a test can
-/// tell which node leads; ends when Raft shuts down.
-async fn log_leadership(
-    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, BasicNode>>,
-    me: u64,
-) {
-    let mut leading = false;
-    loop {
-        let (leads, term) = {
-            let m = metrics.borrow_and_update();
-            (m.state == openraft::ServerState::Leader, m.current_term)
-        };
-        if leads != leading {
-            leading = leads;
-            if leads {
-                tracing::info!(
-                    node = me,
-                    term,
-                    "this node became the metadata group's leader"
-                );
-            } else {
-                tracing::info!(
-                    node = me,
-                    term,
-                    "this node stopped leading the metadata group"
-                );
-            }
-        }
-        if metrics.changed().await.is_err() {
-            return;
-        }
     }
 }
 
@@ -191,7 +189,7 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
             tracing::error!(%error, "cannot replay the metadata log");
             MetaError::Storage
         })?;
-        tokio::spawn(log_leadership(raft.metrics(), config.node_id));
+        tokio::spawn(log_leadership(config.node_id, raft.server_metrics()));
         Ok(MetaNode {
             client: random_client_id(config.node_id),
             next_seq: AtomicU64::new(1),
@@ -329,7 +327,20 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
                     // the next attempt asks whoever is leader by then.
                     let attempt = budget.min(self.config.rpc_timeout * 4);
                     let addr = self.addr_of(leader);
-                    forward(&*self.transport, leader, &addr, op.clone(), attempt).await
+                    let forwarded = forward(&*self.transport, leader, &addr, op.clone(), attempt);
+                    if retry == Retry::Idempotent {
+                        // A leader that died with the operation never answers; once this node
+                        // sees another leader (or an election), ask again there. The request id
+                        // makes the retry apply once if the first one ran after all.
+                        tokio::select! {
+                            result = forwarded => result,
+                            () = self.leader_replaced(leader) => {
+                                Err(LeaderError::NotLeader { leader: None })
+                            }
+                        }
+                    } else {
+                        forwarded.await
+                    }
                 }
             };
             match result {
@@ -350,6 +361,21 @@ impl<A: Apply, T: MetaTransport> MetaNode<A, T> {
                     .min(deadline.saturating_duration_since(Instant::now())),
             )
             .await;
+        }
+    }
+
+    /// Returns once this node no longer takes `leader` for the leader: another node won an
+    /// election, or one is under way.
+    async fn leader_replaced(&self, leader: u64) {
+        let mut server = self.raft.server_metrics();
+        loop {
+            if server.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if server.changed().await.is_err() {
+                // Raft stopped: the forward ends by its own deadline.
+                std::future::pending::<()>().await;
+            }
         }
     }
 
@@ -424,7 +450,7 @@ impl<A: Apply, T: MetaTransport> MetaLog for MetaNode<A, T> {
     }
 
     fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
+        self.raft.server_metrics().borrow().current_leader
     }
 
     fn members(&self) -> Members {

@@ -110,6 +110,42 @@ async fn a_new_leader_takes_over_and_the_old_one_catches_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_forwarded_to_a_leader_that_goes_silent_commits_through_the_next_one() {
+    // One forward attempt may wait 4 x rpc_timeout (8 s), longer than the whole operation
+    // (op_timeout, 5 s): only a retry on the new leader can commit in time.
+    let cluster = Cluster::start_with(3, 12, 5_000, |config| {
+        config.rpc_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let old = cluster.leader(WAIT).await;
+    let follower = *cluster.nodes.keys().find(|id| **id != old).unwrap();
+    let node = Arc::clone(cluster.node(follower));
+    node.propose(node.next_request_id(), b"before".to_vec())
+        .await
+        .unwrap();
+    // The leader's process stops: every message to and from it, replies included, is held.
+    cluster.network.pause(old);
+    let started = Instant::now();
+    let committed = node
+        .propose(node.next_request_id(), b"after".to_vec())
+        .await
+        .expect("committed through the new leader");
+    let took = started.elapsed();
+    eprintln!("a proposal through a follower of a silent leader committed in {took:?}");
+    assert_ne!(node.leader(), Some(old));
+    assert!(took < Duration::from_secs(4), "{took:?}");
+
+    // The old leader returns and catches up; the held forward, delivered late, applies nothing
+    // more: the proposal is in every history once.
+    cluster.network.resume(old);
+    let index = cluster.node(old).wait_caught_up(WAIT).await.unwrap();
+    cluster.all_applied(index.max(committed.index), WAIT).await;
+    let history = assert_one_history(cluster.histories().into_values());
+    let commands: Vec<&[u8]> = history.iter().map(|(_, c)| c.as_slice()).collect();
+    assert_eq!(commands, vec![&b"before"[..], &b"after"[..]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_replays_its_log_and_snapshot_before_serving() {
     // A snapshot every 64 entries, so the restart restores one and replays the log after it.
     let mut cluster = Cluster::start(3, 3, 64).await;

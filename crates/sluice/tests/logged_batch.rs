@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::cluster::{
     create_simple_keyspace, eventually, query_unless_shed, session_without_retries, token_replicas,
-    wait_for_peers, Ports, ServeNode,
+    wait_for_peers, without_colours, Ports, ServeNode, LEADERSHIP_LINE,
 };
 
 use scylla::client::session::Session;
@@ -51,12 +51,12 @@ async fn value(session: &Session, pk: i32, ck: i32) -> Result<Option<String>, Ex
         .and_then(|(v,)| v))
 }
 
-/// Whether `node`'s log last said that it became the metadata group's leader (rather than
-/// that it stopped leading it).
+/// Whether `node`'s latest role line says that it leads the metadata group.
 fn leads_metadata_group(node: &ServeNode) -> bool {
-    let log = node.output();
-    log.rfind("became the metadata group's leader")
-        > log.rfind("stopped leading the metadata group")
+    node.output()
+        .lines()
+        .rfind(|l| l.contains(LEADERSHIP_LINE))
+        .is_some_and(|l| without_colours(l).contains("state=Leader"))
 }
 
 /// A logged batch writing row (pk, ck) = `v` of each partition.

@@ -44,16 +44,29 @@ pub struct Cluster {
     pub network: MemoryNetwork,
     pub nodes: BTreeMap<u64, Arc<Node>>,
     pub snapshot_every: u64,
+    /// Applied to each node's configuration after the test timings.
+    pub configure: fn(&mut MetaConfig),
 }
 
 impl Cluster {
     /// Starts nodes `1..=n`, initializes the group with all of them and waits for a leader.
     pub async fn start(n: u64, seed: u64, snapshot_every: u64) -> Cluster {
+        Cluster::start_with(n, seed, snapshot_every, |_| {}).await
+    }
+
+    /// [`Cluster::start`] with each node's configuration changed by `configure`.
+    pub async fn start_with(
+        n: u64,
+        seed: u64,
+        snapshot_every: u64,
+        configure: fn(&mut MetaConfig),
+    ) -> Cluster {
         let mut cluster = Cluster {
             dir: tempfile::tempdir().unwrap(),
             network: MemoryNetwork::new(seed),
             nodes: BTreeMap::new(),
             snapshot_every,
+            configure,
         };
         for id in 1..=n {
             cluster.open(id).await;
@@ -65,7 +78,9 @@ impl Cluster {
     }
 
     pub fn config(&self, id: u64) -> MetaConfig {
-        Cluster::config_for(id, &self.data_dir(id), self.snapshot_every)
+        let mut config = Cluster::config_for(id, &self.data_dir(id), self.snapshot_every);
+        (self.configure)(&mut config);
+        config
     }
 
     /// The test timings for node `id` storing in `dir`.

@@ -571,3 +571,25 @@ pub async fn round_robin_session(addrs: &[SocketAddr]) -> Session {
     )
     .await
 }
+
+/// What each node logs when its metadata group role or the leader it follows changes.
+pub const LEADERSHIP_LINE: &str = "metadata group leadership changed";
+
+/// `line` without its terminal colour sequences (ESC [ parameters m), as a node's log
+/// prints its fields.
+pub fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
