@@ -247,8 +247,10 @@ type Locked = (
     Option<Vec<u8>>,
 );
 
-/// The part of a transaction that runs under its locks.
+/// The part of a transaction that runs under its locks. Never inlined: profiles find the
+/// critical section by this name.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn locked_section<'l, E>(
     stores: &[Store],
     env: &TxnEnv<'_>,
