@@ -312,7 +312,7 @@ impl Store {
             match pending {
                 Pending::Header(incoming) => {
                     let mut header = match existing {
-                        Some(v) => PartitionHeader::decode_value(&v)?,
+                        Some(v) => PartitionHeader::decode_stored(v)?,
                         None => PartitionHeader::default(),
                     };
                     // Where the new deletions apply: the whole partition, or their ranges.
@@ -357,7 +357,7 @@ impl Store {
                     ..
                 } => match (existing, encoded) {
                     (Some(v), encoded) => {
-                        let mut row = StoredRow::decode_value(&v)?;
+                        let mut row = StoredRow::decode_stored(v)?;
                         row.merge(incoming);
                         row.encode(&mut buf)?;
                         spent.rows.push(row);
