@@ -95,6 +95,15 @@ impl StoredCell {
         (self.column, self.path.as_deref())
     }
 
+    /// The bytes its value takes in the encoding.
+    fn value_len(&self) -> usize {
+        match &self.value {
+            StoredValue::Live(v) => 4 + v.len(),
+            StoredValue::Tombstone => 0,
+            StoredValue::Counter(_) => 8,
+        }
+    }
+
     fn is_live(&self, now_secs: u32) -> bool {
         !matches!(self.value, StoredValue::Tombstone) && !expired(self.expiry, now_secs)
     }
@@ -501,6 +510,17 @@ impl StoredRow {
             cells,
             has_liveness,
         })
+    }
+
+    /// At least the length of this row's encoding, to size a buffer once.
+    pub fn encoded_len_hint(&self) -> usize {
+        let clustering: usize = self.clustering.iter().map(|v| 4 + v.len()).sum();
+        let cells: usize = self
+            .cells
+            .iter()
+            .map(|c| 19 + c.path.as_ref().map_or(0, |p| 4 + p.len()) + c.value_len())
+            .sum();
+        33 + clustering + 10 * self.collection_deletions.len() + cells
     }
 
     /// Appends the binary encoding of this row.
@@ -1129,6 +1149,7 @@ mod tests {
             });
             let mut buf = Vec::new();
             row.encode(&mut buf).unwrap();
+            proptest::prop_assert!(row.encoded_len_hint() >= buf.len());
             let stored = StoredRow::decode_stored(fjall::Slice::from(buf.as_slice())).unwrap();
             proptest::prop_assert_eq!(&stored, &row);
             proptest::prop_assert_eq!(&stored, &StoredRow::decode_value(&buf).unwrap());

@@ -150,8 +150,12 @@ pub(crate) fn commit_transaction<'l, E>(
         (env.check_limits)(m)?;
     }
     let mut parts = prepare_by_store(env, known)?;
-    for (_, prepared) in &mut parts {
+    for (store, prepared) in &mut parts {
         prepared.encode_ahead()?;
+        stores
+            .get(*store)
+            .ok_or(StorageError::Closed)?
+            .merge_ahead(prepared)?;
     }
     let records = if parts.len() > 1 {
         Some((env.batchlog)(&parts)?)
