@@ -9,6 +9,8 @@ mod background;
 #[cfg(test)]
 mod conditional_tests;
 #[cfg(test)]
+mod critical_section_tests;
+#[cfg(test)]
 mod delete_timing_tests;
 #[cfg(test)]
 mod gc_tests;

@@ -95,6 +95,15 @@ impl StoredCell {
         (self.column, self.path.as_deref())
     }
 
+    /// The bytes its value takes in the encoding.
+    fn value_len(&self) -> usize {
+        match &self.value {
+            StoredValue::Live(v) => 4 + v.len(),
+            StoredValue::Tombstone => 0,
+            StoredValue::Counter(_) => 8,
+        }
+    }
+
     fn is_live(&self, now_secs: u32) -> bool {
         !matches!(self.value, StoredValue::Tombstone) && !expired(self.expiry, now_secs)
     }
@@ -503,6 +512,17 @@ impl StoredRow {
         })
     }
 
+    /// At least the length of this row's encoding, to size a buffer once.
+    pub fn encoded_len_hint(&self) -> usize {
+        let clustering: usize = self.clustering.iter().map(|v| 4 + v.len()).sum();
+        let cells: usize = self
+            .cells
+            .iter()
+            .map(|c| 19 + c.path.as_ref().map_or(0, |p| 4 + p.len()) + c.value_len())
+            .sum();
+        33 + clustering + 10 * self.collection_deletions.len() + cells
+    }
+
     /// Appends the binary encoding of this row.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), StorageError> {
         let mut flags = 0u8;
@@ -628,9 +648,18 @@ impl StoredRow {
         })
     }
 
-    /// Decodes a whole row value.
+    /// Decodes a whole row value from a copy of `value`.
     pub fn decode_value(value: &[u8]) -> Result<StoredRow, StorageError> {
-        let mut r = Decoder::new(value);
+        StoredRow::decode_all(Decoder::new(value))
+    }
+
+    /// Decodes a whole row value as the engine stored it, without copying it: the row's
+    /// byte strings share `value`'s buffer.
+    pub fn decode_stored(value: fjall::Slice) -> Result<StoredRow, StorageError> {
+        StoredRow::decode_all(Decoder::shared(value))
+    }
+
+    fn decode_all(mut r: Decoder) -> Result<StoredRow, StorageError> {
         let row = StoredRow::decode(&mut r)?;
         r.finish()?;
         Ok(row)
@@ -755,9 +784,17 @@ impl PartitionHeader {
         Ok(())
     }
 
-    /// Decodes a header value.
+    /// Decodes a header value from a copy of `value`.
     pub fn decode_value(value: &[u8]) -> Result<PartitionHeader, StorageError> {
-        let mut r = Decoder::new(value);
+        PartitionHeader::decode_all(Decoder::new(value))
+    }
+
+    /// Decodes a header value as the engine stored it, without copying it.
+    pub fn decode_stored(value: fjall::Slice) -> Result<PartitionHeader, StorageError> {
+        PartitionHeader::decode_all(Decoder::shared(value))
+    }
+
+    fn decode_all(mut r: Decoder) -> Result<PartitionHeader, StorageError> {
         let flags = r.u8()?;
         let deletion = if flags & 1 != 0 { Some(r.i64()?) } else { None };
         let n = r.u32()? as usize;
@@ -824,6 +861,16 @@ impl Decoder {
     pub fn new(value: &[u8]) -> Decoder {
         Decoder {
             buf: BytesMut::from(value).freeze(),
+            pos: 0,
+        }
+    }
+
+    /// A decoder over a stored value itself: cells slice into `value`'s buffer, which they
+    /// keep alive, so decoding costs no copy however large the value (a read under a
+    /// transaction's locks would otherwise copy every row it touches).
+    pub fn shared(value: fjall::Slice) -> Decoder {
+        Decoder {
+            buf: Bytes::from_owner(value),
             pos: 0,
         }
     }
@@ -1052,6 +1099,97 @@ mod tests {
             let _ = StoredRow::decode_value(&bytes);
             let _ = PartitionHeader::decode_value(&bytes);
         }
+
+        /// Decoding a stored value in place gives what decoding a copy gives, for garbage
+        /// (the same error or the same row) as for every cut of a real row.
+        #[test]
+        fn shared_decoding_equals_copied_decoding(bytes: Vec<u8>) {
+            let stored = fjall::Slice::from(bytes.as_slice());
+            proptest::prop_assert_eq!(
+                StoredRow::decode_stored(stored.clone()).map_err(|e| e.to_string()),
+                StoredRow::decode_value(&bytes).map_err(|e| e.to_string())
+            );
+            proptest::prop_assert_eq!(
+                PartitionHeader::decode_stored(stored).map_err(|e| e.to_string()),
+                PartitionHeader::decode_value(&bytes).map_err(|e| e.to_string())
+            );
+        }
+
+        /// Rows of any shape round-trip through the in-place decoding as through the copy.
+        #[test]
+        fn shared_decoding_round_trips_rows(
+            clustering in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8), 0..3),
+            liveness in proptest::option::of((proptest::prelude::any::<i64>(), proptest::option::of((proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>())))),
+            deletion in proptest::option::of(proptest::prelude::any::<i64>()),
+            cells in proptest::collection::vec(
+                (0u16..6, proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4)), proptest::prelude::any::<i64>(), 0u8..3, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)),
+                0..8,
+            ),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let row = StoredRow::from_mutation(&RowMutation {
+                clustering: clustering.into_iter().map(Bytes::from).collect(),
+                liveness: liveness.map(|(timestamp, expiry)| Liveness { timestamp, expiry }),
+                deletion,
+                collection_deletions: vec![],
+                cells: cells
+                    .into_iter()
+                    .map(|(column, path, timestamp, kind, value)| CellWrite {
+                        column,
+                        path: path.map(Bytes::from),
+                        value: match kind {
+                            0 => CellValue::Live(Bytes::from(value)),
+                            1 => CellValue::Tombstone,
+                            _ => CellValue::CounterDelta(value.len() as i64 - 150),
+                        },
+                        timestamp,
+                        expiry: None,
+                    })
+                    .collect(),
+            });
+            let mut buf = Vec::new();
+            row.encode(&mut buf).unwrap();
+            proptest::prop_assert!(row.encoded_len_hint() >= buf.len());
+            let stored = StoredRow::decode_stored(fjall::Slice::from(buf.as_slice())).unwrap();
+            proptest::prop_assert_eq!(&stored, &row);
+            proptest::prop_assert_eq!(&stored, &StoredRow::decode_value(&buf).unwrap());
+            let header = PartitionHeader {
+                deletion,
+                range_tombstones: vec![],
+                static_row: Some(row),
+            };
+            let mut hbuf = Vec::new();
+            header.encode(&mut hbuf).unwrap();
+            let shared = PartitionHeader::decode_stored(fjall::Slice::from(hbuf.as_slice())).unwrap();
+            proptest::prop_assert_eq!(&shared, &header);
+            // A truncated value fails the same way both ways.
+            let cut = cut.index(buf.len());
+            proptest::prop_assert_eq!(
+                StoredRow::decode_stored(fjall::Slice::from(&buf[..cut])).map_err(|e| e.to_string()),
+                StoredRow::decode_value(&buf[..cut]).map_err(|e| e.to_string())
+            );
+        }
+    }
+
+    #[test]
+    fn shared_decoding_keeps_the_stored_value_alive_without_copying_it() {
+        let row = row_with(vec![cell(
+            1,
+            live(b"a value long enough to be on the heap"),
+            3,
+        )]);
+        let mut buf = Vec::new();
+        row.encode(&mut buf).unwrap();
+        let stored = fjall::Slice::from(buf.as_slice());
+        let range = stored.as_ptr_range();
+        let decoded = StoredRow::decode_stored(stored).unwrap();
+        // The stored value is gone from here: the cell still reads it, in place.
+        let StoredValue::Live(v) = &decoded.cells[0].value else {
+            panic!("a live cell");
+        };
+        assert_eq!(&v[..], b"a value long enough to be on the heap");
+        assert!(range.contains(&v.as_ptr()));
+        assert_eq!(decoded, row);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! carries the whole batch as a batchlog record in the same journal batch, so that if any
 //! part survives a crash, opening the storage replays every part (a replay merges by
 //! timestamp like any write, so replaying what is already there changes nothing). Once
-//! every part is durable the record is removed.
+//! every part is durable the record is removed. (A transaction may write its records
+//! earlier in the same journals and carry only markers naming them: see `store::transaction`.)
 
 use crate::limits::{DiskSampler, DiskSpace, PartitionSizes, WriteLimits};
 use crate::model::{ClusteringSlice, Mutation, PartitionRead, TableId, TableLayout};
@@ -32,6 +33,17 @@ const STORES_FILE: &str = "STORES";
 
 /// Meta key prefix of batchlog records.
 const BATCHLOG_PREFIX: &[u8] = b"batchlog/";
+
+/// Meta key prefix of the records a transaction writes before its locks; its parts'
+/// batches carry an empty record under the batchlog key, a marker that names this one.
+const BATCHLOG_AHEAD_PREFIX: &[u8] = b"batchlog-ahead/";
+
+/// The key of the record made ahead that the marker under batchlog key `key` names.
+fn ahead_key(key: &[u8]) -> Vec<u8> {
+    let mut ahead = BATCHLOG_AHEAD_PREFIX.to_vec();
+    ahead.extend_from_slice(key.get(BATCHLOG_PREFIX.len()..).unwrap_or(key));
+    ahead
+}
 
 /// The value of `Shared::assumed_group_commit` when no wait is assumed.
 const NOT_ASSUMED: u64 = u64::MAX;
@@ -197,10 +209,12 @@ type SplitBatch = (Vec<(usize, Prepared)>, Vec<u8>, Vec<u8>);
 enum Ticket {
     /// Committed to one store.
     One { store: usize, seq: u64 },
-    /// Committed to several stores, each part with the batchlog record `key`.
+    /// Committed to several stores, each part with the batchlog record `key` (or a marker
+    /// there and the record under `ahead`).
     Many {
         parts: Vec<(usize, u64)>,
         key: Vec<u8>,
+        ahead: Option<Vec<u8>>,
     },
     /// Everything a read of these stores could have seen (see [`Storage::seen_ticket`]).
     Seen { parts: Vec<(usize, u64)> },
@@ -215,9 +229,10 @@ impl CommitTicket {
                 store: *store,
                 seq: seq + 1,
             },
-            Ticket::Many { parts, key } => Ticket::Many {
+            Ticket::Many { parts, key, ahead } => Ticket::Many {
                 parts: parts.iter().map(|&(store, seq)| (store, seq + 1)).collect(),
                 key: key.clone(),
+                ahead: ahead.clone(),
             },
             Ticket::Seen { parts } => Ticket::Seen {
                 parts: parts.iter().map(|&(store, seq)| (store, seq + 1)).collect(),
@@ -419,6 +434,7 @@ impl Storage {
         Ok(CommitTicket(Ticket::Many {
             parts: committed,
             key,
+            ahead: None,
         }))
     }
 
@@ -523,6 +539,7 @@ impl Storage {
             store_of: &store_of,
             check_limits: &check_limits,
             batchlog: &batchlog,
+            ahead_key: &ahead_key,
         };
         let done = commit_transaction(
             &self.inner.stores,
@@ -540,6 +557,7 @@ impl Storage {
             (_, key) => Some(CommitTicket(Ticket::Many {
                 parts: done.parts,
                 key: key.unwrap_or_default(),
+                ahead: done.ahead_key,
             })),
         };
         Ok(TxnOutcome {
@@ -598,6 +616,16 @@ impl Storage {
             .collect()
     }
 
+    /// Test hook: the number of records written ahead by transactions, in all stores.
+    #[cfg(test)]
+    pub(crate) fn batchlog_ahead_records(&self) -> usize {
+        self.inner
+            .stores
+            .iter()
+            .map(|s| s.meta_scan(BATCHLOG_AHEAD_PREFIX).map_or(0, |r| r.len()))
+            .sum()
+    }
+
     /// Fsyncs everything every store has applied so far (blocking): for writes whose
     /// durability another log carried until now.
     pub fn sync_all(&self) -> Result<(), StorageError> {
@@ -642,15 +670,17 @@ impl Storage {
                 }
                 Ok(())
             }
-            Ticket::Many { parts, key } => {
+            Ticket::Many { parts, key, ahead } => {
                 for &(store, seq) in &parts {
                     stores[store].wait_durable(seq).await?;
                 }
                 // Every part is durable: the record is no longer needed. Not fsynced: if
                 // the removal is lost (or fails, e.g. on a store closing meanwhile), the
                 // next open replays the record, which is harmless; the write stands.
+                let mut keys: Vec<&[u8]> = vec![&key];
+                keys.extend(ahead.as_deref());
                 for &(store, _) in &parts {
-                    if let Err(e) = stores[store].forget_batchlog(&key) {
+                    if let Err(e) = stores[store].forget_batchlog(&keys) {
                         tracing::debug!(error = %e, "batchlog record left for the next open");
                     }
                 }
@@ -682,14 +712,36 @@ impl Storage {
         }
     }
 
-    /// Replays the batchlog records found in any store, then removes them.
+    /// Replays the batchlog records found in any store, then removes them, and the
+    /// records made ahead by transactions that never committed.
     fn replay_batchlog(&self) -> Result<(), StorageError> {
         let stores = &self.inner.stores;
         let mut records = std::collections::BTreeMap::new();
         for store in stores.iter() {
-            records.extend(store.meta_scan(BATCHLOG_PREFIX)?);
+            for (key, record) in store.meta_scan(BATCHLOG_PREFIX)? {
+                // An empty record is a marker: the record was written ahead, earlier in
+                // the same journal, so it is there wherever the marker is.
+                let record = match record.is_empty() {
+                    true => store
+                        .meta_get(&ahead_key(&key))?
+                        .ok_or(StorageError::Corrupt(
+                            "a batchlog marker without its record",
+                        ))?,
+                    false => record,
+                };
+                records.insert(key, record);
+            }
+        }
+        let mut stale = Vec::new();
+        for (index, store) in stores.iter().enumerate() {
+            for (key, _) in store.meta_scan(BATCHLOG_AHEAD_PREFIX)? {
+                stale.push((index, key));
+            }
         }
         if records.is_empty() {
+            for (store, key) in &stale {
+                stores[*store].forget_batchlog(&[key])?;
+            }
             return Ok(());
         }
         tracing::info!(
@@ -714,8 +766,11 @@ impl Storage {
         // The replayed parts are durable; the records need no fsync to go (see `wait_durable`).
         for key in records.keys() {
             for store in stores.iter() {
-                store.forget_batchlog(key)?;
+                store.forget_batchlog(&[key])?;
             }
+        }
+        for (store, key) in &stale {
+            stores[*store].forget_batchlog(&[key])?;
         }
         Ok(())
     }

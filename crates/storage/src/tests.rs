@@ -199,6 +199,88 @@ fn timestamp_ceiling_keeps_older_whole_rows_merging_after_a_restart() {
     assert_eq!(cells_of(&s, &l, 1, "k")[0], (1, "new".into(), 1_000));
 }
 
+/// A write that does not replace its row is merged with the stored row before the locks;
+/// the commit uses that merge only if the key still holds the value it was made from.
+#[test]
+fn rows_merged_ahead_stand_only_over_the_value_they_were_merged_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout_replaceable(T2);
+    let store = crate::store::Store::open(dir.path(), periodic(), 8 << 20).unwrap();
+    let commit = |m: Mutation| {
+        let prepared = crate::store::Store::prepare(&[(&l, m)]).unwrap();
+        store.commit(prepared, None).unwrap();
+    };
+    let update = |column: ColumnId, v: &str, ts: i64| {
+        let mut m = mutation(T2, 1, "k");
+        m.rows.push(RowMutation {
+            liveness: None,
+            ..insert_row(vec![], vec![cell(column, v, ts)], ts)
+        });
+        m
+    };
+    let cells = |store: &crate::store::Store| -> Vec<(u16, String, i64)> {
+        let read = store
+            .read_partition(&l, 1, b"k", &ClusteringSlice::all(), None, 1, 0)
+            .unwrap();
+        let row = &read.rows[0];
+        assert!(row.has_liveness, "the INSERT's row marker stays");
+        row.cells
+            .iter()
+            .map(|c| {
+                (
+                    c.column,
+                    String::from_utf8_lossy(&c.value).into(),
+                    c.timestamp,
+                )
+            })
+            .collect()
+    };
+    commit(whole_row(1, "k", "a", 10));
+    // Nothing written in between: the commit stores the very bytes merged ahead.
+    let mut prepared = crate::store::Store::prepare(&[(&l, update(1, "b", 20))]).unwrap();
+    store.merge_ahead(&mut prepared).unwrap();
+    let merged = prepared.merged_ahead();
+    assert_eq!(merged.len(), 1);
+    store.commit(prepared, None).unwrap();
+    let ((table, key), value) = &merged[0];
+    let stored = store.stored_value(table, key).unwrap();
+    assert!(std::ptr::eq(stored.as_ptr(), value.as_ptr()));
+    assert_eq!(
+        cells(&store),
+        [
+            (1, "b".into(), 20),
+            (2, "a".into(), 10),
+            (3, "a".into(), 10)
+        ]
+    );
+    // Another write lands between the merge and the locks: the commit merges again, and
+    // keeps that write (a stale merge would bring column 2's "a" back).
+    let mut prepared = crate::store::Store::prepare(&[(&l, update(1, "c", 30))]).unwrap();
+    store.merge_ahead(&mut prepared).unwrap();
+    let merged = prepared.merged_ahead();
+    assert_eq!(merged.len(), 1);
+    commit(update(2, "x", 25));
+    store.commit(prepared, None).unwrap();
+    let ((table, key), value) = &merged[0];
+    let stored = store.stored_value(table, key).unwrap();
+    assert!(!std::ptr::eq(stored.as_ptr(), value.as_ptr()));
+    assert_eq!(
+        cells(&store),
+        [
+            (1, "c".into(), 30),
+            (2, "x".into(), 25),
+            (3, "a".into(), 10)
+        ]
+    );
+    // A key with nothing stored has nothing to merge with.
+    let mut m = mutation(T2, 2, "new");
+    m.rows.push(insert_row(vec![], vec![cell(1, "n", 40)], 40));
+    let mut prepared = crate::store::Store::prepare(&[(&l, m)]).unwrap();
+    store.merge_ahead(&mut prepared).unwrap();
+    assert!(prepared.merged_ahead().is_empty());
+    store.close().unwrap();
+}
+
 fn mutation(table: TableId, token: i64, pk: &str) -> Mutation {
     Mutation {
         table,

@@ -420,3 +420,82 @@ fn known_writes_moved_above_stored_timestamps_replay_with_the_moved_ones() {
     assert_eq!(read_balance(&s, &l, b), Some(7));
     assert_eq!(s.batchlog_records().iter().sum::<usize>(), 0);
 }
+
+/// Known writes that span stores write their records to the journals before the locks;
+/// the parts' batches carry markers naming them. A part cut off is restored from the
+/// record its marker names; records no marker names go.
+#[test]
+fn records_written_ahead_restore_a_cut_transaction_and_unused_ones_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = layout();
+    let [a, b] = {
+        let s = open(dir.path());
+        let [a, b] = accounts(&s);
+        let partitions = [a, b].map(|(token, _)| TxnPartition { table: T, token });
+        let known = |ts: i64| {
+            [
+                (&l, balance_write(a.0, a.1, ts, ts)),
+                (&l, balance_write(b.0, b.1, ts + 1, ts)),
+            ]
+        };
+        // Committed: a marker and a record ahead in each store until every part is durable.
+        let out = s
+            .apply_transaction(&partitions, &[], &known(100), 0, 100, |_| {
+                Ok::<_, ()>(Vec::new())
+            })
+            .unwrap();
+        assert_eq!(s.batchlog_records(), [1, 1]);
+        assert_eq!(s.batchlog_ahead_records(), 2);
+        futures_lite(s.wait_durable(out.ticket.unwrap())).unwrap();
+        assert_eq!(s.batchlog_records(), [0, 0]);
+        assert_eq!(s.batchlog_ahead_records(), 0);
+        // Refused under the locks: the records made ahead go at once.
+        let refused = s.apply_transaction(&partitions, &[], &known(200), 0, 200, |_| {
+            Err::<Vec<(&TableLayout, Mutation)>, _>("no")
+        });
+        assert!(matches!(refused, Err(TxnError::Decide("no"))));
+        assert_eq!(s.batchlog_ahead_records(), 0);
+        assert_eq!(read_balance(&s, &l, a), Some(100));
+        // Joined by a decided write: the full records are remade under the locks, and the
+        // ones made ahead go.
+        let out = s
+            .apply_transaction(&partitions, &[], &known(300), 0, 300, |_| {
+                Ok::<_, ()>(vec![(&l, column_write(a.0, a.1, 2, 5, 300))])
+            })
+            .unwrap();
+        assert_eq!(s.batchlog_ahead_records(), 0);
+        futures_lite(s.wait_durable(out.ticket.unwrap())).unwrap();
+        assert_eq!(column_of(&s, &l, a, 2), Some(5));
+        // Cut after its first store's batch, as if the process died there.
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(true));
+        let cut = s.apply_transaction(&partitions, &[], &known(400), 0, 400, |_| {
+            Ok::<_, ()>(Vec::new())
+        });
+        crate::store::DIE_AFTER_FIRST_PART.with(|d| d.set(false));
+        assert!(matches!(cut, Err(TxnError::Storage(StorageError::Closed))));
+        let written = [
+            read_balance(&s, &l, a) == Some(400),
+            read_balance(&s, &l, b) == Some(401),
+        ];
+        assert_eq!(written.iter().filter(|w| **w).count(), 1, "{written:?}");
+        let markers = s.batchlog_records();
+        assert_eq!(
+            markers.iter().sum::<usize>(),
+            1,
+            "one marker, in the part written"
+        );
+        assert_eq!(markers[s.store_of(a.0)] == 1, written[0]);
+        assert_eq!(s.batchlog_ahead_records(), 2);
+        s.close().unwrap();
+        [a, b]
+    };
+    let s = open(dir.path());
+    assert_eq!(read_balance(&s, &l, a), Some(400));
+    assert_eq!(
+        read_balance(&s, &l, b),
+        Some(401),
+        "restored from the record ahead"
+    );
+    assert_eq!(s.batchlog_records(), [0, 0]);
+    assert_eq!(s.batchlog_ahead_records(), 0);
+}

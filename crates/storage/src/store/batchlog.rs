@@ -86,6 +86,7 @@ impl Prepared {
                     replaces_from: None,
                     stripe,
                     encoded: None,
+                    merged: None,
                 },
                 _ => return Err(BAD),
             };

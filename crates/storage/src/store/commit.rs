@@ -30,7 +30,28 @@ pub(super) enum Pending {
         /// `row` already encoded, before any lock (see [`Prepared::encode_ahead`]); dropped
         /// whenever the row changes, so it is always `row`'s encoding when present.
         encoded: Option<fjall::Slice>,
+        /// `row` merged ahead with the row stored before the locks (see
+        /// [`Store::merge_ahead`]); dropped whenever the row changes.
+        merged: Option<MergedAhead>,
     },
+}
+
+/// A row merged with a stored value before the locks, and that value: under the locks the
+/// merge stands if the key still holds the very same bytes.
+pub(super) struct MergedAhead {
+    /// The stored value it was merged with (held, so its buffer cannot be reused).
+    from: fjall::Slice,
+    /// The merged row, encoded.
+    value: fjall::Slice,
+}
+
+impl MergedAhead {
+    /// Whether `stored` is the value this merge was made from: the same buffer, which
+    /// `from` keeps alive, so the same bytes. A copy of them (a value reloaded from disk)
+    /// does not count and takes the merge under the locks, which gives the same result.
+    fn made_from(&self, stored: &fjall::Slice) -> bool {
+        stored.len() == self.from.len() && std::ptr::eq(stored.as_ptr(), self.from.as_ptr())
+    }
 }
 
 /// Mutations in storage form, ready to commit to one store: what `prepare` makes before
@@ -138,6 +159,7 @@ impl Store {
                                 replaces_from,
                                 stripe,
                                 encoded: None,
+                                merged: None,
                             },
                         );
                     }
@@ -284,6 +306,7 @@ impl Store {
                 replaces_from: Some(oldest),
                 stripe,
                 encoded,
+                ..
             } = &pending
             {
                 let newest_stored = stripes
@@ -312,7 +335,7 @@ impl Store {
             match pending {
                 Pending::Header(incoming) => {
                     let mut header = match existing {
-                        Some(v) => PartitionHeader::decode_value(&v)?,
+                        Some(v) => PartitionHeader::decode_stored(v)?,
                         None => PartitionHeader::default(),
                     };
                     // Where the new deletions apply: the whole partition, or their ranges.
@@ -354,26 +377,42 @@ impl Store {
                 Pending::Row {
                     row: incoming,
                     encoded,
+                    merged,
                     ..
-                } => match (existing, encoded) {
-                    (Some(v), encoded) => {
-                        let mut row = StoredRow::decode_value(&v)?;
-                        row.merge(incoming);
-                        row.encode(&mut buf)?;
-                        spent.rows.push(row);
-                        spent.values.extend(encoded);
+                } => {
+                    if let Some(merged) = merged {
+                        if existing.as_ref().is_some_and(|v| merged.made_from(v)) {
+                            // Still the row it was merged with: the merge made ahead stands.
+                            journal_bytes += (key.len() + merged.value.len()) as u64;
+                            batch.insert(keyspace, key, merged.value.clone());
+                            spent.rows.push(incoming);
+                            spent.values.extend(encoded);
+                            spent.values.extend([merged.from, merged.value]);
+                            continue;
+                        }
+                        spent.values.extend([merged.from, merged.value]);
                     }
-                    (None, Some(value)) => {
-                        journal_bytes += (key.len() + value.len()) as u64;
-                        batch.insert(keyspace, key, value);
-                        spent.rows.push(incoming);
-                        continue;
+                    match (existing, encoded) {
+                        (Some(v), encoded) => {
+                            let mut row = StoredRow::decode_stored(v)?;
+                            row.merge(incoming);
+                            buf.reserve(row.encoded_len_hint());
+                            row.encode(&mut buf)?;
+                            spent.rows.push(row);
+                            spent.values.extend(encoded);
+                        }
+                        (None, Some(value)) => {
+                            journal_bytes += (key.len() + value.len()) as u64;
+                            batch.insert(keyspace, key, value);
+                            spent.rows.push(incoming);
+                            continue;
+                        }
+                        (None, None) => {
+                            incoming.encode(&mut buf)?;
+                            spent.rows.push(incoming);
+                        }
                     }
-                    (None, None) => {
-                        incoming.encode(&mut buf)?;
-                        spent.rows.push(incoming);
-                    }
-                },
+                }
             }
             journal_bytes += (key.len() + buf.len()) as u64;
             batch.insert(keyspace, key, buf.as_slice());
@@ -449,21 +488,88 @@ struct Spent {
 impl Spent {
     /// Keeps an entry to free later.
     fn keep(&mut self, pending: Pending) {
-        if let Pending::Row { row, encoded, .. } = pending {
+        if let Pending::Row {
+            row,
+            encoded,
+            merged,
+            ..
+        } = pending
+        {
             self.rows.push(row);
             self.values.extend(encoded);
+            if let Some(m) = merged {
+                self.values.extend([m.from, m.value]);
+            }
         }
     }
 }
 
+impl Store {
+    /// Merges every row of `prepared` that its commit would merge with the stored row (a
+    /// write that does not replace the whole row) with the row stored now, so that under
+    /// the locks the commit only checks that the key still holds that value (see
+    /// [`MergedAhead`]). Called before any lock is taken.
+    pub(crate) fn merge_ahead(&self, prepared: &mut Prepared) -> Result<(), StorageError> {
+        self.check_open()?;
+        let registry = self.tables.read();
+        for ((table, key), pending) in &mut prepared.entries {
+            let Pending::Row {
+                row,
+                replaces_from: None,
+                merged,
+                ..
+            } = pending
+            else {
+                continue;
+            };
+            let Some(keyspace) = registry.keyspace(table) else {
+                continue;
+            };
+            let Some(stored) = keyspace.get(key).map_err(io)? else {
+                continue;
+            };
+            let mut into = StoredRow::decode_stored(stored.clone())?;
+            into.merge(row.clone());
+            let mut buf = Vec::with_capacity(into.encoded_len_hint());
+            into.encode(&mut buf)?;
+            *merged = Some(MergedAhead {
+                from: stored,
+                value: fjall::Slice::from(buf),
+            });
+        }
+        Ok(())
+    }
+
+    /// Test hook: the value stored under `key` of `table`, as the engine holds it.
+    #[cfg(test)]
+    pub(crate) fn stored_value(&self, table: &TableId, key: &[u8]) -> Option<fjall::Slice> {
+        let registry = self.tables.read();
+        registry.keyspace(table)?.get(key).ok()?
+    }
+}
+
 impl Prepared {
+    /// Test hook: the rows merged ahead, by key, with their encoding.
+    #[cfg(test)]
+    pub(crate) fn merged_ahead(&self) -> Vec<((TableId, Vec<u8>), fjall::Slice)> {
+        self.entries
+            .iter()
+            .filter_map(|(key, pending)| match pending {
+                Pending::Row {
+                    merged: Some(m), ..
+                } => Some((key.clone(), m.value.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Encodes every row into its own buffer, so that the commit under the locks (and a
     /// batchlog record) only shares the bytes. Called before any lock is taken.
     pub(crate) fn encode_ahead(&mut self) -> Result<(), StorageError> {
         for pending in self.entries.values_mut() {
             if let Pending::Row { row, encoded, .. } = pending {
                 if encoded.is_none() {
-                    let mut buf = Vec::with_capacity(ENCODE_BUFFER_BYTES);
+                    let mut buf = Vec::with_capacity(row.encoded_len_hint());
                     row.encode(&mut buf)?;
                     *encoded = Some(fjall::Slice::from(buf));
                 }
@@ -483,6 +589,7 @@ impl Prepared {
                         row,
                         replaces_from,
                         encoded,
+                        merged,
                         ..
                     }),
                     Pending::Row { row: incoming, .. },
@@ -490,6 +597,7 @@ impl Prepared {
                     row.merge(incoming);
                     *replaces_from = None;
                     *encoded = None;
+                    *merged = None;
                 }
                 (_, incoming) => {
                     self.entries.insert(key, incoming);
@@ -531,11 +639,13 @@ impl Pending {
                 row,
                 replaces_from,
                 encoded,
+                merged,
                 ..
             } => {
                 row.shift_timestamps(delta);
-                // The encoding carries the old timestamps.
+                // The encodings carry the old timestamps.
                 *encoded = None;
+                *merged = None;
                 if let Some(oldest) = replaces_from {
                     *oldest = oldest.saturating_add(delta);
                 }

@@ -575,12 +575,32 @@ impl Store {
             .collect()
     }
 
-    /// Removes a batchlog record, without waiting for it to reach the disk.
-    pub(crate) fn forget_batchlog(&self, key: &[u8]) -> Result<(), StorageError> {
+    /// Removes batchlog entries (a record, or a marker and the record it names) in one
+    /// batch, without waiting for it to reach the disk.
+    pub(crate) fn forget_batchlog(&self, keys: &[&[u8]]) -> Result<(), StorageError> {
         self.check_open()?;
         let mut batch = self.db.batch().durability(None);
-        batch.remove(&self.meta, key);
+        for key in keys {
+            batch.remove(&self.meta, *key);
+        }
         batch.commit().map_err(io)
+    }
+
+    /// Appends a transaction part's batchlog record to the journal before its locks, in a
+    /// batch of its own: the part's batch under the locks then carries only a marker that
+    /// names it. The journal is replayed in order, so wherever that later batch survives a
+    /// crash, this one did too.
+    pub(crate) fn log_ahead(&self, key: &[u8], record: fjall::Slice) -> Result<(), StorageError> {
+        self.check_open()?;
+        let mut batch = self.db.batch().durability(None);
+        batch.insert(&self.meta, key, record);
+        batch.commit().map_err(io)
+    }
+
+    /// One metadata entry.
+    pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.check_open()?;
+        Ok(self.meta.get(key).map_err(io)?.map(|v| v.to_vec()))
     }
 
     /// Fsyncs everything written so far.

@@ -186,11 +186,12 @@ impl Store {
             for entry in iter {
                 let (key, value) = entry?;
                 if with_header && *key == header_key[..] {
-                    header = PartitionHeader::decode_value(&value)?;
+                    header = PartitionHeader::decode_stored(value)?;
                     continue;
                 }
                 let clustering = key.get(row_prefix.len()..).unwrap_or(&[]);
-                let row = StoredRow::decode_value(&value)?;
+                let value_len = value.len();
+                let row = StoredRow::decode_stored(value)?;
                 match row.live_view(header.deletion_for(clustering), now_secs) {
                     Some(view) => {
                         if out.rows.len() >= limit
@@ -199,7 +200,7 @@ impl Store {
                             out.more = true;
                             break 'ranges;
                         }
-                        bytes += value.len();
+                        bytes += value_len;
                         out.rows.push(view);
                     }
                     None => {
@@ -227,7 +228,7 @@ pub(super) fn read_header(
     header_key: &[u8],
 ) -> Result<PartitionHeader, StorageError> {
     match snapshot.get(data, header_key).map_err(io)? {
-        Some(v) => PartitionHeader::decode_value(&v),
+        Some(v) => PartitionHeader::decode_stored(v),
         None => Ok(PartitionHeader::default()),
     }
 }

@@ -135,7 +135,7 @@ impl Store {
                     let (token, pk, kind, clustering) = keycodec::split_data_key(&key)?;
                     let prefix_len = key.len() - clustering.len() - 1;
                     let header = if kind == KIND_HEADER {
-                        PartitionHeader::decode_value(&value)?
+                        PartitionHeader::decode_stored(value.clone())?
                     } else {
                         PartitionHeader::default()
                     };
@@ -179,7 +179,8 @@ impl Store {
             if kind != KIND_ROW {
                 return Err(StorageError::Corrupt("unexpected entry kind in data key"));
             }
-            let row = StoredRow::decode_value(&value)?;
+            let value_len = value.len();
+            let row = StoredRow::decode_stored(value)?;
             match row.live_view(c.header.deletion_for(clustering), now_secs) {
                 Some(view) => {
                     if c.static_slot_free {
@@ -193,7 +194,7 @@ impl Store {
                     } else {
                         rows_out += 1;
                     }
-                    bytes += value.len();
+                    bytes += value_len;
                     last_pos = Some((
                         c.token,
                         c.partition_key.clone(),

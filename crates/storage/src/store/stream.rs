@@ -179,6 +179,7 @@ impl<'a> RawCommit<'a> {
                     replaces_from: None,
                     stripe,
                     encoded: None,
+                    merged: None,
                 };
                 (key, pending)
             }

@@ -5,7 +5,11 @@
 //! caller decides the writes from them, and the writes are committed, one engine batch per
 //! store. When they span stores, each store's batch carries the other stores' parts as a
 //! batchlog record: a record is in the same batch as its own part, so wherever one survives
-//! a crash its part did too, and the next open replays the rest.
+//! a crash its part did too, and the next open replays the rest. Records of writes known
+//! before the locks are written to each store's journal before them, and the part's batch
+//! carries only an empty marker naming its record: the journal is replayed in order, so
+//! the record survives wherever the marker does, and the large values are not journaled
+//! twice under the locks.
 
 use super::commit::{newest_timestamp, Written};
 use super::tables::TablesRead;
@@ -49,6 +53,8 @@ pub(crate) struct StoreTxn {
     pub(crate) timestamp: Option<i64>,
     /// The batchlog key of a write that spans stores.
     pub(crate) batchlog_key: Option<Vec<u8>>,
+    /// The key of the records written ahead, when the parts carry markers naming them.
+    pub(crate) ahead_key: Option<Vec<u8>>,
     /// Time spent acquiring the locks.
     pub(crate) lock_wait: Duration,
     /// Time the locks were held.
@@ -95,13 +101,18 @@ pub(crate) struct TxnEnv<'a> {
     #[allow(clippy::type_complexity)]
     pub(crate) batchlog:
         &'a dyn Fn(&[(usize, Prepared)]) -> Result<(Vec<u8>, Vec<fjall::Slice>), StorageError>,
+    /// The meta key of a record written ahead (see [`Store::log_ahead`]), from its
+    /// batchlog key.
+    pub(crate) ahead_key: &'a dyn Fn(&[u8]) -> Vec<u8>,
 }
 
 /// The writes of a transaction known before its locks, in storage form, encoded, with
 /// the batchlog records they need when they span stores (made with their provisional
-/// timestamps; remade under the locks only if those move or more writes join).
+/// timestamps, and written ahead to each store's journal; remade in full under the locks
+/// only if those move or more writes join).
 struct Ahead {
     parts: Vec<(usize, Prepared)>,
+    /// The batchlog key, and the marker each part's batch carries under it.
     records: Option<(Vec<u8>, Vec<fjall::Slice>)>,
 }
 
@@ -150,15 +161,18 @@ pub(crate) fn commit_transaction<'l, E>(
         (env.check_limits)(m)?;
     }
     let mut parts = prepare_by_store(env, known)?;
-    for (_, prepared) in &mut parts {
+    for (store, prepared) in &mut parts {
         prepared.encode_ahead()?;
+        stores
+            .get(*store)
+            .ok_or(StorageError::Closed)?
+            .merge_ahead(prepared)?;
     }
     let records = if parts.len() > 1 {
         Some((env.batchlog)(&parts)?)
     } else {
         None
     };
-    let ahead = Ahead { parts, records };
     // Everything about the lock set is decided before the first lock.
     let mut wanted: Vec<(usize, usize, TableId)> = partitions
         .iter()
@@ -194,14 +208,46 @@ pub(crate) fn commit_transaction<'l, E>(
             .ok_or(StorageError::Closed)?
             .check_open()?;
     }
+    // Each part's record goes to its store's journal now; under the locks the part's batch
+    // carries only an empty marker under the batchlog key.
+    let mut logged_ahead: Option<(Vec<u8>, Vec<usize>)> = None;
+    let records = match records {
+        Some((key, records)) => {
+            let ahead = (env.ahead_key)(&key);
+            let mut logged = Vec::with_capacity(parts.len());
+            for ((store, _), record) in parts.iter().zip(records) {
+                let result = stores
+                    .get(*store)
+                    .ok_or(StorageError::Closed)
+                    .and_then(|s| s.log_ahead(&ahead, record));
+                if let Err(e) = result {
+                    forget_ahead(stores, &ahead, &logged);
+                    return Err(e.into());
+                }
+                logged.push(*store);
+            }
+            let markers = vec![fjall::Slice::new(&[]); parts.len()];
+            logged_ahead = Some((ahead, logged));
+            Some((key, markers))
+        }
+        None => None,
+    };
+    let ahead = Ahead { parts, records };
     let started = Instant::now();
     let mut held: Vec<Held<'_>> = Vec::with_capacity(plan.len());
     for (index, stripes, tables) in plan {
         let store = &stores[index];
         // The registry before the stripes, as every holder does; stores in ascending order.
-        let registry = store
-            .tables
-            .read_for_write(&store.db, &store.meta, &tables)?;
+        let registry = match store.tables.read_for_write(&store.db, &store.meta, &tables) {
+            Ok(registry) => registry,
+            Err(e) => {
+                drop(held);
+                if let Some((ahead, logged)) = &logged_ahead {
+                    forget_ahead(stores, ahead, logged);
+                }
+                return Err(e.into());
+            }
+        };
         let guards = store.lock_stripes(&stripes);
         held.push(Held {
             store: index,
@@ -212,6 +258,7 @@ pub(crate) fn commit_transaction<'l, E>(
     }
     let locked = Instant::now();
     let lock_wait = locked - started;
+    let mut marked = false;
     let outcome = locked_section(
         stores,
         env,
@@ -221,9 +268,20 @@ pub(crate) fn commit_transaction<'l, E>(
         now_secs,
         provisional,
         decide,
+        &mut marked,
     );
     drop(held);
     let locked_for = locked.elapsed();
+    // Records written ahead that no marker names (the transaction wrote nothing, or its
+    // records were remade) go now; once a marker may be in a journal they stay for it.
+    let ahead_key = match logged_ahead {
+        Some((ahead, logged)) if !marked => {
+            forget_ahead(stores, &ahead, &logged);
+            None
+        }
+        Some((ahead, _)) => Some(ahead),
+        None => None,
+    };
     let (written, reads, timestamp, batchlog_key) = outcome?;
     let parts = written
         .into_iter()
@@ -234,9 +292,20 @@ pub(crate) fn commit_transaction<'l, E>(
         reads,
         timestamp,
         batchlog_key,
+        ahead_key,
         lock_wait,
         locked_for,
     })
+}
+
+/// Removes a record written ahead from the stores it went to (best effort: one left
+/// behind is removed at the next open, unreplayed, as no marker names it).
+fn forget_ahead(stores: &[Store], ahead: &[u8], logged: &[usize]) {
+    for &store in logged {
+        if let Err(e) = stores[store].forget_batchlog(&[ahead]) {
+            tracing::debug!(error = %e, "a record written ahead left for the next open");
+        }
+    }
 }
 
 /// What the locked section wrote, per store, with the reads and the assigned timestamp.
@@ -247,8 +316,10 @@ type Locked = (
     Option<Vec<u8>>,
 );
 
-/// The part of a transaction that runs under its locks.
+/// The part of a transaction that runs under its locks. Never inlined: profiles find the
+/// critical section by this name.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn locked_section<'l, E>(
     stores: &[Store],
     env: &TxnEnv<'_>,
@@ -258,6 +329,7 @@ fn locked_section<'l, E>(
     now_secs: u32,
     provisional: i64,
     decide: impl FnOnce(&[PartitionRead]) -> Result<Vec<(&'l TableLayout, Mutation)>, E>,
+    marked: &mut bool,
 ) -> Result<Locked, TxnError<E>> {
     let held_by_store =
         |held: &[Held<'_>], store: usize| held.iter().position(|h| h.store == store);
@@ -335,7 +407,10 @@ fn locked_section<'l, E>(
         }
     }
     let batchlog = match records {
-        Some(records) if parts.len() > 1 => Some(records),
+        Some(records) if parts.len() > 1 => {
+            *marked = true;
+            Some(records)
+        }
         _ if parts.len() > 1 => Some((env.batchlog)(&parts)?),
         _ => None,
     };
