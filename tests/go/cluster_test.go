@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -33,16 +32,14 @@ const leaderLogFilter = "warn,openraft::engine::handler::server_state_handler=in
 // every node binds the same two ports on its IP. It can be killed with SIGKILL and restarted on
 // the same data directory.
 type clusterNode struct {
+	process
 	t             *testing.T
 	index         int
 	bin           string
 	dataDir       string
-	logPath       string
 	cqlPort       int
 	internodePort int
 	extra         []string
-	cmd           *exec.Cmd
-	exited        chan struct{}
 	logFrom       int64 // where the running process's output begins in logPath
 }
 
@@ -123,40 +120,6 @@ func (n *clusterNode) start() error {
 	return fmt.Errorf("node %d did not listen within 90 s", n.index)
 }
 
-// kill ends the process with SIGKILL: nothing is flushed or closed cleanly.
-func (n *clusterNode) kill() {
-	n.cmd.Process.Signal(syscall.SIGKILL)
-	<-n.exited
-}
-
-func (n *clusterNode) alive() bool {
-	select {
-	case <-n.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-func (n *clusterNode) stop() {
-	if n.cmd != nil && n.alive() {
-		n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(20 * time.Second):
-			n.kill()
-		}
-	}
-}
-
-func (n *clusterNode) logTail() string {
-	b, _ := os.ReadFile(n.logPath)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
 // leadsSince says whether the running process's last word on leadership was "become leader",
 // and when it said so (the log line's timestamp, which sorts as text).
 func (n *clusterNode) leadsSince() (bool, string) {
@@ -225,7 +188,7 @@ func startCluster(t *testing.T) *testCluster {
 			n := &clusterNode{
 				t: t, index: i, bin: bin, extra: extra, cqlPort: cql, internodePort: internode,
 				dataDir: filepath.Join(dir, fmt.Sprintf("try%d-node%d", try, i)),
-				logPath: filepath.Join(dir, fmt.Sprintf("try%d-node%d.log", try, i)),
+				process: process{logPath: filepath.Join(dir, fmt.Sprintf("try%d-node%d.log", try, i))},
 			}
 			if err = n.start(); err != nil {
 				break
@@ -238,7 +201,7 @@ func startCluster(t *testing.T) *testCluster {
 		// A port taken between the check and the bind: start again on other ports.
 		tail := ""
 		if len(c.nodes) < clusterNodes {
-			tail = (&clusterNode{logPath: filepath.Join(dir, fmt.Sprintf("try%d-node%d.log", try, len(c.nodes)+1))}).logTail()
+			tail = (&process{logPath: filepath.Join(dir, fmt.Sprintf("try%d-node%d.log", try, len(c.nodes)+1))}).logTail()
 		}
 		c.stop()
 		t.Logf("cluster start failed (%v), trying other ports:\n%s", err, tail)

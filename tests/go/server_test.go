@@ -17,14 +17,57 @@ import (
 // server is one `sluice serve` process on loopback ports, with its own data directory; it can
 // be killed with SIGKILL and restarted on the same directory and ports.
 type server struct {
+	process
 	t       *testing.T
 	bin     string
 	dataDir string
-	logPath string
 	extra   []string
 	ports   [4]int // CQL, shard-aware, metrics, internode
+}
+
+// process is a running `sluice serve` and its log: what a one-node server and a cluster's node
+// share.
+type process struct {
+	logPath string
 	cmd     *exec.Cmd
 	exited  chan struct{}
+}
+
+// kill ends the process with SIGKILL: nothing is flushed or closed cleanly.
+func (p *process) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// alive says whether the process is still running (it must not die by itself during a test).
+func (p *process) alive() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop ends the process with SIGTERM, and with SIGKILL if it has not exited 20 s later.
+func (p *process) stop() {
+	if p.cmd != nil && p.alive() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(20 * time.Second):
+			p.kill()
+		}
+	}
+}
+
+// logTail is the end of the process's log, for a failure's message.
+func (p *process) logTail() string {
+	b, _ := os.ReadFile(p.logPath)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }
 
 // sluiceBin is the binary under test: SLUICE_BIN as the Python tests read it, else the
@@ -133,12 +176,6 @@ func (s *server) start() error {
 	return fmt.Errorf("sluice did not listen within 30 s")
 }
 
-// kill ends the process with SIGKILL: nothing is flushed or closed cleanly.
-func (s *server) kill() {
-	s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.exited
-}
-
 // restart starts the server again on the same data directory and ports.
 func (s *server) restart() {
 	var err error
@@ -149,33 +186,4 @@ func (s *server) restart() {
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.t.Fatalf("sluice did not restart: %v\n%s", err, s.logTail())
-}
-
-// alive says whether the process is still running (it must not die by itself during a test).
-func (s *server) alive() bool {
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-func (s *server) stop() {
-	if s.alive() {
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(20 * time.Second):
-			s.kill()
-		}
-	}
-}
-
-func (s *server) logTail() string {
-	b, _ := os.ReadFile(s.logPath)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }
