@@ -14,6 +14,8 @@ mod critical_section_tests;
 mod delete_timing_tests;
 #[cfg(test)]
 mod gc_tests;
+#[cfg(test)]
+mod get_pair_tests;
 mod journal_sync;
 pub mod keycodec;
 mod limits;

@@ -28,6 +28,25 @@ impl Snapshot {
     pub fn seqno(&self) -> SeqNo {
         self.nonce.instant
     }
+
+    /// Sluice patch: the values of two keys of one keyspace (`first` < `second`), as two
+    /// `get`s would give them, read in one pass over the keyspace's memtables and tables.
+    ///
+    /// # Errors
+    ///
+    /// Will return `Err` if an IO error occurs.
+    pub fn get_pair(
+        &self,
+        keyspace: impl AsRef<Keyspace>,
+        first: &[u8],
+        second: &[u8],
+    ) -> crate::Result<(Option<UserValue>, Option<UserValue>)> {
+        keyspace
+            .as_ref()
+            .tree
+            .get_pair(first, second, self.nonce.instant)
+            .map_err(Into::into)
+    }
 }
 
 impl Readable for Snapshot {

@@ -497,6 +497,22 @@ pub trait AbstractTree {
     /// Will return `Err` if an IO error occurs.
     fn get<K: AsRef<[u8]>>(&self, key: K, seqno: SeqNo) -> crate::Result<Option<UserValue>>;
 
+    /// Sluice patch: the values of two keys (`first` < `second`) read at one `seqno`, as two
+    /// [`AbstractTree::get`]s would give them. A standard tree reads both in one pass (one
+    /// version, one memtable search when the keys are neighbours).
+    ///
+    /// # Errors
+    ///
+    /// Will return `Err` if an IO error occurs.
+    fn get_pair(
+        &self,
+        first: &[u8],
+        second: &[u8],
+        seqno: SeqNo,
+    ) -> crate::Result<(Option<UserValue>, Option<UserValue>)> {
+        Ok((self.get(first, seqno)?, self.get(second, seqno)?))
+    }
+
     /// Returns `true` if the tree contains the specified key.
     ///
     /// # Examples

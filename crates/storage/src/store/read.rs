@@ -137,13 +137,30 @@ impl Store {
         let header_in_range =
             !slice.reversed && matches!(ranges.first(), Some((r, None)) if r.lo.is_none());
         let header_key = keycodec::header_key(&prefix);
+        let mut row_prefix = prefix;
+        row_prefix.push(KIND_ROW);
+        // A table without clustering columns has at most one row per partition, the key
+        // right after its header: a point read takes both in one pass (one memtable search,
+        // one visit of each disk table's run) instead of two `get`s.
+        let mut row_read_with_header = None;
         let mut header = if header_in_range {
             PartitionHeader::default()
+        } else if let ([(_, Some(k))], true) = (&ranges[..], layout.clustering.is_empty()) {
+            debug_assert!(
+                k.is_empty(),
+                "a table without clustering has empty row keys"
+            );
+            let (header, row) = snapshot
+                .get_pair(data, &header_key, &row_prefix)
+                .map_err(io)?;
+            row_read_with_header = Some(row);
+            match header {
+                Some(v) => PartitionHeader::decode_value(&v)?,
+                None => PartitionHeader::default(),
+            }
         } else {
             read_header(&snapshot, data, &header_key)?
         };
-        let mut row_prefix = prefix;
-        row_prefix.push(KIND_ROW);
         let mut out = PartitionRead {
             static_row: None,
             rows: Vec::new(),
@@ -153,18 +170,28 @@ impl Store {
         let mut bytes = 0usize;
         'ranges: for (i, (range, point)) in ranges.iter().enumerate() {
             let with_header = header_in_range && i == 0;
-            let iter: Box<
-                dyn Iterator<Item = Result<(fjall::UserKey, fjall::UserValue), StorageError>>,
-            > = match point {
+            let iter = match point {
                 Some(k) => {
-                    let mut key = row_prefix.clone();
-                    key.extend_from_slice(k);
-                    let found = snapshot.get(data, &key).map_err(io)?;
-                    Box::new(
-                        found
-                            .map(|v| Ok((fjall::UserKey::from(key), v)))
-                            .into_iter(),
-                    )
+                    let found = match row_read_with_header.take() {
+                        Some(found) => found,
+                        None => {
+                            let mut key = row_prefix.clone();
+                            key.extend_from_slice(k);
+                            snapshot.get(data, &key).map_err(io)?
+                        }
+                    };
+                    // The key is rebuilt only when the row exists (the loop reads its
+                    // clustering from it).
+                    RangeEntries::Point(found.map(|v| {
+                        let key = if k.is_empty() {
+                            fjall::UserKey::from(&row_prefix[..])
+                        } else {
+                            let mut key = row_prefix.clone();
+                            key.extend_from_slice(k);
+                            fjall::UserKey::from(key)
+                        };
+                        (key, v)
+                    }))
                 }
                 None => {
                     // Within one partition's prefix: the disk tables whose prefix filter
@@ -177,9 +204,9 @@ impl Store {
                         .range(data, (lo, hi))
                         .map(|g| g.into_inner().map_err(io));
                     if slice.reversed {
-                        Box::new(iter.rev())
+                        RangeEntries::Range(Box::new(iter.rev()))
                     } else {
-                        Box::new(iter)
+                        RangeEntries::Range(Box::new(iter))
                     }
                 }
             };
@@ -217,6 +244,29 @@ impl Store {
             .as_ref()
             .and_then(|s| s.live_view(header.deletion, now_secs));
         Ok(out)
+    }
+}
+
+/// An entry of a partition read: a data key and its value.
+type Entry = Result<(fjall::UserKey, fjall::UserValue), StorageError>;
+
+/// The entries of one clustering range of a read: a point read's one entry, or a range
+/// iterator (boxed: forward and reversed differ in type). A point read allocates no box.
+enum RangeEntries<'a> {
+    /// A point read's entry, taken once.
+    Point(Option<(fjall::UserKey, fjall::UserValue)>),
+    /// A range's entries in read order.
+    Range(Box<dyn Iterator<Item = Entry> + 'a>),
+}
+
+impl Iterator for RangeEntries<'_> {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        match self {
+            RangeEntries::Point(entry) => entry.take().map(Ok),
+            RangeEntries::Range(iter) => iter.next(),
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 use super::io;
 use crate::model::TableId;
 use crate::StorageError;
-use fjall::config::{PinningPolicy, RestartIntervalPolicy};
+use fjall::config::{HashRatioPolicy, PinningPolicy, RestartIntervalPolicy};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -40,6 +40,11 @@ const TABLE_MEMTABLE_BYTES: u64 = 16 << 20;
 /// interval keeps short (2 measured best, writes unchanged). Stored with the keyspace like
 /// the memtable size.
 const TABLE_BLOCK_RESTART_INTERVAL: u8 = 2;
+
+/// Hash buckets per key in a table keyspace's data blocks (fjall: none). A point read
+/// finds its key's restart interval through the block's hash index instead of a binary
+/// search over the restart points, for one byte per key (stored with the keyspace).
+const TABLE_BLOCK_HASH_RATIO: f32 = 1.0;
 
 /// Meta key prefix of table records: `TABLE_RECORD_PREFIX ‖ table id` → keyspace number
 /// (u64, big-endian) ‖ state (`LIVE` or `DROPPED`).
@@ -172,6 +177,7 @@ fn keyspace_options() -> KeyspaceCreateOptions {
         // and indexes in L0 and L1 only): a point read probes a filter in every table it
         // passes, and after heavy writes the keys read live below L1, where each probe was a
         // block cache lookup. Filters take about 10 bits per key, as Cassandra's do.
+        .data_block_hash_ratio_policy(HashRatioPolicy::all(TABLE_BLOCK_HASH_RATIO))
         .filter_block_pinning_policy(PinningPolicy::all(true))
         .index_block_pinning_policy(PinningPolicy::all(true))
 }

@@ -147,6 +147,56 @@ impl Memtable {
         })
     }
 
+    /// Sluice patch: the items of two keys (`first` < `second`) as [`Memtable::get`] gives
+    /// each, found with one skiplist search when `second` lies a few entries after `first`
+    /// (a partition header and its row); otherwise the second key gets a search of its own.
+    #[doc(hidden)]
+    pub fn get_pair(
+        &self,
+        first: &[u8],
+        second: &[u8],
+        seqno: SeqNo,
+    ) -> (Option<InternalValue>, Option<InternalValue>) {
+        /// Entries stepped over before the second key gets a search of its own.
+        const MAX_STEPS: usize = 8;
+
+        debug_assert!(first < second, "get_pair needs ascending keys");
+        if seqno == 0 {
+            return (None, None);
+        }
+        let lower_bound = InternalKey::new(first, seqno - 1, ValueType::Value);
+        let mut found_first = None;
+        for (step, entry) in self.items.range(lower_bound..).enumerate() {
+            if step == MAX_STEPS {
+                break;
+            }
+            let key = entry.key();
+            let user_key: &[u8] = &key.user_key;
+            if user_key == first {
+                // The range starts at the newest version visible at `seqno`: the first
+                // entry of `first` is the one `get` returns; the rest are older.
+                if found_first.is_none() {
+                    found_first = Some(InternalValue {
+                        key: key.clone(),
+                        value: entry.value().clone(),
+                    });
+                }
+            } else if user_key == second {
+                // Versions of `second` newer than the read sort first: step over them.
+                if key.seqno < seqno {
+                    let found_second = InternalValue {
+                        key: key.clone(),
+                        value: entry.value().clone(),
+                    };
+                    return (found_first, Some(found_second));
+                }
+            } else if user_key > second {
+                return (found_first, None);
+            }
+        }
+        (found_first, self.get(second, seqno))
+    }
+
     /// Gets approximate size of memtable in bytes.
     pub fn size(&self) -> u64 {
         self.approximate_size

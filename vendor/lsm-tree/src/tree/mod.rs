@@ -658,6 +658,22 @@ impl AbstractTree for Tree {
             .map(|x| x.value))
     }
 
+    fn get_pair(
+        &self,
+        first: &[u8],
+        second: &[u8],
+        seqno: SeqNo,
+    ) -> crate::Result<(Option<UserValue>, Option<UserValue>)> {
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        let super_version = self
+            .version_history
+            .read()
+            .expect("lock is poisoned")
+            .get_version_for_snapshot(seqno);
+        let (a, b) = Self::get_pair_from_version(&super_version, first, second, seqno)?;
+        Ok((a.map(|x| x.value), b.map(|x| x.value)))
+    }
+
     fn insert<K: Into<UserKey>, V: Into<UserValue>>(
         &self,
         key: K,
@@ -741,6 +757,61 @@ impl Tree {
 
         // Now look in tables... this may involve disk I/O
         Self::get_internal_entry_from_tables(&super_version.version, key, seqno)
+    }
+
+    /// Sluice patch: [`Tree::get_internal_entry_from_version`] of two keys (`first` <
+    /// `second`): each memtable is searched once for both, and each run's tables are visited
+    /// once for the keys not found yet.
+    fn get_pair_from_version(
+        super_version: &SuperVersion,
+        first: &[u8],
+        second: &[u8],
+        seqno: SeqNo,
+    ) -> crate::Result<(Option<InternalValue>, Option<InternalValue>)> {
+        debug_assert!(first < second, "get_pair needs ascending keys");
+        // `None`: not found yet; `Some(found)`: the newest visible entry was seen (a
+        // tombstone counts as found, and reads as absent).
+        let mut a: Option<Option<InternalValue>> = None;
+        let mut b: Option<Option<InternalValue>> = None;
+        let memtables = std::iter::once(&super_version.active_memtable)
+            .chain(super_version.sealed_memtables.iter().rev());
+        for memtable in memtables {
+            match (a.is_some(), b.is_some()) {
+                (false, false) => {
+                    let (x, y) = memtable.get_pair(first, second, seqno);
+                    a = x.map(ignore_tombstone_value);
+                    b = y.map(ignore_tombstone_value);
+                }
+                (false, true) => a = memtable.get(first, seqno).map(ignore_tombstone_value),
+                (true, false) => b = memtable.get(second, seqno).map(ignore_tombstone_value),
+                (true, true) => break,
+            }
+        }
+        if a.is_some() && b.is_some() {
+            return Ok((a.flatten(), b.flatten()));
+        }
+        let first_hash = crate::table::filter::standard_bloom::Builder::get_hash(first);
+        let second_hash = crate::table::filter::standard_bloom::Builder::get_hash(second);
+        for run in super_version.version.iter_levels().flat_map(|lvl| lvl.iter()) {
+            if a.is_none() {
+                if let Some(table) = run.get_for_key(first) {
+                    if let Some(item) = table.get(first, seqno, first_hash)? {
+                        a = Some(ignore_tombstone_value(item));
+                    }
+                }
+            }
+            if b.is_none() {
+                if let Some(table) = run.get_for_key(second) {
+                    if let Some(item) = table.get(second, seqno, second_hash)? {
+                        b = Some(ignore_tombstone_value(item));
+                    }
+                }
+            }
+            if a.is_some() && b.is_some() {
+                break;
+            }
+        }
+        Ok((a.flatten(), b.flatten()))
     }
 
     fn get_internal_entry_from_tables(

@@ -25,6 +25,40 @@ use crate::{
 };
 use std::fs::File;
 
+/// Sluice patch: reads an unsigned LEB128 varint (as `varint_rs` writes it) at `at`, returning
+/// it and the position after it. Seeks decode restart keys at every probe of a binary
+/// search; `varint_rs` reads them a byte at a time through `io::Read`, which cost most of an
+/// index seek.
+#[inline(always)]
+pub(crate) fn read_varint(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    let mut shift = 0u32;
+    loop {
+        let byte = *bytes.get(at)?;
+        at += 1;
+        value |= u64::from(byte & 0x7F) << shift;
+        if byte & 0x80 == 0 {
+            return Some((value, at));
+        }
+        shift += 7;
+        if shift >= 64 {
+            return None;
+        }
+    }
+}
+
+/// Sluice patch: the position after the varint at `at`, without decoding it.
+#[inline(always)]
+pub(crate) fn skip_varint(bytes: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        let byte = *bytes.get(at)?;
+        at += 1;
+        if byte & 0x80 == 0 {
+            return Some(at);
+        }
+    }
+}
+
 /// A block on disk
 ///
 /// Consists of a fixed-size header and some bytes (the data/payload).

@@ -29,26 +29,27 @@ impl Decodable<DataBlockParsedItem> for InternalValue {
         offset: usize,
         data: &'a [u8],
     ) -> Option<(&'a [u8], SeqNo)> {
-        let value_type = unwrap!(reader.read_u8());
+        // Sluice patch: decoded from the slice instead of a byte at a time through
+        // `io::Read` (see `block::read_varint`).
+        use crate::table::block::read_varint;
+
+        let bytes: &[u8] = reader.get_ref();
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "blocks tend to be some megabytes in size at most, so position should fit into usize"
+        )]
+        let start = reader.position() as usize;
+        let value_type = *bytes.get(start).expect("should read");
 
         if value_type == TRAILER_START_MARKER {
             return None;
         }
 
-        let seqno = unwrap!(reader.read_u64_varint());
-
-        let key_len: usize = unwrap!(reader.read_u16_varint()).into();
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "blocks tend to be some megabytes in size at most, so position should fit into usize"
-        )]
-        let key_start = offset + reader.position() as usize;
-        #[expect(
-            clippy::cast_possible_wrap,
-            reason = "key_len is bounded by u16::MAX, no wrap expected"
-        )]
-        let key_len_i64 = key_len as i64;
-        unwrap!(reader.seek_relative(key_len_i64));
+        let (seqno, at) = read_varint(bytes, start + 1)?;
+        let (key_len, at) = read_varint(bytes, at)?;
+        let key_len = usize::from(u16::try_from(key_len).ok()?);
+        let key_start = offset + at;
+        reader.set_position((at + key_len) as u64);
 
         let key = data.get(key_start..(key_start + key_len));
 

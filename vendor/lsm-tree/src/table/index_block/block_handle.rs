@@ -210,29 +210,29 @@ impl Decodable<IndexBlockParsedItem> for KeyedBlockHandle {
         offset: usize,
         data: &'a [u8],
     ) -> Option<(&'a [u8], SeqNo)> {
-        let marker = unwrap!(reader.read_u8());
+        // Sluice patch: decoded from the slice, the handle's varints skipped, instead of a
+        // byte at a time through `io::Read` (see `block::read_varint`).
+        use crate::table::block::{read_varint, skip_varint};
+
+        let bytes: &[u8] = reader.get_ref();
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "blocks tend to be some megabytes in size at most, so position should fit into usize"
+        )]
+        let start = reader.position() as usize;
+        let marker = *bytes.get(start).expect("should read");
 
         if marker == TRAILER_START_MARKER {
             return None;
         }
 
-        let _file_offset = unwrap!(reader.read_u64_varint());
-        let _size = unwrap!(reader.read_u32_varint());
-        let seqno = unwrap!(reader.read_u64_varint());
-
-        let key_len: usize = unwrap!(reader.read_u16_varint()).into();
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "blocks tend to be some megabytes in size at most, so position should fit into usize"
-        )]
-        let key_start = offset + reader.position() as usize;
-
-        #[expect(
-            clippy::cast_possible_wrap,
-            reason = "key_len is bounded by u16::MAX, no wrap expected"
-        )]
-        let key_len_i64 = key_len as i64;
-        unwrap!(reader.seek_relative(key_len_i64));
+        let at = skip_varint(bytes, start + 1)?; // file offset
+        let at = skip_varint(bytes, at)?; // size
+        let (seqno, at) = read_varint(bytes, at)?;
+        let (key_len, at) = read_varint(bytes, at)?;
+        let key_len = usize::from(u16::try_from(key_len).ok()?);
+        let key_start = offset + at;
+        reader.set_position((at + key_len) as u64);
 
         data.get(key_start..)
             .and_then(|s| s.get(..key_len))
