@@ -2,8 +2,11 @@
 # Reads after writes, Sluice and Cassandra 5.0 side by side with latte (issue 25): a
 # 100,000-row table (latte's stock basic workload), 256 requests in flight, both servers on
 # periodic durability (10 s), each paused (SIGSTOP) while the other runs. For each server:
-# reads over the loaded keys, then WRITE_SECS of writes as fast as it takes them (new keys,
-# latte's write.rn), then the same reads again. Prints latte's summary of every step; the
+# reads over the loaded keys, then WRITE_SECS of writes (new keys, latte's write.rn) at
+# WRITE_RATE per second, or as fast as each server takes them when it is empty, then the same
+# reads again. With WRITE_RATE at a rate both servers sustain, both tables take the same keys,
+# which is the comparison issue 25 asks for; as fast as each can, the faster server's table
+# grows more. Prints latte's summary of every step; the
 # reports are kept under WORK.
 #
 # With SLUICE_ONLY=1 it runs Sluice alone (no Cassandra started), for before/after
@@ -12,7 +15,7 @@
 #
 # Usage: scripts/reads_after_writes.sh   (needs target/release/sluice, latte in PATH, and no
 # other Cassandra running; env: WORK, SLUICE_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, READ_SECS,
-# WRITE_SECS, ANCHOR_DIR, SLUICE_ONLY)
+# WRITE_SECS, WRITE_RATE, ANCHOR_DIR, SLUICE_ONLY)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/sluice-reads-after-writes}
@@ -21,6 +24,7 @@ CQL_PORT=${CQL_PORT:-9142}
 READ_SECS=${READ_SECS:-30}
 SLUICE_ONLY=${SLUICE_ONLY:-0}
 WRITE_SECS=${WRITE_SECS:-60}
+WRITE_RATE=${WRITE_RATE:-}
 ANCHOR_DIR=${ANCHOR_DIR:-/work/shared/anchors/cassandra}
 BIN=target/release/sluice
 WORKLOADS=$(ls -d "$HOME"/.cargo/registry/src/*/latte-cli-*/workloads/basic | tail -1)
@@ -68,9 +72,11 @@ sluice_cpu() {
     echo "${by[shards]} ${by[fjall]} ${by[other]}"
 }
 
-# step NAME PID ADDR WORKLOAD SECS: runs one latte step against one server, the other paused.
+# step NAME PID ADDR WORKLOAD SECS [LATTE ARG...]: runs one latte step against one server, the
+# other paused.
 step() {
     local name=$1 pid=$2 addr=$3 workload=$4 secs=$5 other
+    shift 5
     other=$([ "$pid" = "$SLUICE_PID" ] && echo "$CASSANDRA_PID" || echo "$SLUICE_PID")
     [ -n "$other" ] && kill -STOP "$other"
     kill -CONT "$pid"
@@ -78,7 +84,7 @@ step() {
     echo "== $name (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     local before after
     before=$(sluice_cpu)
-    latte run "$WORKLOADS/$workload" -d "${secs}s" -t 1 -p 256 -o "$WORK/$name.json" "$addr" \
+    latte run "$WORKLOADS/$workload" -d "${secs}s" -t 1 -p 256 "$@" -o "$WORK/$name.json" "$addr" \
         >"$WORK/$name.txt" 2>&1
     after=$(sluice_cpu)
     grep -E "Throughput|Mean resp|^ *(50|99|99\.9) " "$WORK/$name.txt" | head -8 || true
@@ -107,6 +113,6 @@ for server in $SERVERS; do
 done
 for server in $SERVERS; do
     if [ $server = sluice ]; then pid=$SLUICE_PID addr=127.0.0.1:$SLUICE_PORT; else pid=$CASSANDRA_PID addr=127.0.0.1:$CQL_PORT; fi
-    step "$server-writes" "$pid" "$addr" write.rn "$WRITE_SECS"
+    step "$server-writes" "$pid" "$addr" write.rn "$WRITE_SECS" ${WRITE_RATE:+-r "$WRITE_RATE"}
     step "$server-reads-after" "$pid" "$addr" read.rn "$READ_SECS"
 done
