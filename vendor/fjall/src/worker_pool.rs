@@ -185,85 +185,8 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             let journal_writer = keyspace.supervisor.journal.get_writer()?;
             keyspace.inner_rotate_memtable(journal_writer, memtable_id)?;
         }
-        WorkerMessage::Flush => {
-            let Some(task) = ctx.supervisor.flush_manager.dequeue() else {
-                return Ok(false);
-            };
-
-            // Sluice patch: the journal fsync that precedes a flush runs after the journal
-            // lock is released (every writer needs that lock for each batch). When the
-            // journal is also due for rotation, the bulk of the data is fsynced first,
-            // outside the lock, so that the rotation's own fsync under the lock only
-            // covers what was written meanwhile.
-            let (journal_to_sync, rotation_due) = {
-                log::trace!("acquiring journal lock to persist the journal buffer");
-                let mut journal_writer = ctx.supervisor.journal.get_writer()?;
-                journal_writer.persist(crate::PersistMode::Buffer)?;
-                (
-                    journal_writer.file_handle()?,
-                    journal_writer.pos()? > JOURNAL_ROTATION_BYTES,
-                )
-            };
-            journal_to_sync.sync_all()?;
-
-            if rotation_due {
-                log::trace!("acquiring journal lock to rotate journal");
-                let mut journal_writer = ctx.supervisor.journal.get_writer()?;
-
-                // Another worker may have rotated it meanwhile.
-                if journal_writer.pos()? > JOURNAL_ROTATION_BYTES {
-                    #[expect(clippy::expect_used)]
-                    let mut journal_manager = ctx
-                        .supervisor
-                        .journal_manager
-                        .write()
-                        .expect("lock is poisoned");
-
-                    let seqno_map = {
-                        #[expect(clippy::expect_used)]
-                        let keyspaces = ctx.supervisor.keyspaces.write().expect("lock is poisoned");
-
-                        ctx.supervisor.build_seqno_map(&keyspaces)
-                    };
-
-                    journal_manager.rotate_journal(&mut journal_writer, seqno_map)?;
-
-                    if journal_manager.disk_space_used()
-                        >= ctx.supervisor.db_config.max_journaling_size_in_bytes
-                    {
-                        let stragglers =
-                            journal_manager.get_keyspaces_to_flush_for_oldest_journal_eviction();
-
-                        for keyspace in stragglers {
-                            log::info!(
-                                "Rotating {:?} to try to reduce journal size",
-                                keyspace.name,
-                            );
-                            keyspace.request_rotation();
-                        }
-                    }
-                }
-            }
-
-            run_flush(
-                &task,
-                &ctx.supervisor.write_buffer_size,
-                &ctx.supervisor.snapshot_tracker,
-                &ctx.stats,
-            )?;
-
-            for _ in 0..ctx.pool_size {
-                ctx.sender
-                    .try_send(WorkerMessage::Compact(task.keyspace.clone()))
-                    .ok();
-            }
-
-            ctx.supervisor
-                .journal_manager
-                .write()
-                .expect("lock is poisoned")
-                .maintenance()?;
-        }
+        // Sluice patch: a wake-up; the flush itself runs below, after every message.
+        WorkerMessage::Flush => {}
         WorkerMessage::Compact(keyspace) => {
             // NOTE: Let one worker prioritize flushing if there are pending flushes
             if ctx.pool_size > 1 && ctx.worker_id == 0 {
@@ -275,7 +198,93 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
         }
     }
 
+    // Sluice patch: a `Flush` message is only a wake-up, sent without blocking (the queue is
+    // bounded, and the rotation that sends it may run on this very worker: a blocking send
+    // into a full queue that only this worker drains never returned). So every message ends
+    // with the worker flushing what is queued, and no task waits for a message of its own.
+    while flush_next(ctx)? {}
+
     Ok(false)
+}
+
+/// Sluice patch: flushes the next queued memtable, if any; false when none was queued.
+fn flush_next(ctx: &WorkerState) -> crate::Result<bool> {
+    let Some(task) = ctx.supervisor.flush_manager.dequeue() else {
+        return Ok(false);
+    };
+
+    // Sluice patch: the journal fsync that precedes a flush runs after the journal
+    // lock is released (every writer needs that lock for each batch). When the
+    // journal is also due for rotation, the bulk of the data is fsynced first,
+    // outside the lock, so that the rotation's own fsync under the lock only
+    // covers what was written meanwhile.
+    let (journal_to_sync, rotation_due) = {
+        log::trace!("acquiring journal lock to persist the journal buffer");
+        let mut journal_writer = ctx.supervisor.journal.get_writer()?;
+        journal_writer.persist(crate::PersistMode::Buffer)?;
+        (
+            journal_writer.file_handle()?,
+            journal_writer.pos()? > JOURNAL_ROTATION_BYTES,
+        )
+    };
+    journal_to_sync.sync_all()?;
+
+    if rotation_due {
+        log::trace!("acquiring journal lock to rotate journal");
+        let mut journal_writer = ctx.supervisor.journal.get_writer()?;
+
+        // Another worker may have rotated it meanwhile.
+        if journal_writer.pos()? > JOURNAL_ROTATION_BYTES {
+            #[expect(clippy::expect_used)]
+            let mut journal_manager = ctx
+                .supervisor
+                .journal_manager
+                .write()
+                .expect("lock is poisoned");
+
+            let seqno_map = {
+                #[expect(clippy::expect_used)]
+                let keyspaces = ctx.supervisor.keyspaces.write().expect("lock is poisoned");
+
+                ctx.supervisor.build_seqno_map(&keyspaces)
+            };
+
+            journal_manager.rotate_journal(&mut journal_writer, seqno_map)?;
+
+            if journal_manager.disk_space_used()
+                >= ctx.supervisor.db_config.max_journaling_size_in_bytes
+            {
+                let stragglers =
+                    journal_manager.get_keyspaces_to_flush_for_oldest_journal_eviction();
+
+                for keyspace in stragglers {
+                    log::info!("Rotating {:?} to try to reduce journal size", keyspace.name,);
+                    keyspace.request_rotation();
+                }
+            }
+        }
+    }
+
+    run_flush(
+        &task,
+        &ctx.supervisor.write_buffer_size,
+        &ctx.supervisor.snapshot_tracker,
+        &ctx.stats,
+    )?;
+
+    for _ in 0..ctx.pool_size {
+        ctx.sender
+            .try_send(WorkerMessage::Compact(task.keyspace.clone()))
+            .ok();
+    }
+
+    ctx.supervisor
+        .journal_manager
+        .write()
+        .expect("lock is poisoned")
+        .maintenance()?;
+
+    Ok(true)
 }
 
 #[cfg(test)]

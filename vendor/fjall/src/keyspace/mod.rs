@@ -763,7 +763,9 @@ impl Keyspace {
             keyspace: self.clone(),
         }));
 
-        self.worker_messager.send(WorkerMessage::Flush).ok();
+        // Sluice patch: never blocks (see `worker_pool::worker_tick`): this can run on the
+        // worker that drains the queue, and a full queue means a wake-up is already pending.
+        self.worker_messager.try_send(WorkerMessage::Flush).ok();
 
         {
             // NOTE: If the difference between watermark is too large, and
