@@ -15,10 +15,13 @@
 //! growth is not enough: a windowed client fills its window once, when it starts.
 //!
 //! The growth shows only until the kernel's socket buffer is full: after that TCP paces an
-//! open-loop client by the reads, as a window paces itself, and the server cannot tell them
-//! apart (the rest waits in the client). So the watch runs all the time, not only once the
-//! shard is overloaded, and a pushing connection whose excess is still turned away faster
-//! than it is served stays pushing.
+//! open-loop client by the reads, as a window paces itself (the rest waits in the client).
+//! So the server's reader, when it holds a connection back (a pause over an in-flight cap, a
+//! quantum of frames still buffered), first reads the socket ahead into its own bounded
+//! buffer, where the growth goes on showing; a connection whose read-ahead reaches that
+//! bound is pushing at once ([`BacklogWatch::mark_pushing`]). The watch runs all the time,
+//! not only once the shard is overloaded, and a pushing connection whose excess is still
+//! turned away faster than it is served stays pushing.
 
 use crate::clock::{duration_nanos, Nanos};
 use std::time::Duration;
@@ -156,6 +159,13 @@ impl BacklogWatch {
             Some(_) => {}
         }
         self.is_pushing(now)
+    }
+
+    /// The connection sent more than any window that is served (its reader's read-ahead
+    /// reached its bound): pushing at once, for the hold.
+    pub fn mark_pushing(&mut self, now: Nanos) {
+        self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
+        self.growing = 0;
     }
 
     /// True while the connection is known not to slow down when held back.

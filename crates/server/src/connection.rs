@@ -14,9 +14,11 @@
 //! unseen in the kernel socket buffer and time out at the client instead. Answers not yet
 //! written are bounded too: the reader waits while the outbox holds more than
 //! [`MAX_OUTBOX_BYTES`], rejections included, so a client that does not read its answers is
-//! still stopped by backpressure. A malformed frame closes this connection only; a panic
-//! while serving a request answers that stream with Server_error and leaves the shard
-//! running.
+//! still stopped by backpressure. A paced connection held back (a pause over a cap, a whole
+//! quantum still buffered) is first read ahead into the reader's own bounded buffer, so that
+//! a client that does not slow down shows its growing backlog ([`crate::read_ahead`]).
+//! A malformed frame closes this connection only; a panic while serving a request answers
+//! that stream with Server_error and leaves the shard running.
 //!
 //! Arrival: a frame's arrival is the kernel's receive time of its last byte, as far as the
 //! reader can tell (`SO_TIMESTAMPNS`, see [`crate::socket_wait`]), or the instant of its read
@@ -58,6 +60,7 @@ use crate::budget::Budget;
 use crate::pipeline::admit::{self, Admission};
 use crate::pipeline::Pending;
 use crate::pipeline::{self, reply};
+use crate::read_ahead::{self, ReadAheadCharge};
 use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
@@ -252,6 +255,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     // Bytes of frames turned away at the front of `buf`, dropped together (see
     // `FrameDecoder::next_header_past`).
     let mut skipped = 0usize;
+    // What this connection holds of its shard's read-ahead pool (see `crate::read_ahead`).
+    let mut charge = ReadAheadCharge::new(shard.read_ahead.clone());
 
     'read: loop {
         // Every complete frame already buffered. The header first: a frame turned away from
@@ -272,6 +277,20 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
+                // A reader a whole quantum behind holds the rest back in the kernel as a pause
+                // does, and the kernel's buffer may be too small to show the backlog grow:
+                // what came meanwhile moves into the reader's buffer.
+                let read =
+                    read_ahead::read_ahead(&shard, &conn, &mut buf, &mut charge, |b, want| {
+                        try_read_some(&rd, b, want)
+                    });
+                if read > 0 {
+                    let frame = HEADER_LEN + header.length as usize;
+                    let remaining = buf.len().saturating_sub(skipped + frame);
+                    reads.arrivals = reads
+                        .arrivals
+                        .after_read_ahead(shard.clock.now(), remaining);
+                }
                 tokio::task::yield_now().await;
             }
             let step = handle_frame_at_once(&shard, &conn, &mut buf, &mut skipped, header, arrival);
@@ -279,7 +298,15 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 FrameStep::Done => Handled::DONE,
                 FrameStep::Waits(pending) => run_pending(pending).await,
                 FrameStep::OverCap => {
-                    Box::pin(handle_frame_after_pause(&shard, &conn, &mut buf, header)).await
+                    let read_ahead = |b: &mut BytesMut| {
+                        read_ahead::read_ahead(&shard, &conn, b, &mut charge, |b, want| {
+                            try_read_some(&rd, b, want)
+                        })
+                    };
+                    Box::pin(handle_frame_over_cap(
+                        &shard, &conn, &mut buf, header, read_ahead,
+                    ))
+                    .await
                 }
             };
             if let Some(at) = handled.resumed_at {
@@ -300,6 +327,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         if conn.outbox.closed.get() {
             break;
         }
+        read_ahead::release(&mut charge, &mut buf, 2 * READ_AHEAD);
         watch_backlog(&shard, &conn, &rd, &buf, &mut reads);
         make_room(&mut buf, reads.size);
         let spare = buf.capacity() - buf.len();
@@ -337,13 +365,15 @@ pub struct Handled {
 
 /// Hands the frame whose `header` was just read from `buf` to the pipeline: admission from
 /// the header (the body is skipped if it is turned away), then every stage that runs in the
-/// reader; a request that has to wait is spawned as a task.
+/// reader; a request that has to wait is spawned as a task. Over an in-flight cap,
+/// `read_ahead` reads the socket ahead before the reader pauses ([`handle_frame_over_cap`]).
 pub async fn handle_frame(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
     buf: &mut BytesMut,
     header: FrameHeader,
     arrival: Arrival<Instant>,
+    read_ahead: impl FnOnce(&mut BytesMut) -> usize,
 ) -> Handled {
     let mut skipped = 0;
     let step = handle_frame_at_once(shard, conn, buf, &mut skipped, header, arrival);
@@ -351,8 +381,27 @@ pub async fn handle_frame(
     match step {
         FrameStep::Done => Handled::DONE,
         FrameStep::Waits(pending) => run_pending(pending).await,
-        FrameStep::OverCap => handle_frame_after_pause(shard, conn, buf, header).await,
+        FrameStep::OverCap => handle_frame_over_cap(shard, conn, buf, header, read_ahead).await,
     }
+}
+
+/// A frame over an in-flight cap: `read_ahead` first moves what the socket holds into `buf`
+/// (a paced connection's, see [`crate::read_ahead`]; it returns the bytes read), then the
+/// reader pauses ([`handle_frame_after_pause`]). Bytes read ahead waited in the client's
+/// queue, as the rest of a held-back backlog does: they count as arrived when the pause ends.
+pub async fn handle_frame_over_cap(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    header: FrameHeader,
+    read_ahead: impl FnOnce(&mut BytesMut) -> usize,
+) -> Handled {
+    let read = read_ahead(buf);
+    let mut handled = handle_frame_after_pause(shard, conn, buf, header).await;
+    if read > 0 && handled.resumed_at.is_none() {
+        handled.resumed_at = Some(shard.clock.now());
+    }
+    handled
 }
 
 /// Where [`handle_frame_at_once`] left a frame.
@@ -614,6 +663,18 @@ impl ReadState {
 fn make_room(buf: &mut BytesMut, read_size: usize) {
     if buf.capacity() - buf.len() < read_size {
         buf.reserve(read_size);
+    }
+}
+
+/// A read of at most `want` bytes into `buf` that does not wait: 0 when the socket has
+/// nothing (or is closed, which the next ordinary read finds). A TLS reader reads nothing
+/// ahead: its kernel bytes are records, not frames.
+fn try_read_some(rd: &ClientReader, buf: &mut BytesMut, want: usize) -> usize {
+    match rd {
+        ClientReader::Plain(rd) => rd
+            .try_read_buf(&mut bytes::BufMut::limit(&mut *buf, want))
+            .unwrap_or(0),
+        ClientReader::Tls(_) => 0,
     }
 }
 

@@ -152,6 +152,16 @@ impl ReadArrivals {
         }
     }
 
+    /// The frames of a buffer after the reader read ahead into it at `now` (without a
+    /// stamp): the `remaining` bytes still to be taken, spread from the arrival the next
+    /// frame had before to `now`. Without it, frames read ahead would all count from the
+    /// last ordinary read, which a reader that keeps its buffer full never makes again.
+    pub fn after_read_ahead(self, now: Instant, remaining: usize) -> Self {
+        let mut before = self;
+        let from = before.next_frame(0);
+        Self::spread(now, now.saturating_duration_since(from), 0, remaining)
+    }
+
     /// The arrival of the next frame, `frame_len` bytes long (header included), taken from
     /// the buffer: the arrival of its last byte.
     #[inline]
