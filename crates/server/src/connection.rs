@@ -271,26 +271,22 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let arrival = reads
-                .arrivals
-                .next_arrival(HEADER_LEN + header.length as usize);
+            let frame_len = HEADER_LEN + header.length as usize;
+            let arrival = reads.arrivals.next_arrival(frame_len, || {
+                admit::is_paced(&shard, &conn).then(|| shard.clock.now())
+            });
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
                 // A reader a whole quantum behind holds the rest back in the kernel as a pause
                 // does, and the kernel's buffer may be too small to show the backlog grow:
                 // what came meanwhile moves into the reader's buffer.
+                let unread = buf.len().saturating_sub(skipped + frame_len);
                 let read =
                     read_ahead::read_ahead(&shard, &conn, &mut buf, &mut charge, |b, want| {
                         try_read_some(&rd, b, want)
                     });
-                if read > 0 {
-                    let frame = HEADER_LEN + header.length as usize;
-                    let remaining = buf.len().saturating_sub(skipped + frame);
-                    reads.arrivals = reads
-                        .arrivals
-                        .after_read_ahead(shard.clock.now(), remaining);
-                }
+                reads.arrivals.read_ahead(unread, read, shard.clock.now());
                 tokio::task::yield_now().await;
             }
             let step = handle_frame_at_once(&shard, &conn, &mut buf, &mut skipped, header, arrival);
@@ -298,10 +294,15 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 FrameStep::Done => Handled::DONE,
                 FrameStep::Waits(pending) => run_pending(pending).await,
                 FrameStep::OverCap => {
+                    let arrivals = &mut reads.arrivals;
                     let read_ahead = |b: &mut BytesMut| {
-                        read_ahead::read_ahead(&shard, &conn, b, &mut charge, |b, want| {
-                            try_read_some(&rd, b, want)
-                        })
+                        let unread = b.len().saturating_sub(frame_len);
+                        let read =
+                            read_ahead::read_ahead(&shard, &conn, b, &mut charge, |b, want| {
+                                try_read_some(&rd, b, want)
+                            });
+                        arrivals.read_ahead(unread, read, shard.clock.now());
+                        read
                     };
                     Box::pin(handle_frame_over_cap(
                         &shard, &conn, &mut buf, header, read_ahead,
@@ -388,7 +389,9 @@ pub async fn handle_frame(
 /// A frame over an in-flight cap: `read_ahead` first moves what the socket holds into `buf`
 /// (a paced connection's, see [`crate::read_ahead`]; it returns the bytes read), then the
 /// reader pauses ([`handle_frame_after_pause`]). Bytes read ahead waited in the client's
-/// queue, as the rest of a held-back backlog does: they count as arrived when the pause ends.
+/// queue, as the rest of a held-back backlog does: they count as arrived no earlier than the
+/// pause's end, and while the connection is paced, when the reader takes them
+/// ([`ReadArrivals::next_arrival`]).
 pub async fn handle_frame_over_cap(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
@@ -552,7 +555,7 @@ fn watch_backlog(
         let unread = crate::socket_wait::unread_bytes(rd.as_ref()).unwrap_or(0);
         let at = shard.admission.borrow().nanos_of(now);
         conn.pushing
-            .set(watch.observe(at, (unread + buf.len()) as u64));
+            .set(watch.observe(at, (unread + buf.len()) as u64, &shard.growing_backlogs));
         conn.backlog.set(watch);
     }
     if !conn.pushing.get() && shard.admission.borrow_mut().is_overloaded() {
@@ -636,10 +639,10 @@ impl ReadState {
     }
 
     /// The reader paused over an in-flight cap and resumed at `at`: what is still buffered
-    /// counts from then.
+    /// counts from then (see [`ReadArrivals::resumed`]).
     fn resumed(&mut self, at: Instant) {
         self.resumed_at = at;
-        self.arrivals = ReadArrivals::all_at(at);
+        self.arrivals = self.arrivals.resumed(at);
     }
 
     /// A read of `r.len` bytes completed at `now`, with the loop's lag `lag`, into a buffer

@@ -11,7 +11,11 @@
 //! ([`MAX_READ_AHEAD_PER_CONNECTION`], far more than any driver's window of requests: a
 //! connection that reaches it is pushing at once) and per shard ([`ReadAheadPool`]: when it
 //! is full, a connection holding far more than its share is pushing, the others stop
-//! reading ahead). Why: docs/decisions/2026-11-27-read-ahead-shows-a-client-that-pushes.md.
+//! reading ahead). Frames read ahead are still the client's backlog: while the connection
+//! is paced they count from when the reader takes them, not from their read
+//! (`crate::socket_wait::ReadArrivals::next_arrival`), so that a window with more work than
+//! a deadline is not expired for being read early. Why:
+//! docs/decisions/2026-11-27-read-ahead-shows-a-client-that-pushes.md.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -152,7 +156,7 @@ pub fn read_ahead(
     // its socket read for as long as it holds a read-ahead.
     let at = shard.admission.borrow().nanos_of(shard.clock.now());
     let mut watch = conn.backlog.get();
-    let mut pushing = watch.observe(at, buf.len() as u64);
+    let mut pushing = watch.observe(at, buf.len() as u64, &shard.growing_backlogs);
     if buf.len() >= MAX_READ_AHEAD_PER_CONNECTION || charge.fills_the_pool() {
         watch.mark_pushing(at);
         pushing = true;

@@ -83,6 +83,9 @@ pub struct ShardCtx {
     pub admission: RefCell<ShardAdmission>,
     /// Bytes the readers of held-back connections read ahead, bounded per shard.
     pub read_ahead: Rc<crate::read_ahead::ReadAheadPool>,
+    /// The backlogs of this shard's connections that grew in their latest interval, for
+    /// their backlog watches (`sluice_overload::backlog`).
+    pub growing_backlogs: sluice_overload::GrowingBacklogs,
     /// Per-shard rate limiter state.
     pub limiter: RefCell<ShardLimiter>,
     /// This shard's statement cache, in front of the engine's shared one (no lock per EXECUTE).
@@ -138,6 +141,7 @@ impl ShardCtx {
             read_ahead: crate::read_ahead::ReadAheadPool::new(
                 crate::read_ahead::MAX_READ_AHEAD_PER_SHARD,
             ),
+            growing_backlogs: sluice_overload::GrowingBacklogs::new(),
             limiter: RefCell::new(ShardLimiter::with_clock(
                 config.rate_limiter,
                 id,

@@ -8,7 +8,7 @@
 //! and the shard keeps its goodput.
 
 use crate::admission::{AdmissionConfig, AdmissionController, Arrival, Verdict};
-use crate::backlog::{BacklogConfig, BacklogWatch};
+use crate::backlog::{BacklogConfig, BacklogWatch, GrowingBacklogs};
 use crate::clock::{duration_nanos, Nanos};
 use crate::deadline::Deadline;
 use std::collections::VecDeque;
@@ -103,6 +103,8 @@ struct Req {
 pub fn run_window(sim: &WindowSim) -> WindowReport {
     let mut ctl = AdmissionController::<u32>::new(AdmissionConfig::default());
     let mut watch = BacklogWatch::new(BacklogConfig::default());
+    // One connection: the shard's growing backlogs are its own.
+    let growing = GrowingBacklogs::new();
     let service = duration_nanos(sim.service);
     let rejection = duration_nanos(sim.rejection);
     let end = duration_nanos(sim.duration);
@@ -170,7 +172,7 @@ pub fn run_window(sim: &WindowSim) -> WindowReport {
             let take = sim.read_frames.min(socket.len());
             buffer.extend(socket.drain(..take));
             let backlog = (socket.len() + buffer.len()) as u64 * sim.frame_bytes;
-            watch.observe(Nanos(now), backlog);
+            watch.observe(Nanos(now), backlog, &growing);
         }
         let read_ahead_frames = (sim.read_ahead_bytes / sim.frame_bytes.max(1)) as usize;
         taken += 1;
@@ -199,6 +201,7 @@ pub fn run_window(sim: &WindowSim) -> WindowReport {
             watch.observe(
                 Nanos(now),
                 (socket.len() + buffer.len()) as u64 * sim.frame_bytes,
+                &growing,
             );
             if buffer.len() >= read_ahead_frames {
                 watch.mark_pushing(Nanos(now));
