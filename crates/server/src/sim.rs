@@ -956,7 +956,7 @@ struct Setup {
 }
 
 impl Setup {
-    /// Seed set 0, pacing on (the server's default), eight open-loop connections with
+    /// Seed set 0, pacing on (`--admission-pace-windows on`), eight open-loop connections with
     /// sockets that hold everything, 100 us requests of 4-byte values.
     const DEFAULT: Setup = Setup {
         seeds: 0,
@@ -1054,7 +1054,7 @@ fn print_header() {
 /// The overload targets, in simulated time: goodput (answers served within their deadline)
 /// of at least 95% of capacity at 3x, 90% at 5x and 80% at 10x; under overload, the p99 of
 /// served requests stays under CoDel's slough (twice its target: older requests are shed
-/// while overloaded). With pacing on (the default) and off. Prints the tables (`--
+/// while overloaded). With pacing on and off (the default). Prints the tables (`--
 /// --nocapture`).
 #[test]
 fn overload_targets_hold_in_simulated_time() {
@@ -1101,8 +1101,7 @@ fn overload_targets_hold_in_simulated_time() {
 /// sets of seeds (the light-load p99 alone moves by a third between them). While
 /// overloaded, admission serves nothing that waited longer than the overloaded wait
 /// (docs/decisions/2026-11-26-admitted-latency-under-overload.md). With pacing on (the
-/// default: the eight open-loop connections are seen pushing together within the warm-up)
-/// and off.
+/// eight open-loop connections are seen pushing together within the warm-up) and off.
 #[test]
 fn admitted_p99_at_3x_is_within_twice_the_p99_at_half_load() {
     for pace_windows in [true, false] {
