@@ -253,13 +253,14 @@ impl ReadArrivals {
     /// instant its deadline counts from. `paced_now` gives the instant now if the connection
     /// is paced (its reader holds it back as a window, `sluice_overload::backlog`).
     ///
-    /// A frame whose last byte was read ahead ([`Self::read_ahead`]) is part of the backlog a
-    /// paced connection's client holds, held back on purpose: it arrives when the reader
-    /// takes it, the earliest the shard could have started it, as if it had waited in the
-    /// kernel until then. Counted from its read instead, a window larger than what the shard
-    /// serves within a deadline, read ahead at once, would see its last requests expire. A
-    /// connection that is not paced (it keeps pushing) counts from the read-ahead, its frames
-    /// spread back towards the arrival of the bytes before them, like a read's.
+    /// A paced connection's frames are the backlog its client holds, held back on purpose:
+    /// each arrives when the reader takes it, the earliest the shard could have started it,
+    /// as if it had waited in the kernel until then. Counted from its read (or its kernel
+    /// stamp) instead, a window larger than what the shard serves within a deadline, read at
+    /// once (ahead, [`Self::read_ahead`], or in one large read), would see its last requests
+    /// expire. A connection that is not paced (it keeps pushing) counts from the kernel's
+    /// stamps, and its frames read ahead from the read-ahead, spread back towards the
+    /// arrival of the bytes before them, like a read's.
     #[inline]
     pub fn next_arrival(
         &mut self,
@@ -267,11 +268,12 @@ impl ReadArrivals {
         paced_now: impl FnOnce() -> Option<Instant>,
     ) -> Arrival<Instant> {
         let end = self.taken.saturating_add(frame_len);
+        if let Some(now) = paced_now() {
+            self.taken = end;
+            return Arrival::Read(now);
+        }
         if end > self.ahead.from {
             self.taken = end;
-            if let Some(now) = paced_now() {
-                return Arrival::Read(now);
-            }
             return Arrival::Received(self.ahead.arrival(end - self.ahead.from));
         }
         let at = self.next_frame(frame_len);
@@ -558,9 +560,9 @@ mod tests {
         assert_eq!(a.next_frame(500), now - ms(20));
     }
 
-    /// Frames read ahead behind a read: a paced connection's arrive when the reader takes
-    /// them, a pushing connection's are spread between the byte before them and the
-    /// read-ahead; the frames of the read itself keep their stamps, and a pause keeps what
+    /// A paced connection's frames arrive when the reader takes them; a pushing connection's
+    /// frames read ahead behind a read are spread between the byte before them and the
+    /// read-ahead, the frames of the read itself keep their stamps, and a pause keeps what
     /// was read ahead.
     #[test]
     fn frames_read_ahead_arrive_when_a_paced_reader_takes_them() {
@@ -574,13 +576,15 @@ mod tests {
         // read ahead behind the other 900.
         let mut a = ReadArrivals::spread(newest, ms(100), 0, 1_000);
         assert_eq!(
-            a.next_arrival(100, paced),
+            a.next_arrival(100, pushing),
             Arrival::Received(newest - ms(90))
         );
         a.read_ahead(900, 2_000, ahead_at);
-        // The rest of the read: its own stamps, paced or not.
+        // The rest of the read: its own stamps, or when taken if paced.
+        let mut read = a;
+        assert_eq!(read.next_arrival(400, paced), Arrival::Read(taken_at));
         assert_eq!(
-            a.next_arrival(400, paced),
+            a.next_arrival(400, pushing),
             Arrival::Received(newest - ms(50))
         );
         assert_eq!(a.next_arrival(500, pushing), Arrival::Received(newest));
@@ -601,7 +605,7 @@ mod tests {
         let mut d = ReadArrivals::spread(newest, ms(100), 0, 1_000);
         d.read_ahead(1_000, 500, ahead_at);
         d.read_ahead(1_500, 500, ahead_at + ms(40));
-        assert_eq!(d.next_arrival(1_000, paced), Arrival::Received(newest));
+        assert_eq!(d.next_arrival(1_000, pushing), Arrival::Received(newest));
         let resumed_at = newest + ms(60);
         let mut d = d.resumed(resumed_at);
         assert_eq!(
@@ -629,6 +633,6 @@ mod tests {
         assert_eq!(f.next_arrival(500, paced), Arrival::Read(taken_at));
         // Without a read-ahead a pause counts everything buffered from its end.
         let mut e = ReadArrivals::spread(newest, ms(100), 0, 1_000).resumed(resumed_at);
-        assert_eq!(e.next_arrival(1_000, paced), Arrival::Read(resumed_at));
+        assert_eq!(e.next_arrival(1_000, pushing), Arrival::Read(resumed_at));
     }
 }
