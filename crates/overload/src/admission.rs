@@ -380,8 +380,10 @@ pub struct AdmissionConfig {
     pub reject_over_cap: bool,
     /// Serve the bounded backlog of a connection that slows down when held back, and turn
     /// away only the excess of one whose backlog keeps growing ([`crate::backlog`]) (false:
-    /// an open-loop client whose backlog fills its socket buffer before the growth shows is
-    /// held back as a window would be, and its requests wait in the client).
+    /// several open-loop connections that each grow slowly are held back, and served in
+    /// order, for about half a second before they are seen pushing; the server's reader
+    /// reads a held-back connection ahead into its own bounded buffer, so that a small
+    /// socket buffer no longer hides the growth).
     pub pace_windows: bool,
     /// The concurrency limit never falls below what the shard dispatches in this window at
     /// its measured rate (500 us). On a shard whose requests run one after another on one

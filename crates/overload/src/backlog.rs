@@ -14,13 +14,26 @@
 //! turned away with `Overloaded`, as the shard's CoDel decides, for a while. One interval of
 //! growth is not enough: a windowed client fills its window once, when it starts.
 //!
+//! Many open-loop connections may each add little, while the shard's backlog grows as fast
+//! as their sum: eight at three times the capacity each add a few hundred frames per
+//! interval, and one at a time they would cross the floor only after about half a second,
+//! served in order meanwhile. So the connections whose backlog grew in their latest interval
+//! report it to their shard ([`GrowingBacklogs`]), and a connection that grew in consecutive
+//! intervals is pushing when its own backlog passes the floor, or when the growing backlogs
+//! of the shard together pass it and its own holds at least half their mean. A single
+//! windowed client stays under the floor however slowly it builds its window.
+//!
 //! The growth shows only until the kernel's socket buffer is full: after that TCP paces an
-//! open-loop client by the reads, as a window paces itself, and the server cannot tell them
-//! apart (the rest waits in the client). So the watch runs all the time, not only once the
-//! shard is overloaded, and a pushing connection whose excess is still turned away faster
-//! than it is served stays pushing.
+//! open-loop client by the reads, as a window paces itself (the rest waits in the client).
+//! So the server's reader, when it holds a connection back (a pause over an in-flight cap, a
+//! quantum of frames still buffered), first reads the socket ahead into its own bounded
+//! buffer, where the growth goes on showing; a connection whose read-ahead reaches that
+//! bound is pushing at once ([`BacklogWatch::mark_pushing`]). The watch runs all the time,
+//! not only once the shard is overloaded, and a pushing connection whose excess is still
+//! turned away faster than it is served stays pushing.
 
 use crate::clock::{duration_nanos, Nanos};
+use std::cell::Cell;
 use std::time::Duration;
 
 /// Constants of [`BacklogWatch`].
@@ -31,16 +44,19 @@ pub struct BacklogConfig {
     /// Growth below this many frames in a window is never pushing (32): a client's own
     /// jitter, a few requests sent before the answers that would have paced them.
     pub slack_frames: u64,
-    /// Growth above `answered / answered_divisor` frames in a window counts (4: a backlog
-    /// that grows by more than a quarter of what the connection was answered meanwhile).
+    /// Growth above `answered / answered_divisor` frames in a window counts (8: a backlog
+    /// that grows by more than an eighth of what the connection was answered meanwhile, an
+    /// open-loop load an eighth above what the shard serves it; a window, however slowly it
+    /// is built, is told apart by its size, not by its growth).
     pub answered_divisor: u64,
     /// Consecutive growing windows that make a connection pushing (2).
     pub windows: u32,
     /// A backlog of up to this many frames is a client's window however it grows (1024):
     /// a driver that builds requests slower than the shard would serve them fills its window
     /// over many intervals, as slowly as it can send. Drivers keep a few hundred in flight
-    /// per connection (cqlsh's COPY 512); an open-loop client's backlog grows until the
-    /// socket buffer is full, thousands of frames.
+    /// per connection (cqlsh's COPY 512); an open-loop client's backlog grows without bound.
+    /// The same floor applies to the growing backlogs of a shard's connections together
+    /// ([`GrowingBacklogs`]).
     pub max_window_frames: u64,
     /// How long a connection stays pushing once seen so (5 s): while it is, its excess is
     /// read and turned away, so its backlog no longer grows and says nothing.
@@ -52,7 +68,7 @@ impl Default for BacklogConfig {
         BacklogConfig {
             interval: Duration::from_millis(100),
             slack_frames: 32,
-            answered_divisor: 4,
+            answered_divisor: 8,
             windows: 2,
             max_window_frames: 1024,
             hold: Duration::from_secs(5),
@@ -84,6 +100,85 @@ pub struct BacklogWatch {
     pushing_until: Nanos,
     /// Mean frame size (bytes, header included), a moving average; 0 before any frame.
     frame_bytes: u64,
+    /// What this connection last reported to its shard's [`GrowingBacklogs`]: the interval's
+    /// number and the frames.
+    reported: Option<(u64, u64)>,
+}
+
+/// The backlogs of a shard's connections that grew in their latest interval: their frames
+/// together and how many connections, over the current interval and the one before (each
+/// connection reports once per interval, at the end of its own; a report older than that,
+/// such as a closed connection's, no longer counts). One per shard; no allocation.
+#[derive(Debug, Default)]
+pub struct GrowingBacklogs {
+    /// By interval number modulo 2.
+    buckets: [Cell<Bucket>; 2],
+}
+
+/// The growing backlogs reported in one interval.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+struct Bucket {
+    /// The interval's number (time / interval).
+    interval: u64,
+    /// Frames reported.
+    frames: u64,
+    /// Connections that reported.
+    connections: u64,
+}
+
+impl GrowingBacklogs {
+    /// No growing backlog.
+    pub fn new() -> GrowingBacklogs {
+        GrowingBacklogs::default()
+    }
+
+    fn bucket(&self, interval: u64) -> Bucket {
+        let b = self.buckets[(interval % 2) as usize].get();
+        if b.interval == interval {
+            b
+        } else {
+            Bucket {
+                interval,
+                ..Bucket::default()
+            }
+        }
+    }
+
+    /// Frames and connections of the growing backlogs reported in interval `interval` and
+    /// the one before.
+    pub fn total(&self, interval: u64) -> (u64, u64) {
+        let now = self.bucket(interval);
+        let before = interval
+            .checked_sub(1)
+            .map_or(Bucket::default(), |i| self.bucket(i));
+        (
+            now.frames + before.frames,
+            now.connections + before.connections,
+        )
+    }
+
+    fn add(&self, interval: u64, frames: u64) {
+        let mut b = self.bucket(interval);
+        b.frames += frames;
+        b.connections += 1;
+        self.buckets[(interval % 2) as usize].set(b);
+    }
+
+    /// Takes back a report made in `interval`, if it still counts.
+    fn remove(&self, interval: u64, frames: u64) {
+        let slot = &self.buckets[(interval % 2) as usize];
+        let mut b = slot.get();
+        if b.interval != interval {
+            return;
+        }
+        debug_assert!(
+            b.frames >= frames && b.connections >= 1,
+            "a report taken back was counted: {b:?}, {frames}"
+        );
+        b.frames = b.frames.saturating_sub(frames);
+        b.connections = b.connections.saturating_sub(1);
+        slot.set(b);
+    }
 }
 
 impl BacklogWatch {
@@ -103,6 +198,7 @@ impl BacklogWatch {
             growing: 0,
             pushing_until: Nanos::ZERO,
             frame_bytes: 0,
+            reported: None,
         }
     }
 
@@ -129,9 +225,9 @@ impl BacklogWatch {
     }
 
     /// The connection's backlog at `now`, `backlog_bytes` (unread in the kernel plus not yet
-    /// taken from the reader's buffer), sampled while the shard is overloaded. Closes the
-    /// window when it is over and says whether the connection is pushing.
-    pub fn observe(&mut self, now: Nanos, backlog_bytes: u64) -> bool {
+    /// taken from the reader's buffer). Closes the window when it is over, reports a growing
+    /// backlog to the shard's `growing` backlogs, and says whether the connection is pushing.
+    pub fn observe(&mut self, now: Nanos, backlog_bytes: u64, growing: &GrowingBacklogs) -> bool {
         let frames = backlog_bytes / self.frame_bytes.max(1);
         match self.window_end {
             None => self.open_window(now, frames),
@@ -142,9 +238,17 @@ impl BacklogWatch {
                 }
                 let grew = frames.saturating_sub(self.window_start_frames);
                 let allowed = self.slack_frames.max(self.answered / self.answered_divisor);
-                if grew > allowed && frames > self.max_window_frames {
+                let interval = now.0 / self.interval;
+                if let Some((at, reported)) = self.reported.take() {
+                    growing.remove(at, reported);
+                }
+                if grew > allowed {
                     self.growing += 1;
-                    if self.growing >= self.windows {
+                    growing.add(interval, frames);
+                    self.reported = Some((interval, frames));
+                    if self.growing >= self.windows
+                        && self.beyond_a_window(frames, interval, growing)
+                    {
                         self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
                         self.growing = 0;
                     }
@@ -156,6 +260,24 @@ impl BacklogWatch {
             Some(_) => {}
         }
         self.is_pushing(now)
+    }
+
+    /// True if a backlog of `frames` that keeps growing is more than a window: it passed the
+    /// floor, or the shard's growing backlogs together passed it and this one holds at least
+    /// half their mean (so that a window growing beside open-loop connections, whose backlogs
+    /// grow without bound, is not taken for one of them).
+    fn beyond_a_window(&self, frames: u64, interval: u64, growing: &GrowingBacklogs) -> bool {
+        let (shard_frames, connections) = growing.total(interval);
+        frames > self.max_window_frames
+            || (shard_frames > self.max_window_frames
+                && frames.saturating_mul(connections).saturating_mul(2) >= shard_frames)
+    }
+
+    /// The connection sent more than any window that is served (its reader's read-ahead
+    /// reached its bound): pushing at once, for the hold.
+    pub fn mark_pushing(&mut self, now: Nanos) {
+        self.pushing_until = now.saturating_add(Duration::from_nanos(self.hold));
+        self.growing = 0;
     }
 
     /// True while the connection is known not to slow down when held back.
@@ -182,22 +304,23 @@ mod tests {
 
     #[test]
     fn a_steady_window_is_never_pushing_and_a_growing_backlog_is_after_two_intervals() {
+        let shard = GrowingBacklogs::new();
         let mut w = BacklogWatch::new(BacklogConfig::default());
         // 100-byte frames; 50 answered per 10 ms and a steady 256-frame backlog.
         for t in (0..2_000).step_by(10) {
             for _ in 0..50 {
                 w.on_frame(100);
             }
-            assert!(!w.observe(at_ms(t), 25_600), "t={t}");
+            assert!(!w.observe(at_ms(t), 25_600, &shard), "t={t}");
         }
-        // Now the backlog grows by 100 frames per 10 ms: more than the slack and a quarter
+        // Now the backlog grows by 100 frames per 10 ms: more than the slack and an eighth
         // of the 500 answered per interval.
         let mut first = None;
         for (i, t) in (2_000..2_500).step_by(10).enumerate() {
             for _ in 0..50 {
                 w.on_frame(100);
             }
-            if w.observe(at_ms(t), 25_600 + 10_000 * (i as u64 + 1)) && first.is_none() {
+            if w.observe(at_ms(t), 25_600 + 10_000 * i as u64, &shard) && first.is_none() {
                 first = Some(t);
             }
         }
@@ -209,7 +332,7 @@ mod tests {
                 w.on_frame(100);
                 w.on_turned_away();
             }
-            assert!(w.observe(at_ms(t), 0), "t={t}");
+            assert!(w.observe(at_ms(t), 0, &shard), "t={t}");
         }
         assert!(w.is_pushing(at_ms(13_850)));
         assert!(!w.is_pushing(at_ms(13_950)), "the hold ended");
@@ -217,21 +340,83 @@ mod tests {
 
     #[test]
     fn one_window_of_growth_is_a_client_filling_its_window() {
+        let shard = GrowingBacklogs::new();
         let mut w = BacklogWatch::new(BacklogConfig::default());
         w.on_frame(1_000);
-        w.observe(at_ms(0), 0);
+        w.observe(at_ms(0), 0, &shard);
         // 512 frames arrive at once, then the backlog is steady.
-        assert!(!w.observe(at_ms(100), 512_000));
+        assert!(!w.observe(at_ms(100), 512_000, &shard));
         for t in (110..1_000).step_by(10) {
             w.on_frame(1_000);
-            assert!(!w.observe(at_ms(t), 512_000), "t={t}");
+            assert!(!w.observe(at_ms(t), 512_000, &shard), "t={t}");
         }
         // A client that builds its window slower than it is served: 1,000 frames over a
         // second, growing in every interval, still a window.
+        let alone = GrowingBacklogs::new();
         let mut slow = BacklogWatch::new(BacklogConfig::default());
         for t in (0..1_000).step_by(10) {
             slow.on_frame(1_000);
-            assert!(!slow.observe(at_ms(t), t * 1_000_000 / 1_000), "t={t}");
+            assert!(
+                !slow.observe(at_ms(t), t * 1_000_000 / 1_000, &alone),
+                "t={t}"
+            );
         }
+    }
+
+    /// Eight connections that each add 125 frames per interval (an open-loop load of twice
+    /// the capacity dealt among them) are pushing after two intervals, long before any of
+    /// them alone passes the floor; a window built slowly beside them is not, nor is a
+    /// window growing alone; and reports older than the interval before no longer count.
+    #[test]
+    fn many_slowly_growing_connections_are_pushing_together() {
+        let shard = GrowingBacklogs::new();
+        let mut open: Vec<BacklogWatch> = (0..8)
+            .map(|_| BacklogWatch::new(BacklogConfig::default()))
+            .collect();
+        let mut window = BacklogWatch::new(BacklogConfig::default());
+        let mut first = None;
+        for t in (0..400).step_by(10) {
+            let step = t / 10;
+            for w in open.iter_mut() {
+                // 100-byte frames, 12 answered per 10 ms, the backlog 12.5 frames more.
+                for _ in 0..12 {
+                    w.on_frame(100);
+                }
+                let pushing = w.observe(at_ms(t), step * 1_250, &shard);
+                if pushing && first.is_none() {
+                    first = Some(t);
+                }
+            }
+            // The window: 5 frames more per 10 ms, up to 300.
+            for _ in 0..12 {
+                window.on_frame(100);
+            }
+            assert!(
+                !window.observe(at_ms(t), (step * 500).min(30_000), &shard),
+                "t={t}"
+            );
+        }
+        assert_eq!(first, Some(200), "two intervals of growth, 250 frames each");
+        assert!(open.iter().all(|w| w.is_pushing(at_ms(400))));
+
+        // One connection growing alone the same way stays a window.
+        let alone = GrowingBacklogs::new();
+        let mut w = BacklogWatch::new(BacklogConfig::default());
+        for t in (0..800).step_by(10) {
+            for _ in 0..12 {
+                w.on_frame(100);
+            }
+            assert!(!w.observe(at_ms(t), t / 10 * 1_250, &alone), "t={t}");
+        }
+
+        // A report counts in its interval and the next one only.
+        let reports = GrowingBacklogs::new();
+        reports.add(3, 700);
+        reports.add(4, 500);
+        assert_eq!(reports.total(4), (1_200, 2));
+        assert_eq!(reports.total(5), (500, 1));
+        assert_eq!(reports.total(6), (0, 0));
+        reports.remove(4, 500);
+        assert_eq!(reports.total(4), (700, 1));
     }
 }

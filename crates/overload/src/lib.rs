@@ -51,7 +51,7 @@ pub use admission::{
     AdmissionConfig, AdmissionController, AdmissionStats, Arrival, Codel, CodelConfig,
     ConcurrencyLimit, ConcurrencyLimitConfig, Queued, Verdict,
 };
-pub use backlog::{BacklogConfig, BacklogWatch};
+pub use backlog::{BacklogConfig, BacklogWatch, GrowingBacklogs};
 pub use clock::{Clock, FakeClock, Nanos, SystemClock};
 pub use deadline::{Deadline, DeadlineDefaults, RequestKind};
 pub use rate_limit::{

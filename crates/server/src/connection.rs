@@ -14,9 +14,11 @@
 //! unseen in the kernel socket buffer and time out at the client instead. Answers not yet
 //! written are bounded too: the reader waits while the outbox holds more than
 //! [`MAX_OUTBOX_BYTES`], rejections included, so a client that does not read its answers is
-//! still stopped by backpressure. A malformed frame closes this connection only; a panic
-//! while serving a request answers that stream with Server_error and leaves the shard
-//! running.
+//! still stopped by backpressure. A paced connection held back (a pause over a cap, a whole
+//! quantum still buffered) is first read ahead into the reader's own bounded buffer, so that
+//! a client that does not slow down shows its growing backlog ([`crate::read_ahead`]).
+//! A malformed frame closes this connection only; a panic while serving a request answers
+//! that stream with Server_error and leaves the shard running.
 //!
 //! Arrival: a frame's arrival is the kernel's receive time of its last byte, as far as the
 //! reader can tell (`SO_TIMESTAMPNS`, see [`crate::socket_wait`]), or the instant of its read
@@ -58,6 +60,7 @@ use crate::budget::Budget;
 use crate::pipeline::admit::{self, Admission};
 use crate::pipeline::Pending;
 use crate::pipeline::{self, reply};
+use crate::read_ahead::{self, ReadAheadCharge};
 use crate::shard::ShardCtx;
 use crate::socket_wait::{LastRead, Read, ReadArrivals};
 use crate::supported::StartupOptIns;
@@ -252,6 +255,8 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
     // Bytes of frames turned away at the front of `buf`, dropped together (see
     // `FrameDecoder::next_header_past`).
     let mut skipped = 0usize;
+    // What this connection holds of its shard's read-ahead pool (see `crate::read_ahead`).
+    let mut charge = ReadAheadCharge::new(shard.read_ahead.clone());
 
     'read: loop {
         // Every complete frame already buffered. The header first: a frame turned away from
@@ -266,12 +271,22 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 }
             };
             shard.metrics.count_request(header.opcode as u8);
-            let arrival = reads
-                .arrivals
-                .next_arrival(HEADER_LEN + header.length as usize);
+            let frame_len = HEADER_LEN + header.length as usize;
+            let arrival = reads.arrivals.next_arrival(frame_len, || {
+                admit::is_paced(&shard, &conn).then(|| shard.clock.now())
+            });
             since_yield += 1;
             if since_yield >= READ_QUANTUM {
                 since_yield = 0;
+                // A reader a whole quantum behind holds the rest back in the kernel as a pause
+                // does, and the kernel's buffer may be too small to show the backlog grow:
+                // what came meanwhile moves into the reader's buffer.
+                let unread = buf.len().saturating_sub(skipped + frame_len);
+                let read =
+                    read_ahead::read_ahead(&shard, &conn, &mut buf, &mut charge, |b, want| {
+                        try_read_some(&rd, b, want)
+                    });
+                reads.arrivals.read_ahead(unread, read, shard.clock.now());
                 tokio::task::yield_now().await;
             }
             let step = handle_frame_at_once(&shard, &conn, &mut buf, &mut skipped, header, arrival);
@@ -279,7 +294,20 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
                 FrameStep::Done => Handled::DONE,
                 FrameStep::Waits(pending) => run_pending(pending).await,
                 FrameStep::OverCap => {
-                    Box::pin(handle_frame_after_pause(&shard, &conn, &mut buf, header)).await
+                    let arrivals = &mut reads.arrivals;
+                    let read_ahead = |b: &mut BytesMut| {
+                        let unread = b.len().saturating_sub(frame_len);
+                        let read =
+                            read_ahead::read_ahead(&shard, &conn, b, &mut charge, |b, want| {
+                                try_read_some(&rd, b, want)
+                            });
+                        arrivals.read_ahead(unread, read, shard.clock.now());
+                        read
+                    };
+                    Box::pin(handle_frame_over_cap(
+                        &shard, &conn, &mut buf, header, read_ahead,
+                    ))
+                    .await
                 }
             };
             if let Some(at) = handled.resumed_at {
@@ -300,6 +328,7 @@ pub async fn serve(shard: Rc<ShardCtx>, stream: std::net::TcpStream) {
         if conn.outbox.closed.get() {
             break;
         }
+        read_ahead::release(&mut charge, &mut buf, 2 * READ_AHEAD);
         watch_backlog(&shard, &conn, &rd, &buf, &mut reads);
         make_room(&mut buf, reads.size);
         let spare = buf.capacity() - buf.len();
@@ -337,13 +366,15 @@ pub struct Handled {
 
 /// Hands the frame whose `header` was just read from `buf` to the pipeline: admission from
 /// the header (the body is skipped if it is turned away), then every stage that runs in the
-/// reader; a request that has to wait is spawned as a task.
+/// reader; a request that has to wait is spawned as a task. Over an in-flight cap,
+/// `read_ahead` reads the socket ahead before the reader pauses ([`handle_frame_over_cap`]).
 pub async fn handle_frame(
     shard: &Rc<ShardCtx>,
     conn: &Rc<ConnState>,
     buf: &mut BytesMut,
     header: FrameHeader,
     arrival: Arrival<Instant>,
+    read_ahead: impl FnOnce(&mut BytesMut) -> usize,
 ) -> Handled {
     let mut skipped = 0;
     let step = handle_frame_at_once(shard, conn, buf, &mut skipped, header, arrival);
@@ -351,8 +382,29 @@ pub async fn handle_frame(
     match step {
         FrameStep::Done => Handled::DONE,
         FrameStep::Waits(pending) => run_pending(pending).await,
-        FrameStep::OverCap => handle_frame_after_pause(shard, conn, buf, header).await,
+        FrameStep::OverCap => handle_frame_over_cap(shard, conn, buf, header, read_ahead).await,
     }
+}
+
+/// A frame over an in-flight cap: `read_ahead` first moves what the socket holds into `buf`
+/// (a paced connection's, see [`crate::read_ahead`]; it returns the bytes read), then the
+/// reader pauses ([`handle_frame_after_pause`]). Bytes read ahead waited in the client's
+/// queue, as the rest of a held-back backlog does: they count as arrived no earlier than the
+/// pause's end, and while the connection is paced, when the reader takes them
+/// ([`ReadArrivals::next_arrival`]).
+pub async fn handle_frame_over_cap(
+    shard: &Rc<ShardCtx>,
+    conn: &Rc<ConnState>,
+    buf: &mut BytesMut,
+    header: FrameHeader,
+    read_ahead: impl FnOnce(&mut BytesMut) -> usize,
+) -> Handled {
+    let read = read_ahead(buf);
+    let mut handled = handle_frame_after_pause(shard, conn, buf, header).await;
+    if read > 0 && handled.resumed_at.is_none() {
+        handled.resumed_at = Some(shard.clock.now());
+    }
+    handled
 }
 
 /// Where [`handle_frame_at_once`] left a frame.
@@ -503,7 +555,7 @@ fn watch_backlog(
         let unread = crate::socket_wait::unread_bytes(rd.as_ref()).unwrap_or(0);
         let at = shard.admission.borrow().nanos_of(now);
         conn.pushing
-            .set(watch.observe(at, (unread + buf.len()) as u64));
+            .set(watch.observe(at, (unread + buf.len()) as u64, &shard.growing_backlogs));
         conn.backlog.set(watch);
     }
     if !conn.pushing.get() && shard.admission.borrow_mut().is_overloaded() {
@@ -587,10 +639,10 @@ impl ReadState {
     }
 
     /// The reader paused over an in-flight cap and resumed at `at`: what is still buffered
-    /// counts from then.
+    /// counts from then (see [`ReadArrivals::resumed`]).
     fn resumed(&mut self, at: Instant) {
         self.resumed_at = at;
-        self.arrivals = ReadArrivals::all_at(at);
+        self.arrivals = self.arrivals.resumed(at);
     }
 
     /// A read of `r.len` bytes completed at `now`, with the loop's lag `lag`, into a buffer
@@ -614,6 +666,18 @@ impl ReadState {
 fn make_room(buf: &mut BytesMut, read_size: usize) {
     if buf.capacity() - buf.len() < read_size {
         buf.reserve(read_size);
+    }
+}
+
+/// A read of at most `want` bytes into `buf` that does not wait: 0 when the socket has
+/// nothing (or is closed, which the next ordinary read finds). A TLS reader reads nothing
+/// ahead: its kernel bytes are records, not frames.
+fn try_read_some(rd: &ClientReader, buf: &mut BytesMut, want: usize) -> usize {
+    match rd {
+        ClientReader::Plain(rd) => rd
+            .try_read_buf(&mut bytes::BufMut::limit(&mut *buf, want))
+            .unwrap_or(0),
+        ClientReader::Tls(_) => 0,
     }
 }
 

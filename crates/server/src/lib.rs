@@ -21,6 +21,7 @@ pub mod listener;
 pub mod login_limiter;
 pub mod metrics;
 pub mod pipeline;
+pub mod read_ahead;
 pub mod shard;
 #[cfg(test)]
 mod sim;

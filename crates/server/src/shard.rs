@@ -81,6 +81,11 @@ pub struct ShardCtx {
     pub inflight_bytes: Rc<Budget>,
     /// Per-shard admission state.
     pub admission: RefCell<ShardAdmission>,
+    /// Bytes the readers of held-back connections read ahead, bounded per shard.
+    pub read_ahead: Rc<crate::read_ahead::ReadAheadPool>,
+    /// The backlogs of this shard's connections that grew in their latest interval, for
+    /// their backlog watches (`sluice_overload::backlog`).
+    pub growing_backlogs: sluice_overload::GrowingBacklogs,
     /// Per-shard rate limiter state.
     pub limiter: RefCell<ShardLimiter>,
     /// This shard's statement cache, in front of the engine's shared one (no lock per EXECUTE).
@@ -133,6 +138,10 @@ impl ShardCtx {
             inflight: Budget::new(config.max_inflight_per_shard),
             inflight_bytes: Budget::new(config.max_inflight_bytes_per_shard),
             admission: RefCell::new(ShardAdmission::with_clock(&config, clock.clone())),
+            read_ahead: crate::read_ahead::ReadAheadPool::new(
+                crate::read_ahead::MAX_READ_AHEAD_PER_SHARD,
+            ),
+            growing_backlogs: sluice_overload::GrowingBacklogs::new(),
             limiter: RefCell::new(ShardLimiter::with_clock(
                 config.rate_limiter,
                 id,

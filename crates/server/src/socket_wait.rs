@@ -123,6 +123,43 @@ pub struct ReadArrivals {
     len: usize,
     /// Bytes taken from the buffer since this read.
     taken: usize,
+    /// The bytes read ahead behind this read's (see [`Self::read_ahead`]).
+    ahead: ReadAhead,
+}
+
+/// Bytes a reader read ahead into its buffer behind a read's bytes (a non-blocking read
+/// without a stamp, `crate::read_ahead`), until the reader takes them.
+#[derive(Clone, Copy, Debug)]
+struct ReadAhead {
+    /// Where they start, in bytes taken since the read (`usize::MAX`: none).
+    from: usize,
+    /// How many.
+    len: usize,
+    /// The earliest their first byte can have arrived: the arrival of the byte before.
+    earliest: Instant,
+    /// When the latest read-ahead read them.
+    read_at: Instant,
+}
+
+impl ReadAhead {
+    /// No bytes read ahead.
+    fn none(at: Instant) -> ReadAhead {
+        ReadAhead {
+            from: usize::MAX,
+            len: 0,
+            earliest: at,
+            read_at: at,
+        }
+    }
+
+    /// The arrival of the byte `into` bytes into them, spread between `earliest` and
+    /// `read_at` as a read's bytes are between its bounds.
+    fn arrival(&self, into: usize) -> Instant {
+        let into = into.min(self.len);
+        let span = self.read_at.saturating_duration_since(self.earliest);
+        let before = span.as_nanos() * (self.len - into) as u128 / self.len.max(1) as u128;
+        self.read_at - Duration::from_nanos(before as u64)
+    }
 }
 
 impl ReadArrivals {
@@ -135,6 +172,7 @@ impl ReadArrivals {
             carried: 0,
             len: 0,
             taken: 0,
+            ahead: ReadAhead::none(at),
         }
     }
 
@@ -149,7 +187,53 @@ impl ReadArrivals {
             carried,
             len,
             taken: 0,
+            ahead: ReadAhead::none(newest),
         }
+    }
+
+    /// The reader read `read` bytes ahead into its buffer at `now`, behind `unread` bytes it
+    /// has not taken yet (see [`Self::next_arrival`] for when their frames arrive).
+    pub fn read_ahead(&mut self, unread: usize, read: usize, now: Instant) {
+        if read == 0 {
+            return;
+        }
+        let end = self.taken.saturating_add(unread);
+        if self.ahead.from == usize::MAX {
+            self.ahead = ReadAhead {
+                from: end,
+                len: read,
+                // After the newest byte of the read before (or the end of a pause).
+                earliest: self.newest,
+                read_at: now,
+            };
+        } else {
+            debug_assert_eq!(
+                self.ahead.from + self.ahead.len,
+                end,
+                "bytes read ahead follow the bytes read ahead before them"
+            );
+            self.ahead.len += read;
+            self.ahead.read_at = now;
+        }
+    }
+
+    /// The reader paused over an in-flight cap and resumed at `at`: the frames still
+    /// buffered waited in the client's queue, not the shard's, so none counts from before
+    /// `at`; bytes read ahead stay read ahead.
+    pub fn resumed(self, at: Instant) -> Self {
+        let mut after = Self::all_at(at);
+        let a = self.ahead;
+        if a.from != usize::MAX {
+            // Of the bytes read ahead, those already taken are gone from the buffer.
+            let taken = self.taken.saturating_sub(a.from).min(a.len);
+            after.ahead = ReadAhead {
+                from: a.from.saturating_sub(self.taken),
+                len: a.len - taken,
+                earliest: a.arrival(taken).max(at),
+                read_at: a.read_at.max(at),
+            };
+        }
+        after
     }
 
     /// The arrival of the next frame, `frame_len` bytes long (header included), taken from
@@ -165,9 +249,33 @@ impl ReadArrivals {
         self.newest - Duration::from_nanos(before_newest as u64)
     }
 
-    /// [`Self::next_frame`] as admission takes it: received (stamped by the kernel) or read.
+    /// The arrival of the next frame, `frame_len` bytes long, as admission takes it, and the
+    /// instant its deadline counts from. `paced_now` gives the instant now if the connection
+    /// is paced (its reader holds it back as a window, `sluice_overload::backlog`).
+    ///
+    /// A paced connection's frames are the backlog its client holds, held back on purpose:
+    /// each arrives when the reader takes it, the earliest the shard could have started it,
+    /// as if it had waited in the kernel until then. Counted from its read (or its kernel
+    /// stamp) instead, a window larger than what the shard serves within a deadline, read at
+    /// once (ahead, [`Self::read_ahead`], or in one large read), would see its last requests
+    /// expire. A connection that is not paced (it keeps pushing) counts from the kernel's
+    /// stamps, and its frames read ahead from the read-ahead, spread back towards the
+    /// arrival of the bytes before them, like a read's.
     #[inline]
-    pub fn next_arrival(&mut self, frame_len: usize) -> Arrival<Instant> {
+    pub fn next_arrival(
+        &mut self,
+        frame_len: usize,
+        paced_now: impl FnOnce() -> Option<Instant>,
+    ) -> Arrival<Instant> {
+        let end = self.taken.saturating_add(frame_len);
+        if let Some(now) = paced_now() {
+            self.taken = end;
+            return Arrival::Read(now);
+        }
+        if end > self.ahead.from {
+            self.taken = end;
+            return Arrival::Received(self.ahead.arrival(end - self.ahead.from));
+        }
         let at = self.next_frame(frame_len);
         if self.received {
             Arrival::Received(at)
@@ -450,5 +558,81 @@ mod tests {
         let mut last = LastRead::connected(start);
         let mut a = last.next(&idle_read(ms(20)), 4_096, 0, now, start, ms(8));
         assert_eq!(a.next_frame(500), now - ms(20));
+    }
+
+    /// A paced connection's frames arrive when the reader takes them; a pushing connection's
+    /// frames read ahead behind a read are spread between the byte before them and the
+    /// read-ahead, the frames of the read itself keep their stamps, and a pause keeps what
+    /// was read ahead.
+    #[test]
+    fn frames_read_ahead_arrive_when_a_paced_reader_takes_them() {
+        let ms = Duration::from_millis;
+        let newest = Instant::now();
+        let ahead_at = newest + ms(40);
+        let taken_at = newest + ms(3_000);
+        let paced = || Some(taken_at);
+        let pushing = || None;
+        // A read of 1,000 bytes spread over 100 ms; 100 bytes of it taken, then 2,000 bytes
+        // read ahead behind the other 900.
+        let mut a = ReadArrivals::spread(newest, ms(100), 0, 1_000);
+        assert_eq!(
+            a.next_arrival(100, pushing),
+            Arrival::Received(newest - ms(90))
+        );
+        a.read_ahead(900, 2_000, ahead_at);
+        // The rest of the read: its own stamps, or when taken if paced.
+        let mut read = a;
+        assert_eq!(read.next_arrival(400, paced), Arrival::Read(taken_at));
+        assert_eq!(
+            a.next_arrival(400, pushing),
+            Arrival::Received(newest - ms(50))
+        );
+        assert_eq!(a.next_arrival(500, pushing), Arrival::Received(newest));
+        // Read ahead: paced, when taken; pushing, spread over the 40 ms before the read-ahead.
+        let mut b = a;
+        assert_eq!(a.next_arrival(1_000, paced), Arrival::Read(taken_at));
+        assert_eq!(a.next_arrival(1_000, paced), Arrival::Read(taken_at));
+        assert_eq!(
+            b.next_arrival(1_000, pushing),
+            Arrival::Received(newest + ms(20))
+        );
+        assert_eq!(b.next_arrival(1_000, pushing), Arrival::Received(ahead_at));
+        // A frame that ends in the bytes read ahead was completed by them.
+        let mut c = ReadArrivals::spread(newest, ms(100), 0, 1_000);
+        c.read_ahead(1_000, 500, ahead_at);
+        assert_eq!(c.next_arrival(1_200, paced), Arrival::Read(taken_at));
+        // A second read-ahead extends the first; a pause keeps both read ahead.
+        let mut d = ReadArrivals::spread(newest, ms(100), 0, 1_000);
+        d.read_ahead(1_000, 500, ahead_at);
+        d.read_ahead(1_500, 500, ahead_at + ms(40));
+        assert_eq!(d.next_arrival(1_000, pushing), Arrival::Received(newest));
+        let resumed_at = newest + ms(60);
+        let mut d = d.resumed(resumed_at);
+        assert_eq!(
+            d.next_arrival(500, pushing),
+            Arrival::Received(ahead_at + ms(30))
+        );
+        assert_eq!(
+            d.next_arrival(500, pushing),
+            Arrival::Received(ahead_at + ms(40))
+        );
+        // A pause in the middle of what was read ahead, then more read ahead behind it.
+        let mut f = ReadArrivals::spread(newest, ms(100), 0, 1_000);
+        f.read_ahead(1_000, 1_000, ahead_at);
+        f.next_arrival(1_000, pushing);
+        assert_eq!(
+            f.next_arrival(500, pushing),
+            Arrival::Received(newest + ms(20))
+        );
+        let mut f = f.resumed(newest + ms(10));
+        f.read_ahead(500, 500, ahead_at + ms(40));
+        assert_eq!(
+            f.next_arrival(500, pushing),
+            Arrival::Received(newest + ms(50))
+        );
+        assert_eq!(f.next_arrival(500, paced), Arrival::Read(taken_at));
+        // Without a read-ahead a pause counts everything buffered from its end.
+        let mut e = ReadArrivals::spread(newest, ms(100), 0, 1_000).resumed(resumed_at);
+        assert_eq!(e.next_arrival(1_000, pushing), Arrival::Read(resumed_at));
     }
 }

@@ -37,10 +37,12 @@ fn assume(b: &Bench, expected_ms: u64, fsync_ms: u64) {
         }));
 }
 
-/// `config` with a 2.5 ms group-commit wait (off by default).
+/// `config` with a 2.5 ms group-commit wait (off by default), for connections that are not
+/// paced (`--admission-pace-windows off`): a paced connection's write joins the fsync.
 fn watching(mut config: sluice_server::ServerConfig) -> sluice_server::ServerConfig {
     if let Some(a) = config.admission.as_mut() {
         a.group_commit_wait = Duration::from_micros(2500);
+        a.pace_windows = false;
     }
     config
 }
@@ -133,7 +135,7 @@ fn paced_connections_and_the_default_setting_join_the_fsync() {
     if let Some(a) = paced.admission.as_mut() {
         a.pace_windows = true;
     }
-    // The default: off.
+    // The default: no group-commit wait.
     let off = fixed_admission_config(64, 8);
     for config in [paced, off] {
         let (mut b, _dir) = bench_with(config);

@@ -262,9 +262,9 @@ pub struct ServeArgs {
 
     /// Serve the bounded backlog of a connection that slows down when held back (a driver's
     /// window, a bulk loader) without `Overloaded`; only the excess of a connection whose
-    /// backlog keeps growing is turned away. Off by default: an open-loop client whose
-    /// backlog fills its socket buffer before the growth shows is held back, not shed
-    /// [default: off].
+    /// backlog keeps growing (seen through the reader's bounded read-ahead) is turned away.
+    /// Off by default: several open-loop connections that each grow slowly are held back,
+    /// not shed, until they are seen pushing [default: off].
     #[arg(long, env = "SLUICE_ADMISSION_PACE_WINDOWS", value_name = "on|off")]
     pub admission_pace_windows: Option<String>,
 

@@ -2,8 +2,9 @@
 bounded backlog, served (held back by backpressure), never answered `Overloaded`.
 
 Both tests start their own 2-shard node with `--admission-pace-windows on` (off by default
-until an open-loop client that fills its socket buffer can be told from a window), and with
-the newest `sluice` binary built (release if it is newer than debug): a debug build runs a
+until several open-loop connections that each grow slowly are seen pushing at once: see
+docs/decisions/2026-11-27-read-ahead-shows-a-client-that-pushes.md), and with the newest
+`sluice` binary built (release if it is newer than debug): a debug build runs a
 200-row batch about ten times slower, and the point here is admission, not the build.
 """
 

@@ -25,6 +25,14 @@ pub enum Admission {
     OverCap,
 }
 
+/// True if `conn` is paced: pacing is on and its backlog watch has not seen it push
+/// (`sluice_overload::backlog`). Its backlog is served and held back, never turned away for
+/// its age.
+#[inline]
+pub fn is_paced(shard: &ShardCtx, conn: &ConnState) -> bool {
+    !conn.pushing.get() && shard.admission.borrow().paces_windows()
+}
+
 /// Decides from `header` whether the frame is let in, without waiting. Over an in-flight
 /// cap the reader pauses (backpressure, [`Admission::OverCap`]) unless the shard is
 /// overloaded: then the excess is turned away, because paused, it would wait unseen in the
@@ -44,7 +52,7 @@ pub fn admit(
     conn.backlog.set(watch);
     // A connection that slows down when held back is served, and held back over its caps;
     // one that keeps pushing has its excess turned away while the shard is overloaded.
-    let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
+    let paced = is_paced(shard, conn);
     if !Permits::fit_now(shard, conn, bytes) {
         if !paced
             && !super::control::bypasses_queue(header.opcode)
@@ -107,7 +115,7 @@ pub async fn admit_after_pause(
         shard.inflight_bytes.take(bytes).await,
     );
     let arrival = Arrival::Read(shard.clock.now());
-    let paced = !conn.pushing.get() && shard.admission.borrow().paces_windows();
+    let paced = is_paced(shard, conn);
     let conn_id = Rc::as_ptr(conn) as usize;
     let admit =
         shard

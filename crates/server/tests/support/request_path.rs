@@ -161,7 +161,15 @@ impl Wire {
                 panic!("bad frame");
             };
             let arrival = Arrival::Read(Instant::now());
-            handle_frame(&self.shard, &self.conn, &mut self.input, header, arrival).await;
+            handle_frame(
+                &self.shard,
+                &self.conn,
+                &mut self.input,
+                header,
+                arrival,
+                |_| 0,
+            )
+            .await;
         }
     }
 
@@ -207,7 +215,15 @@ impl Wire {
                 .unwrap_or(arrival);
         }
         let (shard, conn) = (&self.shard, &self.conn);
-        handle_frame(shard, conn, &mut self.input, header, Arrival::Read(arrival)).await;
+        handle_frame(
+            shard,
+            conn,
+            &mut self.input,
+            header,
+            Arrival::Read(arrival),
+            |_| 0,
+        )
+        .await;
         // A request that had to wait is finished by its task.
         while conn.outbox.pending() == 0 {
             tokio::task::yield_now().await;
