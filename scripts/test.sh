@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test of the project, from a fresh Debian machine with Rust, Python 3.11 and Go 1.26:
-#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree) -> pytest (both drivers)
+#   venvs (idempotent) -> build -> fmt -> clippy -> cargo tests (workspace, patched lsm-tree, patched fjall) -> pytest (both drivers)
 #   -> the LWT linearizability check (tests/go, Go) -> the differential test against Cassandra 5.0 (tests/oracle).
 # Exits non-zero on the first failure.
 set -euo pipefail
@@ -43,6 +43,13 @@ cargo test --workspace
 step "cargo test: patched lsm-tree"
 cargo test --lib --manifest-path vendor/lsm-tree/Cargo.toml \
     --target-dir "${CARGO_TARGET_DIR:-$ROOT/target}/vendor-tests"
+
+# So is the vendored fjall; its worker-pool tests cover Sluice's patch to its flush requests
+# (vendor/fjall/SLUICE_PATCH.md), built against the vendored lsm-tree as the workspace is.
+step "cargo test: patched fjall (worker pool)"
+cargo test --lib --manifest-path vendor/fjall/Cargo.toml \
+    --config "patch.crates-io.lsm-tree.path=\"$ROOT/vendor/lsm-tree\"" \
+    --target-dir "${CARGO_TARGET_DIR:-$ROOT/target}/vendor-tests" worker_pool::
 
 export SLUICE_BIN="$ROOT/target/debug/sluice"
 if [ -n "${CARGO_TARGET_DIR:-}" ]; then

@@ -413,4 +413,35 @@ mod tests {
         assert!(outcome.is_err());
         assert_eq!(counter.load(Relaxed), 0);
     }
+
+    /// Sluice patch: a rotation never blocks on the worker's full queue. It runs on the
+    /// worker too, the only thread that drains that queue, and its flush request was a
+    /// blocking send: with writers keeping the queue full of rotation requests, the worker
+    /// (and every writer behind it) never returned.
+    #[test]
+    fn a_rotation_does_not_block_on_a_full_queue() -> crate::Result<()> {
+        let folder = tempfile::tempdir()?;
+        // No worker: nothing drains the queue.
+        let db = Database::builder(&folder)
+            .worker_threads_unchecked(0)
+            .open()?;
+        let items = db.keyspace("items", KeyspaceCreateOptions::default)?;
+        items.insert(1u32.to_be_bytes(), [7u8; 100])?;
+        while items
+            .worker_messager
+            .try_send(WorkerMessage::Compact(items.clone()))
+            .is_ok()
+        {}
+        let (done, rotated) = std::sync::mpsc::channel();
+        let rotating = items.clone();
+        std::thread::spawn(move || {
+            let _ = done.send(rotating.rotate_memtable().is_ok());
+        });
+        let answer = rotated.recv_timeout(std::time::Duration::from_secs(5));
+        // Let a rotation still blocked go before the database closes.
+        let _ = db.worker_pool.rx.drain().count();
+        assert_eq!(answer, Ok(true), "the rotation blocked on the full queue");
+        assert_eq!(items.sealed_memtable_count(), 1);
+        Ok(())
+    }
 }
