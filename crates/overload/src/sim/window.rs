@@ -99,6 +99,30 @@ struct Req {
     in_socket: u64,
 }
 
+/// The client sends what it queued into the socket while the socket has room; returns how
+/// many requests it sent.
+fn send_into_socket(
+    client_queue: &mut VecDeque<u64>,
+    socket: &mut VecDeque<u32>,
+    reqs: &mut Vec<Req>,
+    now: u64,
+    sim: &WindowSim,
+) -> u64 {
+    let mut sent = 0;
+    while socket.len() < sim.socket_frames {
+        let Some(intended) = client_queue.pop_front() else {
+            break;
+        };
+        sent += 1;
+        reqs.push(Req {
+            intended,
+            in_socket: intended.max(now),
+        });
+        socket.push_back(reqs.len() as u32 - 1);
+    }
+    sent
+}
+
 /// Runs one simulation.
 pub fn run_window(sim: &WindowSim) -> WindowReport {
     let mut ctl = AdmissionController::<u32>::new(AdmissionConfig::default());
@@ -153,17 +177,7 @@ pub fn run_window(sim: &WindowSim) -> WindowReport {
             client_queue.push_back(next_open);
             next_open += gap;
         }
-        while socket.len() < sim.socket_frames {
-            let Some(intended) = client_queue.pop_front() else {
-                break;
-            };
-            report.offered += 1;
-            reqs.push(Req {
-                intended,
-                in_socket: intended.max(now),
-            });
-            socket.push_back(reqs.len() as u32 - 1);
-        }
+        report.offered += send_into_socket(&mut client_queue, &mut socket, &mut reqs, now, sim);
         if buffer.is_empty() {
             if socket.is_empty() {
                 now = next_open.min(end);
@@ -182,17 +196,8 @@ pub fn run_window(sim: &WindowSim) -> WindowReport {
         {
             while buffer.len() < read_ahead_frames {
                 // The client sends into the room the reads make.
-                while socket.len() < sim.socket_frames {
-                    let Some(intended) = client_queue.pop_front() else {
-                        break;
-                    };
-                    report.offered += 1;
-                    reqs.push(Req {
-                        intended,
-                        in_socket: intended.max(now),
-                    });
-                    socket.push_back(reqs.len() as u32 - 1);
-                }
+                report.offered +=
+                    send_into_socket(&mut client_queue, &mut socket, &mut reqs, now, sim);
                 let Some(id) = socket.pop_front() else {
                     break;
                 };
