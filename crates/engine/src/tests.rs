@@ -106,8 +106,13 @@ fn names(rows: &Rows) -> Vec<String> {
 
 impl H {
     fn new() -> H {
+        H::with_info(node())
+    }
+
+    /// An engine over fresh storage, as the node `info` describes.
+    fn with_info(info: NodeInfo) -> H {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(open_storage(dir.path()), node()).unwrap();
+        let engine = Engine::open(open_storage(dir.path()), info).unwrap();
         H {
             engine,
             session: Session::default(),
@@ -2452,19 +2457,12 @@ async fn insert_json() {
 
 #[tokio::test]
 async fn system_views_settings_lists_the_node_settings_and_stays_out_of_the_schema() {
-    let dir = tempfile::tempdir().unwrap();
     let mut info = node();
     info.settings = vec![
         ("commitlog_sync_period".into(), "10000ms".into()),
         ("commitlog_sync".into(), "periodic".into()),
     ];
-    let engine = Engine::open(open_storage(dir.path()), info).unwrap();
-    let mut h = H {
-        engine,
-        session: Session::default(),
-        dir,
-        now: None,
-    };
+    let mut h = H::with_info(info);
     let r = h
         .select("SELECT name, value FROM system_views.settings", vec![])
         .await;

@@ -125,16 +125,7 @@ impl Trio {
         let transport = Arc::new(FakeTransport::default());
         let mut nodes = Vec::new();
         for i in 1..=3u8 {
-            let dir = tempfile::tempdir().unwrap();
-            let mut info = NodeInfo::single(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 9042, host(i));
-            info.tokens = ring_node(i).tokens.iter().map(|t| t.0).collect();
-            let engine = Engine::open(open_storage(dir.path()), info).unwrap();
-            let mut h = H {
-                engine,
-                session: Session::default(),
-                dir,
-                now: None,
-            };
+            let mut h = member(i);
             h.ok("CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3}").await;
             h.ok(&format!(
                 "CREATE TABLE ks.t (pk int, ck int, v text, PRIMARY KEY (pk, ck)) WITH id = {TABLE_ID}"
@@ -1772,6 +1763,13 @@ async fn an_in_across_partitions_of_different_replicas_reads_each_where_it_lives
 #[path = "logged_batch.rs"]
 mod logged_batch;
 
+/// The engine of ring member `i` (127.0.0.i with its ring tokens), over fresh storage.
+fn member(i: u8) -> H {
+    let mut info = NodeInfo::single(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 9042, host(i));
+    info.tokens = ring_node(i).tokens.iter().map(|t| t.0).collect();
+    H::with_info(info)
+}
+
 /// Three engines that each coordinate reads of a table limited to `limit` reads per second
 /// per partition, replicated `rf` times; each knows the others through the ring.
 async fn reading_trio(rf: u32, limit: u32) -> Vec<H> {
@@ -1779,16 +1777,7 @@ async fn reading_trio(rf: u32, limit: u32) -> Vec<H> {
     let ring = Arc::new(TokenMetadata::new((1..=3).map(ring_node).collect()).unwrap());
     let mut nodes = Vec::new();
     for i in 1..=3u8 {
-        let dir = tempfile::tempdir().unwrap();
-        let mut info = NodeInfo::single(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 9042, host(i));
-        info.tokens = ring_node(i).tokens.iter().map(|t| t.0).collect();
-        let engine = Engine::open(open_storage(dir.path()), info).unwrap();
-        let mut h = H {
-            engine,
-            session: Session::default(),
-            dir,
-            now: None,
-        };
+        let mut h = member(i);
         h.ok(&format!(
             "CREATE KEYSPACE ks WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
         ))
